@@ -1,0 +1,277 @@
+"""The task catalog: one DuckDB file holding tasks, rejects, images, runs and task-set versions.
+
+Frames go in and out as polars; every frame is validated against its pandera schema before
+it is written, and each public write is one transaction, so a batch is either stored whole
+or not at all. Connections are short-lived because DuckDB allows one writer process at a
+time and Dagster runs steps in separate processes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import duckdb
+import pandera.errors
+import polars as pl
+
+from envforge.errors import BatchRejectedError, Problem
+from envforge.hashing import digest_parts
+from envforge.sandbox.images import ImageBuild
+from envforge.schemas import TABLE_SCHEMAS
+from envforge.sources.result import LoadResult
+from envforge.task import Task
+from envforge.verify.result import VerificationResult
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS tasks (
+    content_hash VARCHAR PRIMARY KEY, task_id VARCHAR NOT NULL, source VARCHAR NOT NULL,
+    origin VARCHAR NOT NULL, instruction VARCHAR NOT NULL, tags VARCHAR[] NOT NULL,
+    max_turns BIGINT NOT NULL, reference_kind VARCHAR NOT NULL, n_fail_to_pass BIGINT NOT NULL,
+    n_pass_to_pass BIGINT NOT NULL, n_checkpoints BIGINT NOT NULL, task_json VARCHAR NOT NULL,
+    ingested_at TIMESTAMP NOT NULL, batch_id VARCHAR NOT NULL);
+CREATE TABLE IF NOT EXISTS rejects (
+    batch_id VARCHAR NOT NULL, source_kind VARCHAR NOT NULL, source VARCHAR NOT NULL,
+    field VARCHAR NOT NULL, reason VARCHAR NOT NULL, rejected_at TIMESTAMP NOT NULL);
+CREATE TABLE IF NOT EXISTS images (
+    task_id VARCHAR NOT NULL, content_hash VARCHAR NOT NULL, image VARCHAR NOT NULL,
+    cache_hit BOOLEAN NOT NULL, seconds DOUBLE NOT NULL, size_mb DOUBLE, built_at TIMESTAMP NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY, task_id VARCHAR NOT NULL, content_hash VARCHAR NOT NULL,
+    solution VARCHAR NOT NULL, reward DOUBLE NOT NULL, resolved BOOLEAN NOT NULL,
+    reasons VARCHAR[] NOT NULL, tests_json VARCHAR NOT NULL, checkpoints_json VARCHAR NOT NULL,
+    patch_method VARCHAR, duration_s DOUBLE NOT NULL, image VARCHAR NOT NULL, mlflow_run_id VARCHAR,
+    dagster_run_id VARCHAR, created_at TIMESTAMP NOT NULL);
+CREATE TABLE IF NOT EXISTS task_sets (
+    version VARCHAR PRIMARY KEY, name VARCHAR NOT NULL, n_tasks BIGINT NOT NULL,
+    params_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL);
+CREATE TABLE IF NOT EXISTS task_set_members (
+    version VARCHAR NOT NULL, task_id VARCHAR NOT NULL, content_hash VARCHAR NOT NULL,
+    PRIMARY KEY (version, task_id));
+CREATE OR REPLACE VIEW current_tasks AS
+    SELECT * EXCLUDE (rn) FROM (
+        SELECT *, row_number() OVER (PARTITION BY task_id ORDER BY ingested_at DESC, content_hash) AS rn
+        FROM tasks) WHERE rn = 1;
+"""
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+@dataclass(frozen=True)
+class IngestSummary:
+    batch_id: str
+    added: int
+    unchanged: int
+    rejected: int
+
+
+def task_rows(tasks: Iterable[Task], batch_id: str, at: datetime | None = None) -> pl.DataFrame:
+    at = at or _now()
+    rows = []
+    for t in tasks:
+        s = t.spec
+        rows.append({
+            "content_hash": t.content_hash, "task_id": s.id, "source": s.source, "origin": t.origin,
+            "instruction": s.instruction, "tags": list(s.tags), "max_turns": s.max_turns,
+            "reference_kind": "patch" if t.reference_patch is not None else "commands",
+            "n_fail_to_pass": len(s.verification.tests.fail_to_pass) if s.verification.tests else 0,
+            "n_pass_to_pass": len(s.verification.tests.pass_to_pass) if s.verification.tests else 0,
+            "n_checkpoints": len(s.verification.checkpoints), "task_json": t.model_dump_json(),
+            "ingested_at": at, "batch_id": batch_id,
+        })
+    return _frame("tasks", rows)
+
+
+def _frame(table: str, rows: list[dict]) -> pl.DataFrame:
+    """A frame with the table's exact column types, even when there are no rows."""
+    schema = TABLE_SCHEMAS[table].to_schema()
+    dtypes = {name: col.dtype.type for name, col in schema.columns.items()}
+    return pl.DataFrame(rows, schema=dtypes)
+
+
+class Catalog:
+    """Handle on the catalog file. Cheap to create; opens a connection per operation."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as con:
+            con.execute(_DDL)
+
+    @contextmanager
+    def _connect(self, retries: int = 50) -> Iterator[duckdb.DuckDBPyConnection]:
+        delay = 0.05
+        for attempt in range(retries):
+            try:
+                con = duckdb.connect(str(self.path))
+                break
+            except duckdb.IOException as exc:  # another process holds the write lock
+                if "lock" not in str(exc).lower() or attempt == retries - 1:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 1.5, 1.0)
+        try:
+            yield con
+        finally:
+            con.close()
+
+    @staticmethod
+    def validate(table: str, frame: pl.DataFrame) -> list[Problem]:
+        """Every schema violation in the frame, as problems naming the table and column."""
+        try:
+            TABLE_SCHEMAS[table].validate(frame, lazy=True)
+        except pandera.errors.SchemaErrors as exc:
+            out = []
+            for err in exc.schema_errors:
+                col = getattr(err, "column_name", None) or ""
+                cases = getattr(err, "failure_cases", None)
+                detail = f" (failure cases: {cases.head(5).to_dicts()})" if isinstance(cases, pl.DataFrame) else ""
+                out.append(Problem(f"catalog table {table}", str(col), f"{err}".splitlines()[0] + detail))
+            return out
+        return []
+
+    def _insert(self, con: duckdb.DuckDBPyConnection, table: str, frame: pl.DataFrame) -> None:
+        if frame.height:
+            con.register("_frame", frame.to_arrow())
+            con.execute(f"INSERT INTO {table} SELECT * FROM _frame")
+            con.unregister("_frame")
+
+    def write(self, frames: dict[str, pl.DataFrame]) -> None:
+        """Validate all frames, then insert them in one transaction; all or nothing."""
+        problems = [p for table, frame in frames.items() for p in self.validate(table, frame)]
+        if problems:
+            raise BatchRejectedError(problems)
+        with self._connect() as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                for table, frame in frames.items():
+                    self._insert(con, table, frame)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+
+    # -- tasks ---------------------------------------------------------------------------
+
+    def ingest(self, result: LoadResult, source_kind: str = "spec", strict: bool = False) -> IngestSummary:
+        """Store a source's good tasks and its rejects in one transaction.
+
+        strict=True refuses the whole batch when any record was rejected, reporting every
+        problem at once and writing nothing. Tasks already stored with the same content hash
+        are unchanged; a changed task is a new version (the old one is kept).
+        """
+        if strict and result.rejects:
+            raise BatchRejectedError(result.rejects)
+        batch_id = uuid.uuid4().hex
+        at = _now()
+        known = self.known_hashes()
+        new = [t for t in result.tasks if t.content_hash not in known]
+        rejects = _frame("rejects", [
+            {"batch_id": batch_id, "source_kind": source_kind, "source": p.source, "field": p.field,
+             "reason": p.reason, "rejected_at": at} for p in result.rejects])
+        self.write({"tasks": task_rows(new, batch_id, at), "rejects": rejects})
+        return IngestSummary(batch_id, len(new), len(result.tasks) - len(new), len(result.rejects))
+
+    def known_hashes(self) -> set[str]:
+        with self._connect() as con:
+            return {r[0] for r in con.execute("SELECT content_hash FROM tasks").fetchall()}
+
+    def tasks(self) -> pl.DataFrame:
+        """The current version of every task."""
+        return self.query("SELECT * FROM current_tasks ORDER BY task_id")
+
+    def load_tasks(self, task_ids: Iterable[str] | None = None) -> list[Task]:
+        frame = self.tasks()
+        if task_ids is not None:
+            frame = frame.filter(pl.col("task_id").is_in(list(task_ids)))
+        return [Task.model_validate_json(j) for j in frame["task_json"]]
+
+    def rejects(self) -> pl.DataFrame:
+        return self.query("SELECT * FROM rejects ORDER BY rejected_at, source")
+
+    # -- images and runs -----------------------------------------------------------------
+
+    def record_images(self, builds: Iterable[tuple[Task, ImageBuild]]) -> None:
+        at = _now()
+        self.write({"images": _frame("images", [
+            {"task_id": t.id, "content_hash": t.content_hash, "image": b.tag, "cache_hit": b.cache_hit,
+             "seconds": float(b.seconds), "size_mb": b.size_mb, "built_at": at} for t, b in builds])})
+
+    def latest_images(self) -> dict[str, str]:
+        """content_hash -> image tag of the most recent build."""
+        frame = self.query("SELECT content_hash, arg_max(image, built_at) AS image FROM images GROUP BY 1")
+        return dict(zip(frame["content_hash"], frame["image"]))
+
+    def record_runs(self, results: Iterable[tuple[Task, VerificationResult]], mlflow_run_id: str | None = None,
+                    dagster_run_id: str | None = None) -> list[str]:
+        at = _now()
+        rows = []
+        for task, r in results:
+            rows.append({
+                "run_id": uuid.uuid4().hex, "task_id": task.id, "content_hash": task.content_hash,
+                "solution": r.solution, "reward": float(r.reward), "resolved": r.resolved,
+                "reasons": list(r.reasons), "tests_json": json.dumps(r.tests, sort_keys=True),
+                "checkpoints_json": json.dumps([c.__dict__ for c in r.checkpoints]),
+                "patch_method": r.patch_method, "duration_s": float(r.duration_s), "image": r.image,
+                "mlflow_run_id": mlflow_run_id, "dagster_run_id": dagster_run_id, "created_at": at,
+            })
+        self.write({"runs": _frame("runs", rows)})
+        return [r["run_id"] for r in rows]
+
+    def runs(self) -> pl.DataFrame:
+        return self.query("SELECT * FROM runs ORDER BY created_at, task_id, solution")
+
+    # -- task sets -----------------------------------------------------------------------
+
+    def create_task_set(self, name: str, tasks: Iterable[Task], params: dict | None = None) -> str:
+        """Record a task-set version: the hash of its members' content hashes and its gate params."""
+        members = sorted({(t.id, t.content_hash) for t in tasks})
+        params_json = json.dumps(params or {}, sort_keys=True)
+        version = digest_parts(params_json, *[f"{tid}={h}" for tid, h in members])
+        with self._connect() as con:
+            exists = con.execute("SELECT 1 FROM task_sets WHERE version = ?", [version]).fetchone()
+        if exists:
+            return version
+        self.write({
+            "task_sets": _frame("task_sets", [{"version": version, "name": name, "n_tasks": len(members),
+                                               "params_json": params_json, "created_at": _now()}]),
+            "task_set_members": _frame("task_set_members", [
+                {"version": version, "task_id": tid, "content_hash": h} for tid, h in members]),
+        })
+        return version
+
+    def task_sets(self) -> pl.DataFrame:
+        return self.query("SELECT * FROM task_sets ORDER BY created_at")
+
+    def task_set_frame(self, version: str) -> pl.DataFrame:
+        return self.query(
+            "SELECT t.* FROM task_set_members m JOIN tasks t USING (content_hash) WHERE m.version = ? "
+            "ORDER BY t.task_id", [version])
+
+    def export_task_set(self, version: str, path: Path) -> Path:
+        """Write a task-set version's member tasks to parquet."""
+        frame = self.task_set_frame(version)
+        if frame.height == 0:
+            raise KeyError(f"task set {version!r} does not exist or is empty")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frame.with_columns(pl.lit(version).alias("task_set_version")).write_parquet(path)
+        return path
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def query(self, sql: str, params: list | None = None) -> pl.DataFrame:
+        with self._connect() as con:
+            return con.execute(sql, params or []).pl()
+
+    def counts(self) -> dict[str, int]:
+        with self._connect() as con:
+            return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLE_SCHEMAS}

@@ -1,0 +1,38 @@
+"""Content hashing for files and trees: image tags, task versions and task-set versions
+all derive from these, so a change anywhere in a recipe or a task changes its identity."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Iterable
+
+
+def iter_tree(root: Path) -> Iterable[Path]:
+    """Files under root in a stable order (symlinks are listed, not followed)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            yield Path(dirpath) / name
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over relative paths, modes and bytes of every file under root."""
+    h = hashlib.sha256()
+    for path in iter_tree(root):
+        rel = path.relative_to(root).as_posix()
+        st = path.lstat()
+        h.update(rel.encode() + b"\0" + oct(st.st_mode & 0o777).encode() + b"\0")
+        h.update(os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def digest_parts(*parts: str | bytes) -> str:
+    """sha256 of several values, unambiguously separated."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "big") + data)
+    return h.hexdigest()

@@ -1,0 +1,118 @@
+"""pandera (polars) schemas for every catalog table: frames are checked before they are written.
+
+Column order here is the table's column order in DuckDB, so `INSERT ... SELECT *` from a
+validated frame cannot silently shift columns.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pandera.polars as pa
+
+TASK_ID = r"^[a-z0-9][a-z0-9._-]{1,79}$"
+SHA256 = r"^[0-9a-f]{64}$"
+
+
+class TaskRow(pa.DataFrameModel):
+    content_hash: str = pa.Field(str_matches=SHA256, unique=True)
+    task_id: str = pa.Field(str_matches=TASK_ID)
+    source: str = pa.Field(str_length={"min_value": 1})
+    origin: str
+    instruction: str = pa.Field(str_length={"min_value": 1})
+    tags: list[str]
+    max_turns: int = pa.Field(ge=1)
+    reference_kind: str = pa.Field(isin=["patch", "commands"])
+    n_fail_to_pass: int = pa.Field(ge=0)
+    n_pass_to_pass: int = pa.Field(ge=0)
+    n_checkpoints: int = pa.Field(ge=0)
+    task_json: str
+    ingested_at: datetime
+    batch_id: str
+
+    class Config:
+        strict = True
+        ordered = True
+
+
+class RejectRow(pa.DataFrameModel):
+    batch_id: str
+    source_kind: str
+    source: str = pa.Field(str_length={"min_value": 1})
+    field: str
+    reason: str = pa.Field(str_length={"min_value": 1})
+    rejected_at: datetime
+
+    class Config:
+        strict = True
+        ordered = True
+
+
+class ImageRow(pa.DataFrameModel):
+    task_id: str = pa.Field(str_matches=TASK_ID)
+    content_hash: str = pa.Field(str_matches=SHA256)
+    image: str = pa.Field(str_matches=r"^[a-z0-9./_-]+:[A-Za-z0-9._-]+$")
+    cache_hit: bool
+    seconds: float = pa.Field(ge=0)
+    size_mb: float = pa.Field(ge=0, nullable=True)
+    built_at: datetime
+
+    class Config:
+        strict = True
+        ordered = True
+
+
+class RunRow(pa.DataFrameModel):
+    """One graded solution (reference, empty, or a policy's) of one task."""
+
+    run_id: str = pa.Field(unique=True)
+    task_id: str = pa.Field(str_matches=TASK_ID)
+    content_hash: str = pa.Field(str_matches=SHA256)
+    solution: str = pa.Field(str_length={"min_value": 1})
+    reward: float = pa.Field(ge=0, le=1)
+    resolved: bool
+    reasons: list[str]
+    tests_json: str
+    checkpoints_json: str
+    patch_method: str = pa.Field(nullable=True)
+    duration_s: float = pa.Field(ge=0)
+    image: str
+    mlflow_run_id: str = pa.Field(nullable=True)
+    dagster_run_id: str = pa.Field(nullable=True)
+    created_at: datetime
+
+    class Config:
+        strict = True
+        ordered = True
+
+
+class TaskSetRow(pa.DataFrameModel):
+    version: str = pa.Field(str_matches=SHA256)
+    name: str = pa.Field(str_length={"min_value": 1})
+    n_tasks: int = pa.Field(ge=0)
+    params_json: str
+    created_at: datetime
+
+    class Config:
+        strict = True
+        ordered = True
+
+
+class TaskSetMemberRow(pa.DataFrameModel):
+    version: str = pa.Field(str_matches=SHA256)
+    task_id: str = pa.Field(str_matches=TASK_ID)
+    content_hash: str = pa.Field(str_matches=SHA256)
+
+    class Config:
+        strict = True
+        ordered = True
+
+
+TABLE_SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
+    "tasks": TaskRow,
+    "rejects": RejectRow,
+    "images": ImageRow,
+    "runs": RunRow,
+    "task_sets": TaskSetRow,
+    "task_set_members": TaskSetMemberRow,
+}

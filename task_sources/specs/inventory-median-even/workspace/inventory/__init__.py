@@ -1,0 +1,1 @@
+"""A tiny inventory toolkit: stock levels and simple statistics over them."""
