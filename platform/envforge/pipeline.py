@@ -23,11 +23,11 @@ from envforge.task import Task
 from envforge.verify.result import VerificationResult
 from envforge.verify.solutions import SolutionKind, run_solution
 
-# (what, done, total): called as work advances, so callers can draw bars or log lines.
-Progress = Callable[[str, int, int], None]
+# (stage, detail, done, total): called as work advances, so callers can draw bars or log lines.
+Progress = Callable[[str, str, int, int], None]
 
 
-def _no_progress(what: str, done: int, total: int) -> None:
+def _no_progress(stage: str, detail: str, done: int, total: int) -> None:
     pass
 
 
@@ -76,17 +76,17 @@ def build_images(settings: Settings, tasks: Sequence[Task], client: docker.Docke
                  progress: Progress = _no_progress, log: Callable[[str], None] = lambda _: None) -> ImagesReport:
     """Make sure the base image and every task's image exist; a failing task does not stop the rest."""
     client = client or docker_client(settings)
-    progress("base image", 0, 1)
+    total = len(tasks) + 1
+    progress("images", "base image (first build takes 1-2 minutes)", 0, total)
     base = build_base_image(client, settings, log=log)
-    progress("base image", 1, 1)
     report = ImagesReport(base=base)
-    for i, task in enumerate(tasks):
-        progress(f"image {task.id}", i, len(tasks))
+    for i, task in enumerate(tasks, start=1):
+        progress("images", task.id, i, total)
         try:
             report.builds.append((task, build_task_image(client, task, base.tag, settings, log=log)))
         except ImageBuildError as exc:
             report.failures.append(Problem(task.origin, "environment", str(exc)))
-    progress("task images", len(tasks), len(tasks))
+    progress("images", "done", total, total)
     if report.builds:
         Catalog(settings.catalog_path).record_images(report.builds)
     return report
@@ -105,7 +105,7 @@ def verify_solutions(settings: Settings, tasks: Sequence[Task], images: dict[str
         report.infra_failures.append(Problem(t.origin, "environment", "no image built for this task version"))
     jobs = [(t, s) for t, s in jobs if t.content_hash in images]
     done = 0
-    progress("verify solutions", 0, len(jobs))
+    progress("verify", "starting sandboxes", 0, len(jobs))
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         futures = {pool.submit(run_solution, client, t, images[t.content_hash], s): (t, s) for t, s in jobs}
         for fut in as_completed(futures):
@@ -115,7 +115,7 @@ def verify_solutions(settings: Settings, tasks: Sequence[Task], images: dict[str
             except InfraError as exc:
                 report.infra_failures.append(Problem(task.origin, f"{solution} solution", str(exc)))
             done += 1
-            progress(f"{task.id} ({solution})", done, len(jobs))
+            progress("verify", f"{task.id} ({solution})", done, len(jobs))
     report.results.sort(key=lambda tr: (tr[0].id, tr[1].solution))
     if report.results:
         Catalog(settings.catalog_path).record_runs(report.results, mlflow_run_id, dagster_run_id)

@@ -1,0 +1,1 @@
+"""The Dagster code location: thin wiring of the envforge library into assets."""

@@ -1,0 +1,31 @@
+"""Environment images: the sandbox base image and one content-hash-tagged image per task."""
+
+import dagster as dg
+
+from assets.defs.metadata import mlflow_run, problems_table
+from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
+from envforge import stages
+
+
+@dg.asset(
+    group_name="environments", kinds={"docker"}, owners=["team:envforge"], deps=["task_specs"],
+    description="The debootstrapped sandbox base image and each current task's image (base + workspace + "
+                "setup + initial commit). Tags are content hashes: unchanged tasks are cache hits.",
+)
+def environment_images(context: dg.AssetExecutionContext, catalog: CatalogResource, docker: DockerResource,
+                       mlflow: MlflowResource) -> dg.MaterializeResult:
+    settings = settings_from(catalog, docker, mlflow)
+    tasks = catalog.catalog().load_tasks()
+
+    def progress(stage: str, detail: str, done: int, total: int) -> None:
+        context.log.info(f"[{stage}] {done}/{total} {detail}")
+
+    report, run_id = stages.build_images(settings, tasks, dagster_run_id=context.run.run_id, progress=progress)
+    if report.failures:
+        context.log.error(f"{len(report.failures)} image(s) failed to build")
+    return dg.MaterializeResult(metadata={
+        "base_image": report.base.tag, "base_cache_hit": report.base.cache_hit,
+        "images": dg.MetadataValue.json({t.id: b.tag for t, b in report.builds}),
+        "built": sum(not b.cache_hit for _, b in report.builds), "cache_hits": report.cache_hits,
+        "failures": problems_table(report.failures), "mlflow_run": mlflow_run(run_id),
+    })

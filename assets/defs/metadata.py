@@ -1,0 +1,25 @@
+"""Helpers that turn library results into Dagster metadata people can read in the UI."""
+
+import base64
+from pathlib import Path
+from typing import Iterable
+
+import dagster as dg
+
+from envforge.errors import Problem
+
+
+def png(path: Path) -> dg.MetadataValue:
+    """An inline PNG (rendered by the UI's markdown viewer)."""
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return dg.MetadataValue.md(f"![{Path(path).name}](data:image/png;base64,{data})")
+
+
+def problems_table(problems: Iterable[Problem]) -> dg.MetadataValue:
+    rows = ["| source | field | reason |", "|---|---|---|"]
+    rows += [f"| {p.source} | {p.field or '-'} | {p.reason.replace('|', '/')[:300]} |" for p in problems]
+    return dg.MetadataValue.md("\n".join(rows) if len(rows) > 2 else "no problems")
+
+
+def mlflow_run(run_id: str) -> dg.MetadataValue:
+    return dg.MetadataValue.text(f"MLflow run {run_id} (make mlflow-ui, then search runs by this id)")

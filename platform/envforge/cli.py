@@ -1,0 +1,199 @@
+"""The `envforge` command. Every subcommand that does work also logs an MLflow run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from envforge.config import Settings
+from envforge.errors import BatchRejectedError, EnvforgeError, InfraError
+
+app = typer.Typer(help="Turn workflows into verifiable RL environments.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+images_app = typer.Typer(help="Environment images (base and per task).", no_args_is_help=True)
+catalog_app = typer.Typer(help="The DuckDB task catalog.", no_args_is_help=True)
+app.add_typer(images_app, name="images")
+app.add_typer(catalog_app, name="catalog")
+
+console = Console(stderr=True)
+out = Console()
+
+
+def _settings(data_dir: Optional[Path]) -> Settings:
+    settings = Settings.from_env()
+    return settings.with_data_dir(data_dir) if data_dir else settings
+
+
+DataDir = typer.Option(None, "--data-dir", help="data directory (default: $ENVFORGE_DATA_DIR or ./.envforge)")
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(2 if isinstance(exc, InfraError) else 1)
+
+
+@app.command()
+def demo(data_dir: Optional[Path] = DataDir,
+         concurrency: int = typer.Option(2, help="sandboxes run at once")) -> None:
+    """Run the main job on the bundled examples and print where to look."""
+    from envforge.demo import run_demo
+    from envforge.progress import rich_progress
+    from envforge.track import ui_command
+
+    settings = _settings(data_dir)
+    try:
+        with rich_progress(console) as progress:
+            summary = run_demo(settings, concurrency=concurrency, progress=progress)
+    except EnvforgeError as exc:
+        _fail(exc)
+    table = Table(title="Bundled tasks: reference vs empty solution")
+    for col in ("task", "image", "reference", "empty", "why empty fails"):
+        table.add_column(col)
+    by = {(r["task_id"], r["solution"]): r for r in summary.results}
+    for tid, (tag, hit) in sorted(summary.images.items()):
+        ref, emp = by.get((tid, "reference")), by.get((tid, "empty"))
+        table.add_row(tid, f"{tag}{' (cached)' if hit else ''}",
+                      "[green]pass[/green]" if ref and ref["resolved"] else "[red]FAIL[/red]",
+                      "fails (good)" if emp and not emp["resolved"] else "[red]PASSES[/red]",
+                      ", ".join(emp["reasons"][:2]) if emp else "")
+    out.print(table)
+    for p in summary.rejects + summary.problems:
+        out.print(f"[yellow]problem:[/yellow] {p}")
+
+    out.print(f"\n[bold]{len(summary.verified)}/{summary.tasks_ingested}[/bold] tasks verified; "
+              f"task set {summary.task_set_version[:12] if summary.task_set_version else '-'}")
+    out.print("Where to look:")
+    out.print(f"  catalog (DuckDB): {settings.catalog_path}")
+    out.print(f"  task set parquet: {summary.task_set_parquet}")
+    out.print(f"  verifier chart:   {summary.chart}")
+    out.print(f"  MLflow run {summary.mlflow_run_id}: make mlflow-ui  (or: {ui_command(settings)})")
+    out.print("  Dagster UI:       make ui  (then open http://127.0.0.1:3000)")
+    if not summary.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def ingest(paths: List[Path] = typer.Argument(..., help="spec files or directories (task.yaml files are found)"),
+           strict: bool = typer.Option(False, help="refuse the whole batch if any record is bad"),
+           as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
+           data_dir: Optional[Path] = DataDir) -> None:
+    """Parse task specs and store them (and the rejects, with reasons) in the catalog."""
+    from envforge import stages
+
+    settings = _settings(data_dir)
+    try:
+        tracked = stages.ingest(settings, paths, strict=strict)
+    except BatchRejectedError as exc:
+        if as_json:
+            out.print_json(json.dumps({"valid": 0, "rejected": len(exc.problems), "written": False,
+                                       "rejects": [p.__dict__ for p in exc.problems]}))
+        else:
+            console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1)
+    res, summ = tracked.result, tracked.summary
+    if as_json:
+        sys.stdout.write(json.dumps({
+            "valid": len(res.tasks), "rejected": len(res.rejects), "added": summ.added, "unchanged": summ.unchanged,
+            "rejects": [{"source": p.source, "field": p.field, "reason": p.reason} for p in res.rejects],
+            "tasks": [t.id for t in res.tasks], "mlflow_run_id": tracked.mlflow_run_id}) + "\n")
+        return
+    out.print(f"{len(res.tasks)} valid task(s) ({summ.added} new, {summ.unchanged} unchanged), "
+              f"{len(res.rejects)} rejected")
+    for p in res.rejects:
+        out.print(f"  [yellow]rejected[/yellow] {p}")
+
+
+@images_app.command("build")
+def images_build(task: List[str] = typer.Option([], "--task", "-t", help="only these task ids"),
+                 data_dir: Optional[Path] = DataDir) -> None:
+    """Build the base image and the images of the catalog's current tasks (cache hits are instant)."""
+    from envforge import stages
+    from envforge.catalog import Catalog
+    from envforge.progress import rich_progress
+
+    settings = _settings(data_dir)
+    tasks = Catalog(settings.catalog_path).load_tasks(task or None)
+    if task and len(tasks) != len(set(task)):
+        _fail(EnvforgeError(f"unknown task id(s): {sorted(set(task) - {t.id for t in tasks})}"))
+    try:
+        with rich_progress(console) as progress:
+            report, _ = stages.build_images(settings, tasks, progress=progress)
+    except EnvforgeError as exc:
+        _fail(exc)
+    out.print(f"base: {report.base.tag}{' (cached)' if report.base.cache_hit else ''}")
+    for t, b in report.builds:
+        out.print(f"{t.id}: {b.tag}{' (cached)' if b.cache_hit else f' built in {b.seconds:.1f}s'}")
+    for p in report.failures:
+        out.print(f"[red]failed[/red] {p}")
+    if report.failures:
+        raise typer.Exit(1)
+
+
+@catalog_app.command("list")
+def catalog_list(as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """List the current version of every task, with its latest reference/empty results."""
+    from envforge.catalog import Catalog
+
+    cat = Catalog(_settings(data_dir).catalog_path)
+    frame = cat.query("""
+        SELECT t.task_id, t.source, substr(t.content_hash, 1, 12) AS version, t.tags,
+               max(r.resolved) FILTER (WHERE r.solution = 'reference') AS reference_passes,
+               max(r.resolved) FILTER (WHERE r.solution = 'empty') AS empty_passes
+        FROM current_tasks t LEFT JOIN runs r USING (content_hash)
+        GROUP BY ALL ORDER BY t.task_id""")
+    if as_json:
+        sys.stdout.write(json.dumps(frame.to_dicts(), default=str) + "\n")
+        return
+    table = Table(title=f"{frame.height} task(s) in {cat.path}")
+    for col in frame.columns:
+        table.add_column(col)
+    for row in frame.iter_rows():
+        table.add_row(*["-" if v is None else ", ".join(v) if isinstance(v, list) else str(v) for v in row])
+    out.print(table)
+
+
+@catalog_app.command("rejects")
+def catalog_rejects(data_dir: Optional[Path] = DataDir) -> None:
+    """Records that were rejected at ingestion, with the field and the reason."""
+    from envforge.catalog import Catalog
+
+    frame = Catalog(_settings(data_dir).catalog_path).rejects()
+    for row in frame.iter_rows(named=True):
+        out.print(f"{row['source']}: {row['field'] or '-'}: {row['reason']}")
+    out.print(f"{frame.height} reject(s)")
+
+
+@catalog_app.command("export")
+def catalog_export(version: str = typer.Argument(..., help="task-set version (a unique prefix is enough)"),
+                   path: Path = typer.Argument(..., help="output parquet file"),
+                   data_dir: Optional[Path] = DataDir) -> None:
+    """Export a task-set version to parquet."""
+    from envforge.catalog import Catalog
+
+    cat = Catalog(_settings(data_dir).catalog_path)
+    matches = [v for v in cat.task_sets()["version"] if v.startswith(version)]
+    if len(matches) != 1:
+        _fail(EnvforgeError(f"task-set version {version!r} matches {len(matches)} versions"))
+    out.print(str(cat.export_task_set(matches[0], path)))
+
+
+@app.command()
+def schema(output: Optional[Path] = typer.Option(None, "-o", help="write here instead of stdout")) -> None:
+    """Print the JSON Schema of the YAML task spec."""
+    from envforge.task import task_spec_json_schema
+
+    text = json.dumps(task_spec_json_schema(), indent=2) + "\n"
+    if output:
+        output.write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    app()

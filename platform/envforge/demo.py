@@ -1,0 +1,59 @@
+"""The main job on the bundled examples: ingest -> images -> verify solutions -> task set.
+
+Later stages (decontamination, validation, rollouts, training) join here as they land.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envforge import stages, track
+from envforge.config import Settings
+from envforge.errors import Problem
+from envforge.pipeline import Progress, _no_progress
+
+
+@dataclass
+class DemoSummary:
+    tasks_ingested: int
+    rejects: list[Problem]
+    images: dict[str, tuple[str, bool]]  # task id -> (tag, cache hit)
+    base_image: str
+    results: list[dict]
+    verified: list[str]
+    task_set_version: str | None
+    task_set_parquet: Path | None
+    mlflow_run_id: str
+    chart: Path | None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and len(self.verified) == self.tasks_ingested
+
+
+def run_demo(settings: Settings, source_paths: list[Path] | None = None, concurrency: int = 2,
+             progress: Progress = _no_progress, dagster_run_id: str | None = None) -> DemoSummary:
+    settings.ensure_dirs()
+    paths = source_paths or [settings.specs_dir]
+    with track.mlflow_run(settings, "demo", "demo", {"sources": [str(p) for p in paths]}, dagster_run_id) as parent:
+        ingested = stages.ingest(settings, paths, nested=True, dagster_run_id=dagster_run_id)
+        tasks = ingested.result.tasks
+        images, _ = stages.build_images(settings, tasks, nested=True, progress=progress, dagster_run_id=dagster_run_id)
+        report, _, chart = stages.verify_solutions(settings, tasks, images.image_for(), nested=True,
+                                                   concurrency=concurrency, progress=progress,
+                                                   dagster_run_id=dagster_run_id)
+        verified = report.verified_tasks()
+        version = parquet = None
+        if verified:
+            version, parquet = stages.create_task_set(
+                settings, "bundled-examples", verified, {"gate": "reference resolves and empty fails, 1 run each"})
+        track.log_metrics({"tasks_ingested": len(tasks), "tasks_verified": len(verified)})
+        return DemoSummary(
+            tasks_ingested=len(tasks), rejects=ingested.result.rejects,
+            images={t.id: (b.tag, b.cache_hit) for t, b in images.builds}, base_image=images.base.tag,
+            results=report.rows(), verified=[t.id for t in verified], task_set_version=version,
+            task_set_parquet=parquet, mlflow_run_id=parent.info.run_id, chart=chart,
+            problems=images.failures + report.infra_failures,
+        )
