@@ -109,6 +109,25 @@ def ingest(paths: List[Path] = typer.Argument(..., help="spec files or directori
         out.print(f"  [yellow]rejected[/yellow] {p}")
 
 
+@images_app.command("base")
+def images_base(data_dir: Optional[Path] = DataDir) -> None:
+    """Build the sandbox base image from sandboxes/base/ (a cache hit unless the recipe changed)."""
+    from envforge.sandbox.engine import docker_client
+    from envforge.sandbox.images import build_base_image
+
+    settings = _settings(data_dir)
+    try:
+        client = docker_client(settings)
+        if not console.is_terminal:
+            console.print("building the sandbox base image if needed (first build takes 1-2 minutes)")
+        with console.status("sandbox base image (debootstrap on first build, 1-2 minutes)"):
+            build = build_base_image(client, settings)
+    except EnvforgeError as exc:
+        _fail(exc)
+    out.print(f"base image {build.tag} ({'cached' if build.cache_hit else f'built in {build.seconds:.0f}s'}, "
+              f"{build.size_mb} MB)")
+
+
 @images_app.command("build")
 def images_build(task: List[str] = typer.Option([], "--task", "-t", help="only these task ids"),
                  data_dir: Optional[Path] = DataDir) -> None:

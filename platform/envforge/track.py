@@ -18,7 +18,8 @@ from typing import Any, Iterator, Mapping
 from envforge.config import Settings
 
 # MLflow's alembic migrations log at INFO on first use; they are noise for our users.
-logging.getLogger("alembic").setLevel(logging.WARNING)
+for _noisy in ("alembic", "mlflow.store.db.utils"):
+    logging.getLogger(_noisy).setLevel(logging.WARNING)
 os.environ.setdefault("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "false")
 
 DAGSTER_RUN_TAG = "dagster.run_id"
@@ -31,11 +32,25 @@ def _mlflow():
     return mlflow
 
 
+def _set_tracking_uri(mlflow, uri: str) -> None:
+    """Point the fluent API at `uri` without leaking it into os.environ.
+
+    mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI, which would make every later
+    Settings.from_env() in this process (another Dagster resource config, a test) inherit it.
+    """
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 def experiment_id(settings: Settings) -> str:
     """Point MLflow at the configured store and return the experiment id, creating it once."""
     mlflow = _mlflow()
     settings.ensure_dirs()
-    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+    _set_tracking_uri(mlflow, settings.mlflow_tracking_uri)
     exp = mlflow.get_experiment_by_name(settings.mlflow_experiment)
     if exp is not None:
         return exp.experiment_id

@@ -185,9 +185,10 @@ class Sandbox:
         return ExecResult(exit_code, out, err, duration, timed_out, oom, out_trunc, err_trunc)
 
     def _raw_exec(self, argv: list[str], stdin: bytes | None, env: Mapping[str, str], workdir: str,
-                  user: str | None, deadline_s: float | None) -> tuple[int, bytes, bytes, bool, bool]:
+                  user: str | None, deadline_s: float | None,
+                  cap: int | None = None) -> tuple[int, bytes, bytes, bool, bool]:
         api = self.client.api
-        cap = self.options.output_cap
+        cap = self.options.output_cap if cap is None else cap
         try:
             exec_id = api.exec_create(self.container.id, argv, stdin=stdin is not None, stdout=True, stderr=True,
                                       environment=dict(env), workdir=workdir, user=user or "")["Id"]
@@ -269,7 +270,7 @@ class Sandbox:
 
     def read_file(self, path: str, max_bytes: int = 64 << 20) -> bytes:
         q = shlex.quote(path)
-        res = self._raw_exec(["/bin/sh", "-c", f"cat -- {q}"], None, BASE_ENV, "/", None, 60)
+        res = self._raw_exec(["/bin/sh", "-c", f"cat -- {q}"], None, BASE_ENV, "/", None, 60, cap=max_bytes)
         code, out, err = res[0], res[1], res[2]
         if code != 0:
             raise FileNotFoundError(f"read_file {path}: {err.decode(errors='replace').strip()}")
@@ -305,11 +306,19 @@ class Sandbox:
         raise ValueError("patch does not apply: " + " | ".join(errors))
 
     def diff(self) -> str:
-        """The workspace changes against the task's initial commit, as a git patch (binary-safe)."""
-        res = self.exec("git add -A && git diff --cached --binary HEAD && git reset -q", timeout_s=120)
+        """The workspace changes against the task's initial commit, as a git patch (binary-safe).
+
+        Written to a file and read back, so the output cap on commands never truncates it.
+        """
+        out = "/tmp/.envforge-diff.patch"
+        res = self.exec(f"git add -A && git diff --cached --binary HEAD > {out}; rc=$?; git reset -q; exit $rc",
+                        timeout_s=120)
         if res.exit_code != 0:
             raise InfraError("diff_failed", res.err_text()[-300:])
-        return res.text()
+        try:
+            return self.read_file(out).decode("utf-8", errors="surrogateescape")
+        finally:
+            self.exec(f"rm -f {out}", timeout_s=30)
 
     def close(self) -> None:
         try:

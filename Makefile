@@ -1,0 +1,52 @@
+# envforge: the README's commands. `make demo` and `make test` set everything up themselves.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export ENVFORGE_DATA_DIR ?= $(CURDIR)/.envforge
+export DAGSTER_HOME ?= $(ENVFORGE_DATA_DIR)/dagster
+PYTEST_ARGS ?=
+
+.PHONY: setup venv engine base-image demo test ui mlflow-ui lock clean
+
+## setup: venv + package, host packages, Docker engine, sandbox base image (idempotent)
+setup: venv engine base-image
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+engine:
+	@platform/deploy/host-packages.sh
+	@platform/deploy/docker-engine.sh
+
+base-image: venv engine
+	@$(BIN)/envforge images base
+
+## demo: the main job on the bundled examples
+demo: setup
+	$(BIN)/envforge demo
+
+## test: the whole test suite (Docker tests are real and run here)
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## ui: the Dagster UI on http://127.0.0.1:3000
+ui: venv
+	@mkdir -p $(DAGSTER_HOME) && cp -n platform/deploy/dagster.yaml $(DAGSTER_HOME)/dagster.yaml 2>/dev/null || true
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+## mlflow-ui: the MLflow UI on http://127.0.0.1:5000
+mlflow-ui: venv
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(ENVFORGE_DATA_DIR)/mlflow.db \
+	  --default-artifact-root file://$(ENVFORGE_DATA_DIR)/mlartifacts --host 127.0.0.1 --port 5000
+
+## lock: refresh constraints.txt from the current venv
+lock: venv
+	$(BIN)/pip freeze --exclude-editable | sed 's/+cpu$$//' > constraints.txt
+
+clean:
+	rm -rf $(ENVFORGE_DATA_DIR)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install the host packages envforge needs besides Python ones: debootstrap (to build the
+# sandbox base image without a registry). Idempotent; quick when everything is present.
+set -euo pipefail
+say() { printf '[host-packages] %s\n' "$*" >&2; }
+
+missing=()
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" != 0 ]; then
+  say "ERROR: missing ${missing[*]} and not root; fix: sudo apt-get install -y ${missing[*]}"
+  exit 1
+fi
+say "installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null
+apt-get install -y -qq "${missing[@]}" >/dev/null

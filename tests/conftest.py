@@ -1,0 +1,52 @@
+"""Shared fixtures. Docker tests use the real engine started by platform/deploy/docker-engine.sh;
+if it is not running they fail with the reason, they are never skipped or mocked."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from envforge.config import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+BUNDLED_SPECS = REPO / "task_sources" / "specs"
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """Settings with a private data directory (catalog, MLflow store) for one test."""
+    s = Settings.from_env().with_data_dir(tmp_path / "data")
+    s.ensure_dirs()
+    return s
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    from envforge.sandbox.engine import docker_client as make_client
+
+    script = REPO / "platform" / "deploy" / "docker-engine.sh"
+    proc = subprocess.run([str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, f"Docker engine could not be started:\n{proc.stderr}"
+    return make_client(Settings.from_env())
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client) -> str:
+    from envforge.sandbox.images import build_base_image
+
+    return build_base_image(docker_client, Settings.from_env()).tag
+
+
+@pytest.fixture
+def copy_spec(tmp_path: Path):
+    """Copy a bundled spec folder to a temp dir so a test can change it freely."""
+
+    def _copy(name: str) -> Path:
+        dest = tmp_path / "specs" / name
+        shutil.copytree(BUNDLED_SPECS / name, dest)
+        return dest
+
+    return _copy

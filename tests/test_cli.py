@@ -1,0 +1,62 @@
+"""The `envforge` command as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BUNDLED_SPECS
+
+ENVFORGE = str(Path(sys.executable).with_name("envforge"))
+
+
+def run(args: list[str], data_dir: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ENVFORGE_DATA_DIR": str(data_dir)}
+    proc = subprocess.run([ENVFORGE, *args], env=env, capture_output=True, text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.parametrize("cmd", [[], ["ingest"], ["images"], ["images", "build"], ["catalog"], ["catalog", "list"],
+                                 ["demo"], ["schema"]])
+def test_help_everywhere(cmd, tmp_path):
+    proc = run([*cmd, "--help"], tmp_path)
+    assert "Usage" in proc.stdout
+
+
+def test_ingest_json_reports_valid_and_rejects(tmp_path):
+    specs = tmp_path / "specs"
+    shutil.copytree(BUNDLED_SPECS, specs)
+    bad = specs / "broken"
+    bad.mkdir()
+    (bad / "task.yaml").write_text("id: broken-task\ninstruction: short\nmax_turns: lots\n")
+    proc = run(["ingest", str(specs), "--json"], tmp_path / "data")
+    doc = json.loads(proc.stdout)
+    assert doc["valid"] == len(list(BUNDLED_SPECS.rglob("task.yaml"))) and doc["rejected"] >= 3
+    fields = {r["field"] for r in doc["rejects"] if r["source"].endswith("broken/task.yaml")}
+    assert {"instruction", "max_turns", "verification", "reference_solution"} <= fields
+
+    strict = run(["ingest", str(specs), "--json", "--strict"], tmp_path / "strict-data", check=False)
+    assert strict.returncode == 1 and json.loads(strict.stdout)["written"] is False
+
+    listing = json.loads(run(["catalog", "list", "--json"], tmp_path / "data").stdout)
+    assert {r["task_id"] for r in listing} == {"inventory-median-even", "ops-service-config", "orders-daily-summary"}
+
+
+@pytest.mark.docker
+def test_demo_runs_the_main_job(tmp_path, docker_client):
+    data = tmp_path / "data"
+    proc = run(["demo"], data)
+    assert "3/3 tasks verified" in proc.stdout
+    assert str(data / "catalog.duckdb") in proc.stdout.replace("\n", "")
+    listing = json.loads(run(["catalog", "list", "--json"], data).stdout)
+    assert all(r["reference_passes"] is True and r["empty_passes"] is False for r in listing)
+    assert (data / "charts" / "verifier_sanity.png").stat().st_size > 1000
+    assert list((data / "task_sets").glob("bundled-examples-*.parquet"))

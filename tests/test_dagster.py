@@ -1,0 +1,57 @@
+"""The Dagster code location: it loads, validates, and materializes its assets in-process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import dagster as dg
+import mlflow
+import pytest
+
+from assets.defs.environments.assets import environment_images
+from assets.defs.environments.checks import environment_images_complete
+from assets.defs.resources import default_resources
+from assets.defs.sources.assets import task_specs
+from assets.defs.sources.checks import task_specs_schema
+from tests.conftest import REPO
+
+
+def test_definitions_validate_cli(tmp_path):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dh"), "ENVFORGE_DATA_DIR": str(tmp_path / "data")}
+    (tmp_path / "dh").mkdir()
+    dagster = os.path.join(os.path.dirname(sys.executable), "dagster")
+    proc = subprocess.run([dagster, "definitions", "validate", "-w", "workspace.yaml"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "All code locations passed validation" in proc.stderr + proc.stdout
+
+
+def test_definitions_object():
+    from assets.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert {"task_specs", "environment_images", "solution_runs"} <= keys
+    assert defs.resolve_job_def("main_job") is not None
+
+
+@pytest.mark.docker
+def test_materialize_first_assets_in_process(settings, docker_client):
+    result = dg.materialize(
+        [task_specs, environment_images, task_specs_schema, environment_images_complete],
+        resources=default_resources(settings), instance=dg.DagsterInstance.ephemeral(),
+    )
+    assert result.success
+    checks = {e.asset_check_key.name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks == {"task_specs_schema": True, "environment_images_complete": True}
+    specs_md = result.asset_materializations_for_node("task_specs")[0].metadata
+    assert specs_md["valid"].value >= 3 and specs_md["rejected"].value == 0
+    images_md = result.asset_materializations_for_node("environment_images")[0].metadata
+    assert set(images_md["images"].value) >= {"inventory-median-even", "ops-service-config", "orders-daily-summary"}
+    # Each materialization logged an MLflow run tagged with the Dagster run id.
+    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+    runs = mlflow.search_runs(experiment_names=[settings.mlflow_experiment],
+                              filter_string=f"tags.`dagster.run_id` = '{result.run_id}'", output_format="list")
+    assert {r.data.tags["envforge.stage"] for r in runs} == {"ingest", "images"}
