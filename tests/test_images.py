@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from envforge.config import Settings
@@ -30,7 +32,8 @@ def test_task_image_cache_and_invalidation(docker_client, base_image, settings, 
     second = build_task_image(docker_client, task, base_image, settings)
     assert second.cache_hit and second.tag == first.tag
     assert second.seconds < 1.0 or second.seconds < first.seconds
-    (spec_dir / "workspace" / "NOTES.md").write_text("a new file changes the image\n")
+    # Unique content, so the changed image cannot exist from an earlier run.
+    (spec_dir / "workspace" / "NOTES.md").write_text(f"a new file changes the image {uuid.uuid4()}\n")
     changed = load_spec_file(spec_dir / "task.yaml")
     assert task_image_tag(changed, base_image) != first.tag
     rebuilt = build_task_image(docker_client, changed, base_image, settings)
@@ -39,6 +42,7 @@ def test_task_image_cache_and_invalidation(docker_client, base_image, settings, 
     log = docker_client.containers.run(rebuilt.tag, ["git", "-C", "/opt/envforge/task/workspace", "log",
                                                      "--oneline"], remove=True, network_mode="none")
     assert b"envforge: task initial state" in log
+    docker_client.images.remove(rebuilt.tag, force=True)  # this one-off variant is not worth keeping
 
 
 def test_setup_failure_names_the_task(docker_client, base_image, settings, copy_spec):

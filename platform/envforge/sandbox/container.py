@@ -1,41 +1,54 @@
 """One isolated, quota-bound container to act in.
 
-Isolation is on by default and not configurable away: no network (unless the task's spec
-opts into an allow-list), all capabilities dropped, no-new-privileges, a non-root user, a
-read-only root filesystem with size-limited tmpfs mounts for /workspace, /tmp and
-/run/envforge, and limits on CPU, memory and process count. The pristine workspace lives in
-the image (TEMPLATE_DIR) and is copied into the /workspace tmpfs at start.
+Isolation is on by default and cannot be configured away: no network (unless the task's
+spec opts into an allow-list), all capabilities dropped, no-new-privileges, commands run as
+an unprivileged user, a read-only root filesystem with size-limited tmpfs mounts for
+/workspace, /tmp and /run/envforge, limits on CPU, memory (no swap) and process count, no
+host paths or Docker socket, and an environment built from scratch.
 
-Commands run through `docker exec` here; stdin is streamed over the hijacked exec socket,
-which is also how files are written (a read-only rootfs refuses `put_archive`).
+Commands go through the in-container agent (`agent.py`, ~1 ms per command) over the attach
+socket. If the agent dies, the command in flight raises `InfraError('agent_died')`, the
+sandbox is marked tainted (a pool destroys it on release) and later commands fall back to
+`docker exec` (~50 ms), which `stats.fallback_execs` reports.
+
+The pristine workspace lives in the image (TEMPLATE_DIR) and is copied into the /workspace
+tmpfs at start and on every reset, so a reset sandbox is byte-identical to a fresh one.
 """
 
 from __future__ import annotations
 
-import io
+import asyncio
+import base64
+import os
 import re
+import secrets
 import shlex
 import socket
-import tarfile
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
 
 import docker
-from docker.errors import APIError, DockerException, NotFound
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import LogConfig
 from docker.utils.socket import STDERR, STDOUT, frames_iter
 
 from envforge.errors import InfraError
-from envforge.sandbox.engine import MANAGED_LABEL
+from envforge.sandbox.channel import AgentChannel, AgentDead, AgentTimeout
+from envforge.sandbox.engine import MANAGED_LABEL, OWNER_LABEL, owner_id
 from envforge.sandbox.images import TEMPLATE_DIR
 from envforge.task import WORKSPACE, Limits, NetworkPolicy
 
 SANDBOX_UID = 1000
 DEFAULT_OUTPUT_CAP = 1 << 20  # bytes kept per stream; the rest is counted and dropped
-_TIMEOUT_EXIT = 124  # coreutils `timeout` after SIGTERM
-_KILLED_EXIT = 137  # SIGKILL: `timeout --kill-after`, or the OOM killer
-# The sandbox's environment is built from scratch: nothing from the host leaks in.
+AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text()
+# The supervisor keeps the container alive if the agent dies (so `docker exec` still works)
+# and closes its stdio, so the host sees the attach stream end and knows the agent is gone.
+_SUPERVISOR = 'python3 -c "$0"; exec sleep infinity </dev/null >/dev/null 2>&1'
+_HOST_GRACE_S = 30.0  # how much longer than a command's timeout the host waits for the agent
 BASE_ENV = {
     "HOME": "/tmp",
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -43,6 +56,10 @@ BASE_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
     "PYTHONUNBUFFERED": "1",
 }
+_SNAPSHOT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# One shared pool for the async API: hundreds of sandboxes block in I/O at once.
+_ASYNC_EXECUTOR = ThreadPoolExecutor(max_workers=int(os.environ.get("ENVFORGE_SANDBOX_THREADS", "256")),
+                                     thread_name_prefix="envforge-sandbox")
 
 
 @dataclass(frozen=True)
@@ -70,75 +87,123 @@ class ExecResult:
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """A workspace state to reset to. `INITIAL` is the task's pristine state from the image."""
+
+    name: str | None = None
+
+
+INITIAL = Snapshot(None)
+
+
+@dataclass(frozen=True)
 class SandboxOptions:
     """Container settings derived from a task's limits and network policy."""
 
     limits: Limits = Limits()
     network: NetworkPolicy = NetworkPolicy()
     output_cap: int = DEFAULT_OUTPUT_CAP
-    runtime: str | None = None  # e.g. "runsc" for gVisor where registered
+    runtime: str | None = None  # e.g. "runsc" for gVisor where it is registered
+    use_agent: bool = True
 
     def container_kwargs(self) -> dict:
         lim = self.limits
         uid = f"uid={SANDBOX_UID},gid={SANDBOX_UID}"
         kwargs = dict(
-            user=f"{SANDBOX_UID}:{SANDBOX_UID}",
-            network_mode="none",
+            # The agent runs as root inside with three capabilities; every command it starts
+            # runs as uid 1000 and loses them all (see agent.py for the trust boundary).
+            user="0:0",
             cap_drop=["ALL"],
+            cap_add=["SETUID", "SETGID", "KILL"],
             security_opt=["no-new-privileges:true"],
+            network_mode="none",
             read_only=True,
             tmpfs={
                 WORKSPACE: f"rw,exec,nosuid,nodev,size={lim.workspace_mb}m,{uid},mode=0755",
                 "/tmp": f"rw,exec,nosuid,nodev,size={lim.tmp_mb}m,mode=1777",
                 "/run/envforge": f"rw,exec,nosuid,nodev,size=64m,{uid},mode=0700",
+                "/run/envforge-agent": f"rw,noexec,nosuid,nodev,size={lim.workspace_mb}m,mode=0700",
             },
             mem_limit=f"{lim.memory_mb}m",
             memswap_limit=f"{lim.memory_mb}m",
             nano_cpus=int(lim.cpus * 1e9),
             pids_limit=lim.pids,
             init=True,
-            environment=dict(BASE_ENV),
             ipc_mode="private",
+            environment=dict(BASE_ENV),
+            log_config=LogConfig(type="none"),  # agent traffic must not fill the daemon's disk
+            stdin_open=True,
+            working_dir=WORKSPACE,
         )
         if self.runtime:
             kwargs["runtime"] = self.runtime
-        if self.network.mode != "none":
-            # Allow-listed egress is enforced by the network the caller attaches; the plain
-            # bridge is never used implicitly.
-            kwargs["network_mode"] = "bridge"
+        if self.network.mode == "allowlist":
+            from envforge.sandbox.network import ALLOWLIST_NETWORK
+
+            del kwargs["network_mode"]
+            kwargs["network"] = ALLOWLIST_NETWORK  # default-deny; see network.py
         return kwargs
+
+
+@dataclass
+class SandboxStats:
+    started_at: float = field(default_factory=time.time)
+    start_s: float = 0.0
+    execs: int = 0
+    fallback_execs: int = 0
+    resets: int = 0
+    agent_alive: bool = True
+    agent_failure: str | None = None
 
 
 class Sandbox:
     """A started container for one task image. Use as a context manager, or call close()."""
 
-    def __init__(self, client: docker.DockerClient, container, options: SandboxOptions, image: str):
+    def __init__(self, client: docker.DockerClient, container, options: SandboxOptions, image: str,
+                 channel: AgentChannel | None):
         self.client = client
         self.container = container
         self.options = options
         self.image = image
-        self._oom_baseline = 0
+        self._channel = channel
+        self.stats = SandboxStats(agent_alive=channel is not None)
+        self.tainted: str | None = None  # why this sandbox must not be reused, if it must not
+        self._network = None
+
+    # -- lifecycle -----------------------------------------------------------------------
 
     @classmethod
     def start(cls, client: docker.DockerClient, image: str, options: SandboxOptions | None = None,
               labels: Mapping[str, str] | None = None) -> "Sandbox":
+        """Create and start a sandbox with its workspace in the task's initial state."""
+        from envforge.sandbox.network import attach_allowlist, ensure_allowlist_network
+
         options = options or SandboxOptions()
-        all_labels = {MANAGED_LABEL: "1", "envforge.image": image, **(labels or {})}
-        name = f"envforge-{uuid.uuid4().hex[:12]}"
+        if options.network.mode == "allowlist":
+            ensure_allowlist_network(client)
+        started = time.perf_counter()
+        all_labels = {MANAGED_LABEL: "1", OWNER_LABEL: owner_id(), "envforge.image": image, **(labels or {})}
+        command = ["/bin/sh", "-c", _SUPERVISOR, AGENT_SOURCE] if options.use_agent else ["sleep", "infinity"]
         try:
-            container = client.containers.run(image, command=["sleep", "infinity"], name=name, detach=True,
-                                              labels=all_labels, **options.container_kwargs())
-        except docker.errors.ImageNotFound:
+            container = client.containers.create(image, command=command, name=f"envforge-{uuid.uuid4().hex[:12]}",
+                                                 labels=all_labels, **options.container_kwargs())
+        except ImageNotFound:
             raise InfraError("image_missing", f"image {image} is not built; run `envforge images build`") from None
         except (APIError, DockerException) as exc:
-            raise InfraError("container_start_failed", str(exc)) from None
-        sandbox = cls(client, container, options, image)
+            raise InfraError("container_create_failed", str(exc)) from None
+        sandbox = cls(client, container, options, image, None)
         try:
-            sandbox._populate_workspace()
-            sandbox._oom_baseline = sandbox._oom_kill_count()
+            if options.use_agent:
+                sandbox._channel = AgentChannel(client, container.id)
+                sandbox.stats.agent_alive = True
+            container.start()
+            if options.network.mode == "allowlist":
+                sandbox._network = attach_allowlist(client, container, options.network)
+            sandbox._restore(INITIAL)
         except BaseException:
             sandbox.close()
             raise
+        sandbox.stats.start_s = time.perf_counter() - started
         return sandbox
 
     def __enter__(self) -> "Sandbox":
@@ -151,55 +216,115 @@ class Sandbox:
     def id(self) -> str:
         return self.container.id
 
-    def _populate_workspace(self) -> None:
-        res = self.exec(f"cp -a {TEMPLATE_DIR}/. {WORKSPACE}/", timeout_s=120, workdir="/")
-        if res.exit_code != 0:
-            raise InfraError("workspace_populate_failed", res.err_text()[-500:])
+    @property
+    def agent_alive(self) -> bool:
+        return self._channel is not None and not self._channel.closed
 
-    def _oom_kill_count(self) -> int:
-        """The memory cgroup's OOM-kill counter (v1 oom_control or v2 memory.events)."""
-        res = self._raw_exec(["/bin/sh", "-c", "cat /sys/fs/cgroup/memory/memory.oom_control "
-                                               "/sys/fs/cgroup/memory.events 2>/dev/null"],
-                             None, {}, "/", None, 10.0)
-        m = re.search(rb"oom_kill (\d+)", res[1])
-        return int(m.group(1)) if m else 0
+    def close(self) -> None:
+        """Remove the container (and its allow-list rules); safe to call twice."""
+        if self._channel is not None:
+            self._channel.close()
+        if self._network is not None:
+            self._network.release()
+            self._network = None
+        try:
+            self.container.remove(force=True, v=True)
+        except (NotFound, APIError, DockerException):
+            pass
+
+    release = close
+
+    # -- commands ------------------------------------------------------------------------
 
     def exec(self, command: str, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
-             workdir: str = WORKSPACE, stdin: bytes | None = None, user: str | None = None) -> ExecResult:
-        """Run a shell command; the whole process group is killed at the timeout.
+             workdir: str = WORKSPACE, stdin: bytes | None = None,
+             on_output: Callable[[str, bytes], None] | None = None, output_cap: int | None = None) -> ExecResult:
+        """Run a shell command as the sandbox user; its process group is killed at the timeout.
 
-        Raises InfraError when the container or engine fails; a non-zero exit, a timeout or
-        an OOM kill of the command are ordinary results.
+        Raises InfraError when the container, the engine or the agent fails; a non-zero exit,
+        a timeout or an OOM kill of the command are ordinary results. `on_output(stream,
+        bytes)` receives output as it is produced.
         """
-        timeout_s = float(timeout_s if timeout_s is not None else self.options.limits.command_timeout_s)
-        argv = ["timeout", "--kill-after=2", f"{timeout_s:g}", "/bin/bash", "-c", command]
-        started = time.perf_counter()
-        exit_code, out, err, out_trunc, err_trunc = self._raw_exec(
-            argv, stdin, {**BASE_ENV, **(env or {})}, workdir, user, timeout_s + 30)
-        duration = time.perf_counter() - started
-        timed_out = exit_code == _TIMEOUT_EXIT or (exit_code == _KILLED_EXIT and duration >= timeout_s)
-        oom = False
-        if exit_code == _KILLED_EXIT and not timed_out:
-            count = self._oom_kill_count()
-            oom, self._oom_baseline = count > self._oom_baseline, count
-        return ExecResult(exit_code, out, err, duration, timed_out, oom, out_trunc, err_trunc)
+        timeout = float(timeout_s if timeout_s is not None else self.options.limits.command_timeout_s)
+        cap = self.options.output_cap if output_cap is None else output_cap
+        self.stats.execs += 1
+        if self.agent_alive:
+            payload = {"op": "exec", "cmd": command, "timeout": timeout, "env": {**BASE_ENV, **(env or {})},
+                       "cwd": workdir, "cap": cap, "stream": on_output is not None}
+            if stdin:
+                payload["stdin"] = base64.b64encode(stdin).decode()
+            msg = self._agent(payload, timeout + _HOST_GRACE_S, on_output)
+            if not msg.get("ok"):
+                raise InfraError("agent_error", msg.get("error", "unknown"))
+            if msg["oom_killed"]:
+                self.tainted = self.tainted or "oom"
+            return ExecResult(msg["exit_code"], base64.b64decode(msg["stdout"]), base64.b64decode(msg["stderr"]),
+                              msg["duration"], msg["timed_out"], msg["oom_killed"], msg["stdout_truncated"],
+                              msg["stderr_truncated"])
+        self.stats.fallback_execs += 1
+        return self._docker_exec(command, timeout, env, workdir, stdin, cap)
 
-    def _raw_exec(self, argv: list[str], stdin: bytes | None, env: Mapping[str, str], workdir: str,
-                  user: str | None, deadline_s: float | None,
-                  cap: int | None = None) -> tuple[int, bytes, bytes, bool, bool]:
+    def _agent(self, payload: dict, deadline_s: float, on_chunk=None) -> dict:
+        assert self._channel is not None
+        try:
+            return self._channel.request(payload, deadline_s, on_chunk)
+        except AgentDead as exc:
+            self._agent_lost(f"agent died: {exc}")
+            self._raise_if_container_gone()
+            raise InfraError("agent_died", str(exc)) from None
+        except AgentTimeout as exc:
+            self._agent_lost(f"agent hung: {exc}")
+            self._raise_if_container_gone()
+            raise InfraError("agent_hung", str(exc)) from None
+
+    def _agent_lost(self, why: str) -> None:
+        self.stats.agent_alive = False
+        self.stats.agent_failure = why
+        self.tainted = self.tainted or why
+        if self._channel is not None:
+            self._channel.close()
+
+    def _raise_if_container_gone(self) -> None:
+        try:
+            self.container.reload()
+        except NotFound:
+            self.tainted = "container vanished"
+            raise InfraError("container_vanished", f"container {self.container.short_id} is gone") from None
+        except (APIError, DockerException) as exc:
+            self.tainted = "engine error"
+            raise InfraError("engine_error", str(exc)) from None
+        if self.container.status != "running":
+            self.tainted = f"container {self.container.status}"
+            raise InfraError("container_not_running", f"container is {self.container.status}")
+
+    def _docker_exec(self, command: str, timeout: float, env: Mapping[str, str] | None, workdir: str,
+                     stdin: bytes | None, cap: int) -> ExecResult:
+        """The fallback path: `docker exec` as the sandbox user, wrapped in `timeout`."""
+        argv = ["timeout", "--kill-after=2", f"{timeout:g}", "/bin/bash", "-c", command]
+        started = time.perf_counter()
+        code, out, err, out_t, err_t = self._raw_docker_exec(argv, stdin, {**BASE_ENV, **(env or {})}, workdir,
+                                                             timeout + _HOST_GRACE_S, cap)
+        duration = time.perf_counter() - started
+        timed_out = code == 124 or (code == 137 and duration >= timeout)
+        return ExecResult(code, out, err, duration, timed_out, False, out_t, err_t)
+
+    def _raw_docker_exec(self, argv: list[str], stdin: bytes | None, env: Mapping[str, str], workdir: str,
+                         deadline_s: float, cap: int) -> tuple[int, bytes, bytes, bool, bool]:
         api = self.client.api
-        cap = self.options.output_cap if cap is None else cap
         try:
             exec_id = api.exec_create(self.container.id, argv, stdin=stdin is not None, stdout=True, stderr=True,
-                                      environment=dict(env), workdir=workdir, user=user or "")["Id"]
+                                      environment=dict(env), workdir=workdir,
+                                      user=f"{SANDBOX_UID}:{SANDBOX_UID}")["Id"]
             sock = api.exec_start(exec_id, socket=True)
         except NotFound:
+            self.tainted = "container vanished"
             raise InfraError("container_vanished", f"container {self.container.short_id} is gone") from None
         except APIError as exc:
-            if exc.status_code == 409:  # container is not running
-                raise InfraError("container_not_running", str(exc)) from None
-            raise InfraError("engine_error", str(exc)) from None
+            self.tainted = "engine error"
+            cause = "container_not_running" if exc.status_code == 409 else "engine_error"
+            raise InfraError(cause, str(exc)) from None
         except DockerException as exc:
+            self.tainted = "engine error"
             raise InfraError("engine_error", str(exc)) from None
         raw = getattr(sock, "_sock", sock)
         bufs = {STDOUT: bytearray(), STDERR: bytearray()}
@@ -232,31 +357,27 @@ class Sandbox:
         except (APIError, DockerException) as exc:
             raise InfraError("engine_error", str(exc)) from None
         if code is None:
-            self._check_alive()
+            self._raise_if_container_gone()
             raise InfraError("exec_lost", "exec finished without an exit code")
         return code, bytes(bufs[STDOUT]), bytes(bufs[STDERR]), trunc[STDOUT], trunc[STDERR]
-
-    def _check_alive(self) -> None:
-        try:
-            self.container.reload()
-        except NotFound:
-            raise InfraError("container_vanished", f"container {self.container.short_id} is gone") from None
-        if self.container.status != "running":
-            raise InfraError("container_not_running", f"container is {self.container.status}")
 
     # -- files ---------------------------------------------------------------------------
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        """Write a file (parents created) by streaming it over exec stdin."""
+        """Write a file as the sandbox user (parents created)."""
         payload = data.encode() if isinstance(data, str) else data
         q = shlex.quote(path)
-        res = self.exec(f"mkdir -p \"$(dirname {q})\" && cat > {q} && chmod {mode:o} {q}", stdin=payload,
-                        workdir="/")
+        res = self.exec(f"mkdir -p \"$(dirname {q})\" && cat > {q} && chmod {mode:o} {q}", stdin=payload or None,
+                        workdir="/") if payload else self.exec(f"mkdir -p \"$(dirname {q})\" && : > {q} && "
+                                                               f"chmod {mode:o} {q}", workdir="/")
         if res.exit_code != 0:
             raise OSError(f"write_file {path}: {res.err_text().strip()}")
 
     def put_files(self, dest_dir: str, files: Mapping[str, bytes], mode: int = 0o644) -> None:
-        """Write many files at once as one tar stream (one exec, whatever the count)."""
+        """Write many files at once as one tar stream (one command, whatever the count)."""
+        import io
+        import tarfile
+
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tf:
             for rel, data in sorted(files.items()):
@@ -269,12 +390,11 @@ class Sandbox:
             raise OSError(f"put_files {dest_dir}: {res.err_text().strip()}")
 
     def read_file(self, path: str, max_bytes: int = 64 << 20) -> bytes:
-        q = shlex.quote(path)
-        res = self._raw_exec(["/bin/sh", "-c", f"cat -- {q}"], None, BASE_ENV, "/", None, 60, cap=max_bytes)
-        code, out, err = res[0], res[1], res[2]
-        if code != 0:
-            raise FileNotFoundError(f"read_file {path}: {err.decode(errors='replace').strip()}")
-        return out[:max_bytes]
+        """Read a file as the sandbox user; FileNotFoundError if it cannot be read."""
+        res = self.exec(f"cat -- {shlex.quote(path)}", workdir="/", output_cap=max_bytes)
+        if res.exit_code != 0:
+            raise FileNotFoundError(f"read_file {path}: {res.err_text().strip()}")
+        return res.stdout
 
     def apply_patch(self, patch: str) -> str:
         """Apply a unified diff to the workspace; returns the method that worked.
@@ -285,7 +405,7 @@ class Sandbox:
         method's complaint when none applies; the workspace is then as it was.
         """
         data = patch if patch.endswith("\n") else patch + "\n"
-        path = "/tmp/.envforge-apply.patch"
+        path = f"/tmp/.envforge-apply-{secrets.token_hex(4)}.patch"
         self.write_file(path, data)
         clean = self.exec("git status --porcelain --untracked-files=all", timeout_s=60).text().strip() == ""
         attempts = [("git_apply", f"git apply --whitespace=nowarn {path}")]
@@ -306,24 +426,95 @@ class Sandbox:
         raise ValueError("patch does not apply: " + " | ".join(errors))
 
     def diff(self) -> str:
-        """The workspace changes against the task's initial commit, as a git patch (binary-safe).
+        """The workspace's changes against the task's initial state, as a binary-safe git patch.
 
-        Written to a file and read back, so the output cap on commands never truncates it.
+        Computed against the read-only copy of the initial commit in the image, with a private
+        index and object store in /tmp, so nothing the policy did to /workspace/.git can hide
+        or forge changes. Files matched by the task's own .gitignore are left out.
         """
-        out = "/tmp/.envforge-diff.patch"
-        res = self.exec(f"git add -A && git diff --cached --binary HEAD > {out}; rc=$?; git reset -q; exit $rc",
-                        timeout_s=120)
+        script = (
+            "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; mkdir \"$t/objects\"; "
+            f"export GIT_DIR={TEMPLATE_DIR}/.git GIT_WORK_TREE={WORKSPACE} GIT_INDEX_FILE=\"$t/index\" "
+            f"GIT_OBJECT_DIRECTORY=\"$t/objects\" GIT_ALTERNATE_OBJECT_DIRECTORIES={TEMPLATE_DIR}/.git/objects; "
+            f"cp {TEMPLATE_DIR}/.git/index \"$t/index\"; git add -A; git diff --cached --binary HEAD"
+        )
+        res = self.exec(script, timeout_s=120, output_cap=256 << 20)
         if res.exit_code != 0:
             raise InfraError("diff_failed", res.err_text()[-300:])
-        try:
-            return self.read_file(out).decode("utf-8", errors="surrogateescape")
-        finally:
-            self.exec(f"rm -f {out}", timeout_s=30)
+        return res.stdout.decode("utf-8", errors="surrogateescape")
 
-    def close(self) -> None:
+    # -- snapshots -----------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """Record the workspace's current state (kept inside the sandbox, out of the policy's reach)."""
+        if not self.agent_alive:
+            raise InfraError("agent_unavailable", "snapshots need the in-sandbox agent")
+        snap = Snapshot(uuid.uuid4().hex)
+        msg = self._agent({"op": "snapshot", "name": snap.name}, 180)
+        if not msg.get("ok"):
+            raise InfraError("snapshot_failed", msg.get("error", ""))
+        return snap
+
+    def reset(self, snapshot: Snapshot = INITIAL) -> float:
+        """Kill every sandbox-user process, empty /workspace and /tmp, and restore `snapshot`.
+
+        Returns the seconds it took. A failed reset taints the sandbox and raises InfraError.
+        """
+        started = time.perf_counter()
+        self._restore(snapshot)
+        self.stats.resets += 1
+        return time.perf_counter() - started
+
+    def _restore(self, snapshot: Snapshot) -> None:
+        if snapshot.name is not None and not _SNAPSHOT_NAME.match(snapshot.name):
+            raise ValueError(f"invalid snapshot name {snapshot.name!r}")
+        if self.agent_alive:
+            msg = self._agent({"op": "reset", "snapshot": snapshot.name}, 180)
+            if not msg.get("ok"):
+                self.tainted = f"reset failed: {msg.get('error')}"
+                raise InfraError("reset_failed", msg.get("error", ""))
+            return
+        if snapshot.name is not None:
+            raise InfraError("agent_unavailable", "resetting to a snapshot needs the in-sandbox agent")
+        script = (f"for i in 1 2 3 4 5; do kill -9 -1 2>/dev/null; done; "
+                  f"chmod -R u+rwX {WORKSPACE} /tmp 2>/dev/null; "
+                  f"find {WORKSPACE} /tmp -mindepth 1 -maxdepth 1 -exec rm -rf -- {{}} + ; "
+                  f"cp -a {TEMPLATE_DIR}/. {WORKSPACE}/")
+        code, _, err, _, _ = self._raw_docker_exec(["/bin/sh", "-c", script], None, BASE_ENV, "/", 180,
+                                                   DEFAULT_OUTPUT_CAP)
+        if code != 0:
+            self.tainted = "reset failed"
+            raise InfraError("reset_failed", err.decode(errors="replace")[-300:])
+
+    def ping(self) -> bool:
+        """True when the container runs and answers (through the agent, or exec if it is gone)."""
         try:
-            self.container.remove(force=True, v=True)
-        except NotFound:
-            pass
-        except (APIError, DockerException):
-            pass
+            if self.agent_alive:
+                return bool(self._agent({"op": "ping"}, 10).get("ok"))
+            return self._docker_exec("true", 10, None, "/", None, 1024).exit_code == 0
+        except InfraError:
+            return False
+
+    # -- async ---------------------------------------------------------------------------
+
+    async def aexec(self, command: str, **kwargs) -> ExecResult:
+        return await _run_async(self.exec, command, **kwargs)
+
+    async def areset(self, snapshot: Snapshot = INITIAL) -> float:
+        return await _run_async(self.reset, snapshot)
+
+    async def adiff(self) -> str:
+        return await _run_async(self.diff)
+
+    @classmethod
+    async def astart(cls, client: docker.DockerClient, image: str, options: SandboxOptions | None = None,
+                     labels: Mapping[str, str] | None = None) -> "Sandbox":
+        return await _run_async(cls.start, client, image, options, labels)
+
+    async def aclose(self) -> None:
+        await _run_async(self.close)
+
+
+async def _run_async(fn, *args, **kwargs):
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_ASYNC_EXECUTOR, lambda: fn(*args, **kwargs))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+
 import docker
 from docker.errors import DockerException
 
@@ -23,3 +26,42 @@ def docker_client(settings: Settings | None = None, timeout_s: int = 120) -> doc
     except DockerException as exc:
         raise InfraError("engine_unavailable", f"no Docker engine answers ({exc}); {_HOW_TO_START}") from None
     return client
+
+
+# Which process owns a container: orphans of dead owners are removed at start-up.
+OWNER_LABEL = "envforge.owner"
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_alive(owner: str) -> bool:
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True  # another machine's container: not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_orphans(client: docker.DockerClient) -> int:
+    """Remove envforge containers that have exited or whose owning process is gone.
+
+    A killed dockerd leaves containers behind as 'Exited (137)', and a killed envforge
+    process leaves running sandboxes nobody will release; both are found by label.
+    """
+    removed = 0
+    for c in client.containers.list(all=True, filters={"label": MANAGED_LABEL}):
+        owner = c.labels.get(OWNER_LABEL, "")
+        if c.status != "running" or (owner and not _owner_alive(owner)):
+            try:
+                c.remove(force=True, v=True)
+                removed += 1
+            except DockerException:
+                pass
+    return removed
