@@ -50,3 +50,14 @@ def copy_spec(tmp_path: Path):
         return dest
 
     return _copy
+
+
+@pytest.fixture(scope="session")
+def task_image(docker_client, base_image, tmp_path_factory) -> str:
+    """The image of the bundled inventory task (a small Python package with tests)."""
+    from envforge.sandbox.images import build_task_image
+    from envforge.sources.specs import load_spec_file
+
+    settings = Settings.from_env().with_data_dir(tmp_path_factory.mktemp("images"))
+    task = load_spec_file(BUNDLED_SPECS / "inventory-median-even" / "task.yaml")
+    return build_task_image(docker_client, task, base_image, settings).tag

@@ -40,6 +40,15 @@ class Limits(_Strict):
     command_timeout_s: float = Field(120, gt=0, le=86400, description="default per-command wall time")
     trajectory_timeout_s: float = Field(1800, gt=0, le=604800, description="wall time for a whole episode")
 
+    @model_validator(mode="after")
+    def _tmpfs_fits_in_memory(self) -> "Limits":
+        # tmpfs pages are charged to the sandbox's memory cgroup: a full disk must hit ENOSPC,
+        # not the OOM killer, so the writable mounts have to fit below the memory limit.
+        if self.workspace_mb + self.tmp_mb >= self.memory_mb:
+            raise ValueError(f"workspace_mb + tmp_mb ({self.workspace_mb + self.tmp_mb}) must be below "
+                             f"memory_mb ({self.memory_mb}): tmpfs pages count against memory")
+        return self
+
 
 class NetworkPolicy(_Strict):
     """Network is off unless a task opts into an explicit allow-list."""

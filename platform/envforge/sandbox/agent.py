@@ -17,9 +17,9 @@ compatible with the base image's Python (3.11).
 import base64
 import json
 import os
+import select
 import selectors
 import signal
-import subprocess
 import sys
 import time
 
@@ -29,6 +29,21 @@ TEMPLATE = "/opt/envforge/task/workspace"
 SNAPSHOTS = "/run/envforge-agent"
 OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
 CHILD_ENV = {"HOME": "/tmp", "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+_oom_seen = [0]  # the cgroup's OOM-kill count when last looked at
+
+
+def oom_killed_since_last_look():
+    """Whether the memory cgroup OOM-killed something since the previous look.
+
+    Reading the counter costs ~0.3 ms, so it is read only when a command died of SIGKILL
+    (and at reset); a background OOM kill between looks is attributed to the next
+    SIGKILL'd command, a rare misattribution we accept for the speed.
+    """
+    now = oom_kills()
+    seen, _oom_seen[0] = _oom_seen[0], now
+    return now > seen
 
 
 def oom_kills():
@@ -43,27 +58,160 @@ def oom_kills():
     return 0
 
 
+BIN_DIR = "/run/envforge-bin"  # root-owned tmpfs (exec): the execute-only shell and command scripts
+XBASH = BIN_DIR + "/bash"
+# The waiting shell's whole program: wait for "go", then source the command script.
+_BOOT = 'read -r -u 3 _go || exit 0; exec 3<&-; __f=$ENVFORGE_CMD; unset _go ENVFORGE_CMD; . "$__f"'
+
+
+def install_execute_only_shell():
+    """Copy bash to an execute-only file (mode 0111, root-owned).
+
+    A process exec'd from a file its user cannot read is marked non-dumpable by the kernel,
+    so other processes of the sandbox user cannot ptrace it or open its /proc fds. That is
+    what makes a shell started *before* its command safe to keep waiting.
+    """
+    os.makedirs(BIN_DIR, exist_ok=True)
+    os.chmod(BIN_DIR, 0o755)
+    with open("/bin/bash", "rb") as src, open(XBASH + ".tmp", "wb") as dst:
+        dst.write(src.read())
+    os.chmod(XBASH + ".tmp", 0o111)
+    os.rename(XBASH + ".tmp", XBASH)
+
+
+def _quote(value):
+    return "'" + str(value).replace("'", "'\\''") + "'"
+
+
+class Spawner:
+    """Starts commands as the sandbox user from a shell that is already running and waiting.
+
+    fork + setuid + exec of bash costs about 3 ms here, so it happens between commands: a
+    de-privileged, non-dumpable bash waits on a pipe, and a command only costs writing its
+    script and one "go". The sandbox user's processes can kill the waiting shell (then the
+    next one is started on demand) but cannot trace it, read its pipes or forge its input.
+    """
+
+    RESERVE = 2  # shells kept waiting: back-to-back commands find one that finished starting
+
+    def __init__(self):
+        self.ready = []  # [(pid, token, ctl_w, in_w, out_r, err_r)], oldest first
+        self.counter = 0
+
+    def prepare(self):
+        while len(self.ready) < self.RESERVE:
+            self.ready.append(self._fork())
+
+    def discard(self):
+        while self.ready:
+            pid, _token, *fds = self.ready.pop()
+            for fd in fds:
+                os.close(fd)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+    def _fork(self):
+        self.counter += 1
+        token = f"{os.getpid()}-{self.counter}"
+        ctl_r, ctl_w = os.pipe()
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: drop privileges, become the waiting shell
+            try:
+                os.setsid()
+                os.setgroups([])
+                os.setgid(GID)
+                os.setuid(UID)
+                os.dup2(in_r, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                os.dup2(ctl_r, 3)
+                for fd in (0, 1, 2, 3):  # dup2 onto itself keeps O_CLOEXEC
+                    os.set_inheritable(fd, True)
+                for fd in [int(f) for f in os.listdir("/proc/self/fd")]:  # close_range may be blocked by
+                    if fd > 3:                                              # seccomp; 64k close() calls
+                        try:                                                # would cost milliseconds
+                            os.close(fd)
+                        except OSError:
+                            pass
+                os.chdir("/")
+                env = dict(CHILD_ENV, ENVFORGE_CMD=f"{BIN_DIR}/cmd-{token}.sh")
+                os.execve(XBASH, ["bash", "-c", _BOOT], env)
+            except BaseException as exc:  # noqa: BLE001 - report and leave, never return into the agent
+                try:
+                    os.write(2, f"envforge-agent: cannot start shell: {exc}\n".encode())
+                finally:
+                    os._exit(126)
+        for fd in (ctl_r, in_r, out_w, err_w):
+            os.close(fd)
+        return pid, token, ctl_w, in_w, out_r, err_r
+
+    def spawn(self, cmd, cwd, env):
+        """Start cmd; returns (pid, stdin_w, stdout_r, stderr_r, script_path)."""
+        lines = [f"cd -- {_quote(cwd)} || exit 1"]
+        lines += [f"export {k}={_quote(v)}" for k, v in env.items() if k.isidentifier()]
+        body = "\n".join(lines) + "\n" + cmd + "\n"
+        for _ in range(2):
+            if not self.ready:
+                self.ready.append(self._fork())
+            pid, token, ctl_w, in_w, out_r, err_r = self.ready.pop(0)
+            script = f"{BIN_DIR}/cmd-{token}.sh"
+            with open(script, "w") as fh:
+                fh.write(body)
+            os.chmod(script, 0o644)
+            try:
+                os.write(ctl_w, b"go\n")
+                os.close(ctl_w)
+                return pid, in_w, out_r, err_r, script
+            except OSError:  # the waiting shell was killed: reap it and start a fresh one
+                for fd in (ctl_w, in_w, out_r, err_r):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                os.unlink(script)
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+        raise RuntimeError("could not start a command process")
+
+
+SPAWNER = Spawner()
+
+
 def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, on_chunk=None):
     """Run cmd as the sandbox user in its own session; kill the whole group at the timeout."""
     started = time.monotonic()
-    oom_before = oom_kills()
-    proc = subprocess.Popen(
-        ["/bin/bash", "-c", cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        cwd=cwd, env=dict(CHILD_ENV, **(env or {})), start_new_session=True, user=UID, group=GID,
-        extra_groups=[], close_fds=True)
+    pid, in_w, out_r, err_r, script = SPAWNER.spawn(cmd, cwd, dict(CHILD_ENV, **(env or {})))
     bufs = {"stdout": bytearray(), "stderr": bytearray()}
     trunc = {"stdout": False, "stderr": False}
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
-    sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+    sel.register(out_r, selectors.EVENT_READ, "stdout")
+    sel.register(err_r, selectors.EVENT_READ, "stderr")
     pending = memoryview(stdin or b"")
     if pending:
-        os.set_blocking(proc.stdin.fileno(), False)
-        sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
+        os.set_blocking(in_w, False)
+        sel.register(in_w, selectors.EVENT_WRITE, "stdin")
     else:
-        proc.stdin.close()
+        os.close(in_w)
     deadline = started + timeout
     timed_out = False
+    status = None
+    # A pidfd becomes readable when the shell exits, even while background jobs hold its pipes.
+    try:
+        pidfd = os.pidfd_open(pid)
+        sel.register(pidfd, selectors.EVENT_READ, "exit")
+    except (AttributeError, OSError):
+        pidfd = None
 
     def take(name, data):
         room = cap - len(bufs[name])
@@ -74,61 +222,80 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
         if on_chunk is not None and data:
             on_chunk(name, data)
 
-    def close_stdin():
-        sel.unregister(proc.stdin)
-        proc.stdin.close()
+    def reap(block):
+        nonlocal status
+        if status is None:
+            done, st = os.waitpid(pid, 0 if block else os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(st)
+        return status
 
     while True:
         now = time.monotonic()
         if now >= deadline:
             timed_out = True
             break
-        if proc.poll() is not None:
+        if reap(False) is not None:
             break
-        for key, _ in sel.select(timeout=min(0.05, deadline - now)):
+        keys = [k for k in sel.get_map().values() if k.data != "stdin"]
+        if pidfd is None and not any(k.data in ("stdout", "stderr") for k in keys):
+            time.sleep(min(0.002, deadline - now))
+            continue
+        wait = deadline - now if pidfd is not None else min(0.01, deadline - now)
+        for key, _ in sel.select(timeout=wait):
             name = key.data
+            if name == "exit":
+                sel.unregister(pidfd)
+                continue
             if name == "stdin":
                 try:
-                    sent = os.write(proc.stdin.fileno(), pending[:65536])
-                    pending = pending[sent:]
+                    pending = pending[os.write(in_w, pending[:65536]):]
                     if not pending:
-                        close_stdin()
-                except (BrokenPipeError, OSError):
-                    close_stdin()
+                        sel.unregister(in_w)
+                        os.close(in_w)
+                except OSError:
+                    sel.unregister(in_w)
+                    os.close(in_w)
                 continue
-            data = os.read(key.fileobj.fileno(), 65536)
+            data = os.read(key.fd, 65536)
             if data:
                 take(name, data)
             else:
-                sel.unregister(key.fileobj)
+                sel.unregister(key.fd)
     if timed_out:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    exit_code = proc.wait()
+    exit_code = reap(True)
     # Drain what is already buffered; background jobs that keep the pipes open are not waited for.
     for key in list(sel.get_map().values()):
+        if key.data in ("stdout", "stderr"):
+            os.set_blocking(key.fd, False)
+            while True:
+                try:
+                    data = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    break
+                if not data:
+                    break
+                take(key.data, data)
         if key.data == "stdin":
-            continue
-        os.set_blocking(key.fileobj.fileno(), False)
-        while True:
-            try:
-                data = os.read(key.fileobj.fileno(), 65536)
-            except BlockingIOError:
-                break
-            if not data:
-                break
-            take(key.data, data)
+            os.close(in_w)
     sel.close()
-    for stream in (proc.stdin, proc.stdout, proc.stderr):
-        try:
-            stream.close()
-        except OSError:
-            pass
-    oom = exit_code == -signal.SIGKILL and not timed_out and oom_kills() > oom_before
+    if pidfd is not None:
+        os.close(pidfd)
+    os.close(out_r)
+    os.close(err_r)
+    try:
+        os.unlink(script)
+    except OSError:
+        pass
+    exit_code = 128 - exit_code if exit_code < 0 else exit_code
+    # 137 = SIGKILL, of the shell itself or (reported by the shell) of the command it ran.
+    oom = exit_code == 137 and not timed_out and oom_killed_since_last_look()
     return {
-        "exit_code": 128 - exit_code if exit_code < 0 else exit_code,
+        "exit_code": exit_code,
         "stdout": base64.b64encode(bytes(bufs["stdout"])).decode(),
         "stderr": base64.b64encode(bytes(bufs["stderr"])).decode(),
         "stdout_truncated": trunc["stdout"], "stderr_truncated": trunc["stderr"],
@@ -153,11 +320,12 @@ def sandbox_pids():
     return pids
 
 
-def kill_sandbox_processes():
-    """SIGKILL every process of the sandbox user; repeat until none is left (forks race)."""
+def kill_sandbox_processes(keep=()):
+    """SIGKILL every process of the sandbox user except `keep`; repeat until none is left (forks race)."""
     killed = 0
+    keep = set(keep)
     for _ in range(100):
-        pids = sandbox_pids()
+        pids = [p for p in sandbox_pids() if p not in keep]
         if not pids:
             return killed
         for pid in pids:
@@ -167,25 +335,27 @@ def kill_sandbox_processes():
             except ProcessLookupError:
                 pass
         time.sleep(0.002)
-    raise RuntimeError(f"processes of uid {UID} survive SIGKILL: {sandbox_pids()[:10]}")
+    raise RuntimeError(f"processes of uid {UID} survive SIGKILL: {[p for p in sandbox_pids() if p not in keep][:10]}")
 
 
 def restore(snapshot):
-    """Kill leftovers, empty /workspace and /tmp, and lay the chosen state back down."""
+    """Kill leftovers, empty /workspace and /tmp, and lay the chosen state back down.
+
+    The spare shells survive: they were started by the agent, have run nothing, and no
+    sandbox process can reach them (see Spawner), so they are as clean as new ones.
+    """
     started = time.monotonic()
-    killed = kill_sandbox_processes()
+    killed = kill_sandbox_processes(keep=[entry[0] for entry in SPAWNER.ready])
+    oom_killed_since_last_look()
     wipe = ("chmod -R u+rwX /workspace /tmp 2>/dev/null; "
-            "find /workspace /tmp -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + ; "
+            "find /workspace /tmp -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + && "
             "test -z \"$(ls -A /workspace)\"")
-    res = run_command(wipe, 120, cwd="/")
-    if res["exit_code"] != 0:
-        raise RuntimeError("wipe failed: " + base64.b64decode(res["stderr"]).decode(errors="replace")[-300:])
     if snapshot:
         with open(os.path.join(SNAPSHOTS, snapshot + ".tar"), "rb") as fh:
             data = fh.read()
-        res = run_command("tar -C /workspace -xpf -", 120, cwd="/", stdin=data)
+        res = run_command(wipe + " && tar -C /workspace -xpf -", 120, cwd="/", stdin=data)
     else:
-        res = run_command(f"cp -a {TEMPLATE}/. {WORKSPACE}/", 120, cwd="/")
+        res = run_command(wipe + f" && cp -a {TEMPLATE}/. {WORKSPACE}/", 120, cwd="/")
     if res["exit_code"] != 0:
         raise RuntimeError("restore failed: " + base64.b64decode(res["stderr"]).decode(errors="replace")[-300:])
     return {"killed": killed, "duration": time.monotonic() - started}
@@ -209,38 +379,53 @@ def main():
         out.flush()
 
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    try:
-        os.makedirs(SNAPSHOTS, mode=0o700, exist_ok=True)
-    except OSError:
-        pass
+    os.makedirs(SNAPSHOTS, mode=0o700, exist_ok=True)
+    install_execute_only_shell()
     send({"id": 0, "ok": True, "ready": True, "pid": os.getpid()})
-    for line in sys.stdin.buffer:
-        if not line.strip():
+    pending = b""
+    while True:
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if line.strip():
+                handle(line, send)
+        # Start spare shells only while no request is waiting, so forks stay off the critical path.
+        if len(SPAWNER.ready) < SPAWNER.RESERVE and not select.select([0], [], [], 0)[0]:
+            try:
+                SPAWNER.ready.append(SPAWNER._fork())
+            except OSError:
+                pass
             continue
-        rid = None
-        try:
-            req = json.loads(line)
-            rid = req.get("id")
-            op = req.get("op")
-            if op == "exec":
-                on_chunk = None
-                if req.get("stream"):
-                    def on_chunk(name, data, rid=rid):
-                        send({"id": rid, "chunk": name, "data": base64.b64encode(data).decode()})
-                result = run_command(req["cmd"], float(req["timeout"]), req.get("env"), req.get("cwd") or WORKSPACE,
-                                     base64.b64decode(req["stdin"]) if req.get("stdin") else b"",
-                                     int(req.get("cap", 1 << 20)), on_chunk)
-            elif op == "reset":
-                result = restore(req.get("snapshot"))
-            elif op == "snapshot":
-                result = snapshot(req["name"])
-            elif op == "ping":
-                result = {"pid": os.getpid()}
-            else:
-                raise ValueError(f"unknown op {op!r}")
-            send(dict(result, id=rid, ok=True))
-        except Exception as exc:  # report, never die: the host decides what a failure means
-            send({"id": rid, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        data = os.read(0, 1 << 20)
+        if not data:
+            break
+        pending += data
+
+
+def handle(line, send):
+    rid = None
+    try:
+        req = json.loads(line)
+        rid = req.get("id")
+        op = req.get("op")
+        if op == "exec":
+            on_chunk = None
+            if req.get("stream"):
+                def on_chunk(name, data, rid=rid):
+                    send({"id": rid, "chunk": name, "data": base64.b64encode(data).decode()})
+            result = run_command(req["cmd"], float(req["timeout"]), req.get("env"), req.get("cwd") or WORKSPACE,
+                                 base64.b64decode(req["stdin"]) if req.get("stdin") else b"",
+                                 int(req.get("cap", 1 << 20)), on_chunk)
+        elif op == "reset":
+            result = restore(req.get("snapshot"))
+        elif op == "snapshot":
+            result = snapshot(req["name"])
+        elif op == "ping":
+            result = {"pid": os.getpid()}
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        send(dict(result, id=rid, ok=True))
+    except Exception as exc:  # report, never die: the host decides what a failure means
+        send({"id": rid, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
 
 
 if __name__ == "__main__":

@@ -58,6 +58,10 @@ class AgentChannel:
             end = time.monotonic() + deadline_s
             while True:
                 msg = self._read_message(end)
+                if msg.get("agent_exit"):
+                    self._mark_dead()
+                    tail = self.stderr_tail.decode(errors="replace").strip()[-500:]
+                    raise AgentDead("agent exited" + (f"; agent stderr: {tail}" if tail else ""))
                 if msg.get("id") != rid:
                     continue  # the startup banner, or a late reply to an abandoned request
                 if "chunk" in msg:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import re
 import secrets
@@ -46,8 +47,9 @@ SANDBOX_UID = 1000
 DEFAULT_OUTPUT_CAP = 1 << 20  # bytes kept per stream; the rest is counted and dropped
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text()
 # The supervisor keeps the container alive if the agent dies (so `docker exec` still works)
-# and closes its stdio, so the host sees the attach stream end and knows the agent is gone.
-_SUPERVISOR = 'python3 -c "$0"; exec sleep infinity </dev/null >/dev/null 2>&1'
+# and says so on the stream (docker-init holds the stream open, so it never ends by itself).
+_SUPERVISOR = ('python3 -c "$0"; printf \'\\n{"agent_exit": true}\\n\'; '
+               'exec sleep infinity </dev/null >/dev/null 2>&1')
 _HOST_GRACE_S = 30.0  # how much longer than a command's timeout the host waits for the agent
 BASE_ENV = {
     "HOME": "/tmp",
@@ -106,6 +108,11 @@ class SandboxOptions:
     runtime: str | None = None  # e.g. "runsc" for gVisor where it is registered
     use_agent: bool = True
 
+    def key(self) -> str:
+        """A hashable identity: sandboxes with equal keys are interchangeable in a pool."""
+        return json.dumps({"limits": self.limits.model_dump(mode="json"), "network": self.network.model_dump(mode="json"),
+                           "cap": self.output_cap, "runtime": self.runtime, "agent": self.use_agent}, sort_keys=True)
+
     def container_kwargs(self) -> dict:
         lim = self.limits
         uid = f"uid={SANDBOX_UID},gid={SANDBOX_UID}"
@@ -123,6 +130,7 @@ class SandboxOptions:
                 "/tmp": f"rw,exec,nosuid,nodev,size={lim.tmp_mb}m,mode=1777",
                 "/run/envforge": f"rw,exec,nosuid,nodev,size=64m,{uid},mode=0700",
                 "/run/envforge-agent": f"rw,noexec,nosuid,nodev,size={lim.workspace_mb}m,mode=0700",
+                "/run/envforge-bin": "rw,exec,nosuid,nodev,size=16m,mode=0755",
             },
             mem_limit=f"{lim.memory_mb}m",
             memswap_limit=f"{lim.memory_mb}m",
@@ -498,23 +506,23 @@ class Sandbox:
     # -- async ---------------------------------------------------------------------------
 
     async def aexec(self, command: str, **kwargs) -> ExecResult:
-        return await _run_async(self.exec, command, **kwargs)
+        return await run_blocking(self.exec, command, **kwargs)
 
     async def areset(self, snapshot: Snapshot = INITIAL) -> float:
-        return await _run_async(self.reset, snapshot)
+        return await run_blocking(self.reset, snapshot)
 
     async def adiff(self) -> str:
-        return await _run_async(self.diff)
+        return await run_blocking(self.diff)
 
     @classmethod
     async def astart(cls, client: docker.DockerClient, image: str, options: SandboxOptions | None = None,
                      labels: Mapping[str, str] | None = None) -> "Sandbox":
-        return await _run_async(cls.start, client, image, options, labels)
+        return await run_blocking(cls.start, client, image, options, labels)
 
     async def aclose(self) -> None:
-        await _run_async(self.close)
+        await run_blocking(self.close)
 
 
-async def _run_async(fn, *args, **kwargs):
+async def run_blocking(fn, *args, **kwargs):
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_ASYNC_EXECUTOR, lambda: fn(*args, **kwargs))

@@ -1,0 +1,179 @@
+"""Abuse cases on the real engine: the sandbox contains each one, and the host and the
+other sandboxes stay healthy."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from envforge.sandbox.container import Sandbox, SandboxOptions
+from envforge.task import Limits
+
+pytestmark = pytest.mark.docker
+
+TIGHT = SandboxOptions(limits=Limits(cpus=1, memory_mb=256, pids=64, workspace_mb=32, tmp_mb=16,
+                                     command_timeout_s=20))
+
+
+@pytest.fixture
+def sandbox(docker_client, task_image):
+    with Sandbox.start(docker_client, task_image, TIGHT) as sb:
+        yield sb
+
+
+@pytest.fixture
+def bystander(docker_client, task_image):
+    """A second sandbox that must keep working while the first one misbehaves."""
+    with Sandbox.start(docker_client, task_image) as sb:
+        yield sb
+
+
+def healthy(sb: Sandbox) -> bool:
+    res = sb.exec("echo alive && ls inventory | head -1", timeout_s=20)
+    return res.exit_code == 0 and res.text().startswith("alive")
+
+
+class _Listener:
+    """A TCP server on the host that counts connections."""
+
+    def __init__(self, host: str = "0.0.0.0"):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+                self.connections += 1
+                conn.close()
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
+
+
+def _connect_cmd(host: str, port: int) -> str:
+    return (f"python3 -c \"import socket; s=socket.create_connection(('{host}', {port}), timeout=3); "
+            f"print('connected')\"")
+
+
+def test_network_egress_is_refused(sandbox, docker_client):
+    listener = _Listener()
+    try:
+        gateway = docker_client.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+        for host in ("127.0.0.1", gateway, "1.1.1.1"):
+            res = sandbox.exec(_connect_cmd(host, listener.port if host != "1.1.1.1" else 53), timeout_s=15)
+            assert res.exit_code != 0 and "connected" not in res.text(), host
+        dns = sandbox.exec("python3 -c \"import socket; socket.getaddrinfo('pypi.org', 443)\"", timeout_s=15)
+        assert dns.exit_code != 0
+        assert listener.connections == 0
+        interfaces = sandbox.exec("cat /proc/net/dev").text()
+        assert "eth0" not in interfaces  # only loopback exists
+        # The host side is unaffected: the listener still accepts from the host.
+        socket.create_connection(("127.0.0.1", listener.port), timeout=3).close()
+    finally:
+        listener.close()
+
+
+def test_writes_outside_the_workspace_fail(sandbox):
+    for path in ("/etc/passwd", "/usr/bin/evil", "/opt/envforge/task/workspace/x", "/root/x", "/x",
+                 "/run/envforge-bin/bash", "/run/envforge-agent/x"):
+        res = sandbox.exec(f"echo pwned > {path}")
+        assert res.exit_code != 0, path
+    assert sandbox.exec("echo fine > /workspace/ok && echo fine > /tmp/ok").exit_code == 0
+
+
+def test_fork_bomb_is_stopped_by_the_process_limit(sandbox, bystander):
+    res = sandbox.exec("bomb() { bomb | bomb & }; bomb; sleep 3; "
+                       "cat /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/pids/pids.current", timeout_s=15)
+    assert "Resource temporarily unavailable" in res.err_text()  # forks were refused...
+    limit, current = res.text().split()[-2:]
+    assert limit == "64" and int(current) <= 64  # ...at the limit
+    assert healthy(bystander)
+    sandbox.reset()
+    assert healthy(sandbox)
+    count = int(sandbox.exec("ps -e --no-headers | wc -l").text())
+    assert count < 10
+
+
+def test_memory_hog_is_oom_killed_and_reported(sandbox, bystander):
+    res = sandbox.exec("python3 -c \"x = bytearray(600 * 1024 * 1024); print('allocated')\"", timeout_s=60)
+    assert res.oom_killed and res.exit_code == 137 and "allocated" not in res.text()
+    assert sandbox.tainted == "oom"  # a pool would not reuse it
+    assert healthy(bystander)
+    assert healthy(sandbox)
+
+
+def test_filling_the_disk_stops_at_the_quota(sandbox):
+    res = sandbox.exec("dd if=/dev/zero of=/workspace/big bs=1M count=200 2>&1; du -m /workspace/big | cut -f1",
+                       timeout_s=60)
+    assert "No space left on device" in res.text()
+    assert int(res.text().strip().splitlines()[-1]) <= 32
+    tmp = sandbox.exec("dd if=/dev/zero of=/tmp/big bs=1M count=200 2>&1", timeout_s=60)
+    assert "No space left on device" in tmp.text()
+    assert not sandbox.tainted and healthy(sandbox)
+
+
+def test_infinite_loop_is_killed_at_its_timeout_and_reset_recovers(sandbox):
+    res = sandbox.exec("while :; do :; done", timeout_s=2)
+    assert res.timed_out and 1.9 <= res.duration_s < 10
+    spawner = sandbox.exec("(while :; do :; done) & (sleep 1000) & echo started", timeout_s=5)
+    assert "started" in spawner.text()
+    sandbox.reset()
+    ps = sandbox.exec("ps -u sandbox -o args= | grep -v -e '_go' -e '^ps' -e 'grep'").text()
+    assert ps.strip() == ""
+    assert healthy(sandbox)
+
+
+def test_privileged_operations_are_refused(sandbox):
+    assert sandbox.exec("id -u").text().strip() == "1000"
+    assert sandbox.exec("id -u; id -G").text().split() == ["1000", "1000"]
+    assert sandbox.exec("mkdir -p /tmp/m && mount -t tmpfs none /tmp/m").exit_code != 0
+    raw = sandbox.exec("python3 -c \"import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)\"")
+    assert raw.exit_code != 0 and "PermissionError" in raw.err_text()
+    setuid = sandbox.exec("python3 -c \"import os; os.setuid(0)\"")
+    assert setuid.exit_code != 0 and "PermissionError" in setuid.err_text()
+    assert sandbox.exec("find / -xdev -perm /6000 -type f 2>/dev/null").text().strip() == ""
+    caps = sandbox.exec("grep -E '^Cap(Eff|Prm|Inh|Amb)' /proc/self/status").text().split()
+    assert set(caps[1::2]) == {"0000000000000000"}
+    assert "NoNewPrivs:\t1" in sandbox.exec("cat /proc/self/status").text()
+    assert sandbox.exec("test -S /var/run/docker.sock || test -S /run/docker.sock").exit_code != 0
+
+
+def test_host_environment_does_not_leak(sandbox):
+    os.environ["ENVFORGE_SECRET_MARKER"] = "do-not-leak"
+    try:
+        with Sandbox.start(sandbox.client, sandbox.image) as fresh:
+            env = fresh.exec("env").text()
+    finally:
+        del os.environ["ENVFORGE_SECRET_MARKER"]
+    assert "do-not-leak" not in env and "DOCKER" not in env
+    names = {line.split("=", 1)[0] for line in env.splitlines() if "=" in line}
+    assert names <= {"HOME", "PATH", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PWD", "SHLVL", "_",
+                     "OLDPWD"}
+
+
+def test_the_agent_is_out_of_the_sandbox_users_reach(sandbox):
+    """Commands cannot signal the agent, nor read the waiting shells' pipes (no forged results)."""
+    agent_pid = sandbox.exec("pgrep -u root -x python3 | head -1").text().strip()
+    assert agent_pid
+    assert sandbox.exec(f"kill -9 {agent_pid}").exit_code != 0
+    waiting = sandbox.exec("pgrep -u sandbox -f _go | head -1").text().strip()
+    assert waiting
+    assert sandbox.exec(f"ls /proc/{waiting}/fd").exit_code != 0  # non-dumpable: no fd access
+    assert sandbox.exec(f"cat /proc/{waiting}/mem").exit_code != 0
+    assert sandbox.agent_alive and healthy(sandbox)
