@@ -177,3 +177,27 @@ def test_the_agent_is_out_of_the_sandbox_users_reach(sandbox):
     assert sandbox.exec(f"ls /proc/{waiting}/fd").exit_code != 0  # non-dumpable: no fd access
     assert sandbox.exec(f"cat /proc/{waiting}/mem").exit_code != 0
     assert sandbox.agent_alive and healthy(sandbox)
+
+
+def test_allowlisted_network_reaches_only_the_allowed_endpoint(docker_client, task_image):
+    from envforge.sandbox.network import ALLOWLIST_NETWORK, CHAIN, _iptables, ensure_allowlist_network
+    from envforge.task import NetworkPolicy
+
+    ensure_allowlist_network(docker_client)
+    gateway = docker_client.networks.get(ALLOWLIST_NETWORK).attrs["IPAM"]["Config"][0]["Gateway"]
+    allowed, blocked = _Listener(gateway), _Listener(gateway)
+    try:
+        opts = SandboxOptions(network=NetworkPolicy(mode="allowlist", allow=[f"{gateway}:{allowed.port}"]))
+        with Sandbox.start(docker_client, task_image, opts) as sb:
+            ok = sb.exec(_connect_cmd(gateway, allowed.port), timeout_s=15)
+            assert ok.exit_code == 0 and "connected" in ok.text(), ok.err_text()
+            denied = sb.exec(_connect_cmd(gateway, blocked.port), timeout_s=15)
+            assert denied.exit_code != 0
+            assert sb.exec(_connect_cmd("1.1.1.1", 53), timeout_s=15).exit_code != 0
+            ip = sb._network.source_ip
+            assert ip in _iptables("-S", CHAIN).stdout
+        assert allowed.connections == 1 and blocked.connections == 0
+        assert ip not in _iptables("-S", CHAIN).stdout  # rules are removed with the sandbox
+    finally:
+        allowed.close()
+        blocked.close()

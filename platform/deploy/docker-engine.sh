@@ -13,6 +13,14 @@ say() { printf '[docker-engine] %s\n' "$*" >&2; }
 fail() { say "ERROR: $1"; say "fix: $2"; exit 1; }
 
 engine_answers() { docker -H "unix://$SOCK" version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+# A killed dockerd can linger as a zombie when nothing reaps it (its parent is gone), and
+# pgrep/kill -0 still see it: only a process that is not a zombie counts as running.
+alive() { [ -r "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != "Z" ]; }
+dockerd_running() {
+  local pid
+  for pid in $(pgrep -x dockerd 2>/dev/null); do alive "$pid" && return 0; done
+  return 1
+}
 
 if command -v docker >/dev/null 2>&1 && engine_answers; then
   exit 0
@@ -36,12 +44,12 @@ fi
 # A dockerd that was killed leaves its pid file behind, and a new one refuses to start.
 if [ -f /var/run/docker.pid ]; then
   pid=$(cat /var/run/docker.pid 2>/dev/null || true)
-  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+  if [ -z "$pid" ] || ! alive "$pid"; then
     say "removing stale /var/run/docker.pid (pid ${pid:-?} is gone)"
     rm -f /var/run/docker.pid
   fi
 fi
-if ! pgrep -x dockerd >/dev/null 2>&1; then
+if ! dockerd_running; then
   # containerd's own pid file can go stale the same way.
   rm -f /var/run/docker/containerd/containerd.pid 2>/dev/null || true
   say "starting dockerd (log: $LOG)"
