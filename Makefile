@@ -8,7 +8,7 @@ export ENVFORGE_DATA_DIR ?= $(CURDIR)/.envforge
 export DAGSTER_HOME ?= $(ENVFORGE_DATA_DIR)/dagster
 PYTEST_ARGS ?=
 
-.PHONY: setup venv engine base-image demo test ui mlflow-ui lock clean
+.PHONY: setup venv engine base-image demo test bench-sandbox ui mlflow-ui lock clean
 
 ## setup: venv + package, host packages, Docker engine, sandbox base image (idempotent)
 setup: venv engine base-image
@@ -33,6 +33,10 @@ demo: setup
 ## test: the whole test suite (Docker tests are real and run here)
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## bench-sandbox: sandbox runtime benchmark (JSON on stdout)
+bench-sandbox: setup
+	$(BIN)/python bench/sandbox.py
 
 ## ui: the Dagster UI on http://127.0.0.1:3000
 ui: venv

@@ -191,7 +191,15 @@ SPAWNER = Spawner()
 def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, on_chunk=None):
     """Run cmd as the sandbox user in its own session; kill the whole group at the timeout."""
     started = time.monotonic()
-    pid, in_w, out_r, err_r, script = SPAWNER.spawn(cmd, cwd, dict(CHILD_ENV, **(env or {})))
+    try:
+        pid, in_w, out_r, err_r, script = SPAWNER.spawn(cmd, cwd, dict(CHILD_ENV, **(env or {})))
+    except BlockingIOError:
+        # fork() -> EAGAIN: the sandbox's own processes fill its pids limit. That is the
+        # command's outcome (as it would be for a shell), not an infrastructure fault.
+        msg = b"envforge: cannot start the command: the sandbox's process limit is reached\n"
+        return {"exit_code": 126, "stdout": "", "stderr": base64.b64encode(msg).decode(),
+                "stdout_truncated": False, "stderr_truncated": False,
+                "duration": time.monotonic() - started, "timed_out": False, "oom_killed": False}
     bufs = {"stdout": bytearray(), "stderr": bytearray()}
     trunc = {"stdout": False, "stderr": False}
     sel = selectors.DefaultSelector()
