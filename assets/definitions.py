@@ -9,7 +9,7 @@ from assets.defs.verification import assets as verification_assets, checks as ve
 
 main_job = dg.define_asset_job(
     "main_job", selection=dg.AssetSelection.all(),
-    description="Ingest the specs, build their images, and prove each verifier with its known solutions.",
+    description="Ingest the specs, build their images, and put every task through the flakiness gate.",
 )
 
 defs = dg.Definitions(

@@ -61,3 +61,22 @@ def task_image(docker_client, base_image, tmp_path_factory) -> str:
     settings = Settings.from_env().with_data_dir(tmp_path_factory.mktemp("images"))
     task = load_spec_file(BUNDLED_SPECS / "inventory-median-even" / "task.yaml")
     return build_task_image(docker_client, task, base_image, settings).tag
+
+
+@pytest.fixture(scope="session")
+def bundled_images(docker_client, base_image, tmp_path_factory):
+    """{task id: (Task, image tag)} for the bundled specs and the flaky example."""
+    from envforge.sandbox.images import build_task_image
+    from envforge.sources import load_specs
+
+    settings = Settings.from_env().with_data_dir(tmp_path_factory.mktemp("bundled"))
+    tasks = load_specs([BUNDLED_SPECS, REPO / "task_sources" / "examples"]).tasks
+    return {t.id: (t, build_task_image(docker_client, t, base_image, settings).tag) for t in tasks}
+
+
+@pytest.fixture(scope="session")
+def grader(docker_client):
+    from envforge.verify.grader import Grader
+
+    with Grader(docker_client) as g:
+        yield g

@@ -25,7 +25,7 @@ def run(args: list[str], data_dir: Path, check: bool = True) -> subprocess.Compl
 
 
 @pytest.mark.parametrize("cmd", [[], ["ingest"], ["images"], ["images", "build"], ["catalog"], ["catalog", "list"],
-                                 ["demo"], ["schema"]])
+                                 ["demo"], ["schema"], ["verify"], ["validate"]])
 def test_help_everywhere(cmd, tmp_path):
     proc = run([*cmd, "--help"], tmp_path)
     assert "Usage" in proc.stdout
@@ -57,6 +57,6 @@ def test_demo_runs_the_main_job(tmp_path, docker_client):
     assert "3/3 tasks verified" in proc.stdout
     assert str(data / "catalog.duckdb") in proc.stdout.replace("\n", "")
     listing = json.loads(run(["catalog", "list", "--json"], data).stdout)
-    assert all(r["reference_passes"] is True and r["empty_passes"] is False for r in listing)
-    assert (data / "charts" / "verifier_sanity.png").stat().st_size > 1000
+    assert all(r["verdict"] == "accepted" and r["reference_passed"] == "5/5" for r in listing)
+    assert (data / "charts" / "flake_report.png").stat().st_size > 1000
     assert list((data / "task_sets").glob("bundled-examples-*.parquet"))

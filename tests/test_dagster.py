@@ -33,7 +33,7 @@ def test_definitions_object():
 
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert {"task_specs", "environment_images", "solution_runs"} <= keys
+    assert {"task_specs", "environment_images", "validated_tasks"} <= keys
     assert defs.resolve_job_def("main_job") is not None
 
 

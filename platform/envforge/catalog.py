@@ -48,6 +48,12 @@ CREATE TABLE IF NOT EXISTS runs (
     reasons VARCHAR[] NOT NULL, tests_json VARCHAR NOT NULL, checkpoints_json VARCHAR NOT NULL,
     patch_method VARCHAR, duration_s DOUBLE NOT NULL, image VARCHAR NOT NULL, mlflow_run_id VARCHAR,
     dagster_run_id VARCHAR, created_at TIMESTAMP NOT NULL);
+CREATE TABLE IF NOT EXISTS validations (
+    content_hash VARCHAR NOT NULL, task_id VARCHAR NOT NULL, verdict VARCHAR NOT NULL,
+    disagreements VARCHAR[] NOT NULL, runs BIGINT NOT NULL, reference_passes BIGINT NOT NULL,
+    empty_fails BIGINT NOT NULL, probes_json VARCHAR NOT NULL, verifier_median_s DOUBLE NOT NULL,
+    infra_retries BIGINT NOT NULL, params_json VARCHAR NOT NULL, mlflow_run_id VARCHAR, dagster_run_id VARCHAR,
+    created_at TIMESTAMP NOT NULL);
 CREATE TABLE IF NOT EXISTS task_sets (
     version VARCHAR PRIMARY KEY, name VARCHAR NOT NULL, n_tasks BIGINT NOT NULL,
     params_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL);
@@ -225,6 +231,27 @@ class Catalog:
             })
         self.write({"runs": _frame("runs", rows)})
         return [r["run_id"] for r in rows]
+
+    def record_validations(self, reports: Iterable, params: dict, mlflow_run_id: str | None = None,
+                           dagster_run_id: str | None = None) -> None:
+        """Store flakiness-gate verdicts (envforge.verify.gate.GateReport)."""
+        at = _now()
+        params_json = json.dumps(params, sort_keys=True)
+        self.write({"validations": _frame("validations", [
+            {"content_hash": r.content_hash, "task_id": r.task_id, "verdict": r.verdict,
+             "disagreements": list(r.disagreements), "runs": r.runs, "reference_passes": r.reference_passes,
+             "empty_fails": r.empty_fails, "probes_json": json.dumps(r.probe_results, sort_keys=True),
+             "verifier_median_s": float(r.median_verifier_s), "infra_retries": r.infra_retries,
+             "params_json": params_json, "mlflow_run_id": mlflow_run_id, "dagster_run_id": dagster_run_id,
+             "created_at": at} for r in reports])})
+
+    def latest_validations(self) -> pl.DataFrame:
+        """The most recent verdict per current task version."""
+        return self.query("""
+            SELECT v.* EXCLUDE (rn) FROM (
+                SELECT *, row_number() OVER (PARTITION BY content_hash ORDER BY created_at DESC) AS rn
+                FROM validations) v JOIN current_tasks t USING (content_hash)
+            WHERE rn = 1 ORDER BY v.task_id""")
 
     def runs(self) -> pl.DataFrame:
         return self.query("SELECT * FROM runs ORDER BY created_at, task_id, solution")

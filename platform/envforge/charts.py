@@ -10,21 +10,26 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 
 
-def solution_outcomes_chart(rows: list[dict], path: Path, title: str = "Verifier sanity: reference vs empty") -> Path:
-    """Grouped bars per task: reward of the reference solution and of the empty solution.
+def flake_chart(rows: list[dict], path: Path, title: str = "Flakiness gate: verifier agreement per task") -> Path:
+    """Per task: share of reference runs that passed and of empty runs that failed; quarantined in red.
 
-    rows: dicts with task_id, solution ('reference'|'empty') and reward.
+    rows: dicts with task_id, verdict, reference_passes, empty_fails, runs.
     """
-    tasks = sorted({r["task_id"] for r in rows})
-    ref = [next((r["reward"] for r in rows if r["task_id"] == t and r["solution"] == "reference"), 0) for t in tasks]
-    empty = [next((r["reward"] for r in rows if r["task_id"] == t and r["solution"] == "empty"), 0) for t in tasks]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(tasks) + 2), 4))
-    xs = range(len(tasks))
-    ax.bar([x - 0.2 for x in xs], ref, width=0.4, label="reference solution", color="#2a9d8f")
-    ax.bar([x + 0.2 for x in xs], empty, width=0.4, label="empty solution", color="#e76f51")
-    ax.set_xticks(list(xs), tasks, rotation=20, ha="right", fontsize=8)
+    rows = sorted(rows, key=lambda r: r["task_id"])
+    names = [r["task_id"] for r in rows]
+    ref = [r["reference_passes"] / r["runs"] for r in rows]
+    empty = [r["empty_fails"] / r["runs"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows) + 2), 4.2))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], ref, width=0.4, label="reference passed", color="#2a9d8f")
+    ax.bar([x + 0.2 for x in xs], empty, width=0.4, label="empty failed", color="#457b9d")
+    for x, r in zip(xs, rows):
+        if r["verdict"] != "accepted":
+            ax.axvspan(x - 0.5, x + 0.5, color="#e63946", alpha=0.15)
+            ax.text(x, 1.12, "quarantined", ha="center", fontsize=7, color="#e63946")
+    ax.set_xticks(list(xs), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylim(0, 1.3)
-    ax.set_ylabel("reward")
+    ax.set_ylabel(f"share of {rows[0]['runs'] if rows else 0} runs")
     ax.set_title(title)
     ax.legend(loc="upper center", ncol=2, fontsize=8)
     fig.tight_layout()

@@ -52,16 +52,19 @@ def demo(data_dir: Optional[Path] = DataDir,
             summary = run_demo(settings, concurrency=concurrency, progress=progress)
     except EnvforgeError as exc:
         _fail(exc)
-    table = Table(title="Bundled tasks: reference vs empty solution")
-    for col in ("task", "image", "reference", "empty", "why empty fails"):
+    table = Table(title="Bundled tasks through the flakiness gate")
+    for col in ("task", "image", "verdict", "reference passed", "empty failed", "probes scored 0", "why"):
         table.add_column(col)
-    by = {(r["task_id"], r["solution"]): r for r in summary.results}
+    by = {r["task_id"]: r for r in summary.results}
     for tid, (tag, hit) in sorted(summary.images.items()):
-        ref, emp = by.get((tid, "reference")), by.get((tid, "empty"))
-        table.add_row(tid, f"{tag}{' (cached)' if hit else ''}",
-                      "[green]pass[/green]" if ref and ref["resolved"] else "[red]FAIL[/red]",
-                      "fails (good)" if emp and not emp["resolved"] else "[red]PASSES[/red]",
-                      ", ".join(emp["reasons"][:2]) if emp else "")
+        r = by.get(tid)
+        if r is None:
+            table.add_row(tid, tag.split(":")[-1], "[red]not validated[/red]", "", "", "", "")
+            continue
+        verdict = "[green]accepted[/green]" if r["verdict"] == "accepted" else "[red]quarantined[/red]"
+        table.add_row(tid, f"{tag.split(':')[-1]}{' (cached)' if hit else ''}", verdict,
+                      f"{r['reference_passes']}/{r['runs']}", f"{r['empty_fails']}/{r['runs']}",
+                      f"{r['probes_caught']}/{r['probes']}" if r["probes"] else "-", "; ".join(r["disagreements"][:2]))
     out.print(table)
     for p in summary.rejects + summary.problems:
         out.print(f"[yellow]problem:[/yellow] {p}")
@@ -71,7 +74,7 @@ def demo(data_dir: Optional[Path] = DataDir,
     out.print("Where to look:")
     out.print(f"  catalog (DuckDB): {settings.catalog_path}")
     out.print(f"  task set parquet: {summary.task_set_parquet}")
-    out.print(f"  verifier chart:   {summary.chart}")
+    out.print(f"  flake report:     {summary.chart}")
     out.print(f"  MLflow run {summary.mlflow_run_id}: make mlflow-ui  (or: {ui_command(settings)})")
     out.print("  Dagster UI:       make ui  (then open http://127.0.0.1:3000)")
     if not summary.ok:
@@ -154,17 +157,132 @@ def images_build(task: List[str] = typer.Option([], "--task", "-t", help="only t
         raise typer.Exit(1)
 
 
+def _image_for(settings: Settings, task) -> str:
+    from envforge.catalog import Catalog
+    from envforge.sandbox.engine import docker_client
+    from envforge.sandbox.images import build_base_image, build_task_image
+
+    image = Catalog(settings.catalog_path).latest_images().get(task.content_hash)
+    if image:
+        return image
+    client = docker_client(settings)
+    return build_task_image(client, task, build_base_image(client, settings).tag, settings).tag
+
+
+def _load_task(settings: Settings, ref: str):
+    """A task from a spec file path or a catalog task id."""
+    from envforge.catalog import Catalog
+    from envforge.sources.specs import load_spec_file
+
+    path = Path(ref)
+    if path.exists():
+        return load_spec_file(path / "task.yaml" if path.is_dir() else path)
+    tasks = Catalog(settings.catalog_path).load_tasks([ref])
+    if not tasks:
+        raise EnvforgeError(f"--task {ref!r}: neither a spec file nor a task id in the catalog")
+    return tasks[0]
+
+
+@app.command()
+def verify(task: str = typer.Option(..., "--task", help="spec file/folder or catalog task id"),
+           patch: Optional[Path] = typer.Option(None, "--patch", help="a diff to grade"),
+           commands: Optional[Path] = typer.Option(None, "--commands",
+                                                   help="a file of shell commands (one per line) run as the agent"),
+           as_json: bool = typer.Option(False, "--json", help="print exactly the result object"),
+           data_dir: Optional[Path] = DataDir) -> None:
+    """Grade one solution on a pristine copy of the task (exit 0 resolved, 1 not, 2 infrastructure fault)."""
+    from envforge.sandbox.engine import docker_client
+    from envforge.verify.grader import Grader
+    from envforge.verify.result import VerificationResult
+
+    if (patch is None) == (commands is None):
+        _fail(EnvforgeError("give exactly one of --patch FILE or --commands FILE"))
+    settings = _settings(data_dir)
+    try:
+        t = _load_task(settings, task)
+        image = _image_for(settings, t)
+        with Grader(docker_client(settings)) as grader:
+            if patch is not None:
+                diff, notes = patch.read_text(), []
+            else:
+                lines = [ln for ln in commands.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+                diff, notes = grader.commands_diff(t, image, lines)
+            result = grader.grade(t, image, diff, "patch" if patch else "commands")
+            result.reasons += notes
+    except InfraError as exc:
+        result = VerificationResult(task_id=task, solution="patch" if patch else "commands", reward=0.0,
+                                    resolved=False, infra_error=f"{exc.cause}: {exc.detail}")
+        doc = result.as_json()
+        doc["reward"] = None
+        if as_json:
+            sys.stdout.write(json.dumps(doc) + "\n")
+        else:
+            console.print(f"[red]infrastructure fault, retry:[/red] {exc}")
+        raise typer.Exit(2)
+    except (EnvforgeError, OSError) as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(result.as_json()) + "\n")
+    else:
+        out.print(f"{t.id}: reward {result.reward} ({'resolved' if result.resolved else 'not resolved'}), "
+                  f"patch applied with {result.patch_method}")
+        for test_id, status in result.tests.items():
+            out.print(f"  {status:8} {test_id}")
+        for c in result.checkpoints:
+            out.print(f"  {'passed' if c.passed else 'FAILED':8} checkpoint {c.name} (exit {c.exit_code})")
+        for r in result.reasons:
+            out.print(f"  reason: {r}")
+    raise typer.Exit(0 if result.resolved else 1)
+
+
+@app.command()
+def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these task ids"),
+             runs: int = typer.Option(5, help="grades of the empty and of the reference solution, each"),
+             shuffle: bool = typer.Option(True, help="one more reference run with the test order shuffled"),
+             probes: bool = typer.Option(True, help="run the standard reward-hacking probes"),
+             as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """The flakiness gate on the catalog's current tasks: accept or quarantine each, with the reason."""
+    from envforge import stages
+    from envforge.catalog import Catalog
+    from envforge.progress import rich_progress
+    from envforge.verify.gate import GateConfig
+
+    settings = _settings(data_dir)
+    cat = Catalog(settings.catalog_path)
+    tasks = cat.load_tasks(task or None)
+    try:
+        images, _ = stages.build_images(settings, tasks)
+        with rich_progress(console) as progress:
+            report, _, chart = stages.validate(settings, tasks, images.image_for(), GateConfig(runs, shuffle, probes),
+                                               progress=progress)
+    except EnvforgeError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps({"tasks": report.rows(), "chart": str(chart),
+                                     "probes": {r.task_id: r.probe_results for r in report.reports},
+                                     "infra_failures": [str(p) for p in report.infra_failures]}) + "\n")
+    else:
+        for r in report.rows():
+            out.print(f"{r['task_id']}: {r['verdict']} (reference {r['reference_passes']}/{r['runs']}, "
+                      f"empty failed {r['empty_fails']}/{r['runs']}, probes {r['probes_caught']}/{r['probes']})"
+                      + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else ""))
+        out.print(f"flake report: {chart}")
+    if report.infra_failures:
+        raise typer.Exit(2)
+
+
 @catalog_app.command("list")
 def catalog_list(as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
-    """List the current version of every task, with its latest reference/empty results."""
+    """List the current version of every task, with its latest flakiness-gate verdict."""
     from envforge.catalog import Catalog
 
     cat = Catalog(_settings(data_dir).catalog_path)
     frame = cat.query("""
         SELECT t.task_id, t.source, substr(t.content_hash, 1, 12) AS version, t.tags,
-               max(r.resolved) FILTER (WHERE r.solution = 'reference') AS reference_passes,
-               max(r.resolved) FILTER (WHERE r.solution = 'empty') AS empty_passes
-        FROM current_tasks t LEFT JOIN runs r USING (content_hash)
+               arg_max(v.verdict, v.created_at) AS verdict,
+               arg_max(v.reference_passes || '/' || v.runs, v.created_at) AS reference_passed,
+               arg_max(v.empty_fails || '/' || v.runs, v.created_at) AS empty_failed
+        FROM current_tasks t LEFT JOIN validations v USING (content_hash)
         GROUP BY ALL ORDER BY t.task_id""")
     if as_json:
         sys.stdout.write(json.dumps(frame.to_dicts(), default=str) + "\n")

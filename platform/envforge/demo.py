@@ -1,4 +1,4 @@
-"""The main job on the bundled examples: ingest -> images -> verify solutions -> task set.
+"""The main job on the bundled examples: ingest -> images -> flakiness gate -> task set.
 
 Later stages (decontamination, validation, rollouts, training) join here as they land.
 """
@@ -12,6 +12,7 @@ from envforge import stages, track
 from envforge.config import Settings
 from envforge.errors import Problem
 from envforge.pipeline import Progress, _no_progress
+from envforge.verify.gate import GateConfig
 
 
 @dataclass
@@ -34,21 +35,20 @@ class DemoSummary:
 
 
 def run_demo(settings: Settings, source_paths: list[Path] | None = None, concurrency: int = 2,
-             progress: Progress = _no_progress, dagster_run_id: str | None = None) -> DemoSummary:
+             progress: Progress = _no_progress, dagster_run_id: str | None = None,
+             gate: GateConfig = GateConfig()) -> DemoSummary:
     settings.ensure_dirs()
     paths = source_paths or [settings.specs_dir]
     with track.mlflow_run(settings, "demo", "demo", {"sources": [str(p) for p in paths]}, dagster_run_id) as parent:
         ingested = stages.ingest(settings, paths, nested=True, dagster_run_id=dagster_run_id)
         tasks = ingested.result.tasks
         images, _ = stages.build_images(settings, tasks, nested=True, progress=progress, dagster_run_id=dagster_run_id)
-        report, _, chart = stages.verify_solutions(settings, tasks, images.image_for(), nested=True,
-                                                   concurrency=concurrency, progress=progress,
-                                                   dagster_run_id=dagster_run_id)
-        verified = report.verified_tasks()
+        report, _, chart = stages.validate(settings, tasks, images.image_for(), gate, nested=True,
+                                           concurrency=concurrency, progress=progress, dagster_run_id=dagster_run_id)
+        verified = report.accepted(tasks)
         version = parquet = None
         if verified:
-            version, parquet = stages.create_task_set(
-                settings, "bundled-examples", verified, {"gate": "reference resolves and empty fails, 1 run each"})
+            version, parquet = stages.create_task_set(settings, "bundled-examples", verified, gate.as_params())
         track.log_metrics({"tasks_ingested": len(tasks), "tasks_verified": len(verified)})
         return DemoSummary(
             tasks_ingested=len(tasks), rejects=ingested.result.rejects,

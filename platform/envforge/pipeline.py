@@ -20,8 +20,9 @@ from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import ImageBuild, build_base_image, build_task_image
 from envforge.sources import LoadResult, load_specs
 from envforge.task import Task
-from envforge.verify.result import VerificationResult
-from envforge.verify.solutions import SolutionKind, run_solution
+from envforge.sandbox.pool import SandboxPool
+from envforge.verify.gate import GateConfig, GateReport, validate_task
+from envforge.verify.grader import Grader
 
 # (stage, detail, done, total): called as work advances, so callers can draw bars or log lines.
 Progress = Callable[[str, str, int, int], None]
@@ -46,23 +47,20 @@ class ImagesReport:
 
 
 @dataclass
-class VerifyReport:
-    results: list[tuple[Task, VerificationResult]] = field(default_factory=list)
+class ValidationReport:
+    reports: list[GateReport] = field(default_factory=list)
     infra_failures: list[Problem] = field(default_factory=list)
 
-    def verified_tasks(self) -> list[Task]:
-        """Tasks whose reference solution resolves and whose empty solution does not."""
-        by_task: dict[str, dict[str, VerificationResult]] = {}
-        tasks: dict[str, Task] = {}
-        for t, r in self.results:
-            by_task.setdefault(t.id, {})[r.solution] = r
-            tasks[t.id] = t
-        return [tasks[tid] for tid, rs in sorted(by_task.items())
-                if rs.get("reference") and rs["reference"].resolved and rs.get("empty") and not rs["empty"].resolved]
+    def accepted(self, tasks: Sequence[Task]) -> list[Task]:
+        ok = {r.content_hash for r in self.reports if r.accepted}
+        return [t for t in tasks if t.content_hash in ok]
 
     def rows(self) -> list[dict]:
-        return [{"task_id": t.id, "solution": r.solution, "reward": r.reward, "resolved": r.resolved,
-                 "reasons": r.reasons, "duration_s": round(r.duration_s, 2)} for t, r in self.results]
+        return [{"task_id": r.task_id, "verdict": r.verdict, "reference_passes": r.reference_passes,
+                 "empty_fails": r.empty_fails, "runs": r.runs, "disagreements": r.disagreements[:5],
+                 "probes_caught": sum(p["reward"] == 0 for p in r.probe_results.values()),
+                 "probes": len(r.probe_results), "verifier_median_s": round(r.median_verifier_s, 2)}
+                for r in self.reports]
 
 
 def ingest(settings: Settings, paths: Sequence[Path], strict: bool = False) -> tuple[LoadResult, IngestSummary]:
@@ -92,31 +90,32 @@ def build_images(settings: Settings, tasks: Sequence[Task], client: docker.Docke
     return report
 
 
-def verify_solutions(settings: Settings, tasks: Sequence[Task], images: dict[str, str],
-                     solutions: Iterable[SolutionKind] = ("reference", "empty"), concurrency: int = 2,
-                     client: docker.DockerClient | None = None, progress: Progress = _no_progress,
-                     mlflow_run_id: str | None = None, dagster_run_id: str | None = None) -> VerifyReport:
-    """Run each task's known solutions in fresh sandboxes and record every result in the catalog."""
+def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], config: GateConfig = GateConfig(),
+             concurrency: int = 2, client: docker.DockerClient | None = None, progress: Progress = _no_progress,
+             mlflow_run_id: str | None = None, dagster_run_id: str | None = None) -> ValidationReport:
+    """Run the flakiness gate on every task (tasks in parallel, one warm pool) and record the verdicts."""
     client = client or docker_client(settings)
-    jobs = [(t, s) for t in tasks for s in solutions]
-    report = VerifyReport()
-    missing = [t for t in tasks if t.content_hash not in images]
-    for t in missing:
-        report.infra_failures.append(Problem(t.origin, "environment", "no image built for this task version"))
-    jobs = [(t, s) for t, s in jobs if t.content_hash in images]
-    done = 0
-    progress("verify", "starting sandboxes", 0, len(jobs))
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        futures = {pool.submit(run_solution, client, t, images[t.content_hash], s): (t, s) for t, s in jobs}
-        for fut in as_completed(futures):
-            task, solution = futures[fut]
-            try:
-                report.results.append((task, fut.result()))
-            except InfraError as exc:
-                report.infra_failures.append(Problem(task.origin, f"{solution} solution", str(exc)))
-            done += 1
-            progress("verify", f"{task.id} ({solution})", done, len(jobs))
-    report.results.sort(key=lambda tr: (tr[0].id, tr[1].solution))
-    if report.results:
-        Catalog(settings.catalog_path).record_runs(report.results, mlflow_run_id, dagster_run_id)
+    report = ValidationReport()
+    todo = []
+    for t in tasks:
+        if t.content_hash in images:
+            todo.append(t)
+        else:
+            report.infra_failures.append(Problem(t.origin, "environment", "no image built for this task version"))
+    progress("validate", "starting sandboxes", 0, len(todo))
+    with SandboxPool(client, max_idle_per_key=2, max_starting=concurrency) as pool:
+        grader = Grader(client, pool)
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as ex:
+            futures = {ex.submit(validate_task, grader, t, images[t.content_hash], config): t for t in todo}
+            for done, fut in enumerate(as_completed(futures), start=1):
+                task = futures[fut]
+                try:
+                    report.reports.append(fut.result())
+                except InfraError as exc:
+                    report.infra_failures.append(Problem(task.origin, "verification", str(exc)))
+                progress("validate", task.id, done, len(todo))
+    report.reports.sort(key=lambda r: r.task_id)
+    if report.reports:
+        Catalog(settings.catalog_path).record_validations(report.reports, config.as_params(), mlflow_run_id,
+                                                          dagster_run_id)
     return report

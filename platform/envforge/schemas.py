@@ -86,6 +86,29 @@ class RunRow(pa.DataFrameModel):
         ordered = True
 
 
+class ValidationRow(pa.DataFrameModel):
+    """One flakiness-gate verdict for one task version."""
+
+    content_hash: str = pa.Field(str_matches=SHA256)
+    task_id: str = pa.Field(str_matches=TASK_ID)
+    verdict: str = pa.Field(isin=["accepted", "quarantined"])
+    disagreements: list[str]
+    runs: int = pa.Field(ge=1)
+    reference_passes: int = pa.Field(ge=0)
+    empty_fails: int = pa.Field(ge=0)
+    probes_json: str
+    verifier_median_s: float = pa.Field(ge=0)
+    infra_retries: int = pa.Field(ge=0)
+    params_json: str
+    mlflow_run_id: str = pa.Field(nullable=True)
+    dagster_run_id: str = pa.Field(nullable=True)
+    created_at: datetime
+
+    class Config:
+        strict = True
+        ordered = True
+
+
 class TaskSetRow(pa.DataFrameModel):
     version: str = pa.Field(str_matches=SHA256)
     name: str = pa.Field(str_length={"min_value": 1})
@@ -113,6 +136,7 @@ TABLE_SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
     "rejects": RejectRow,
     "images": ImageRow,
     "runs": RunRow,
+    "validations": ValidationRow,
     "task_sets": TaskSetRow,
     "task_set_members": TaskSetMemberRow,
 }

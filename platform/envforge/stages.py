@@ -6,17 +6,19 @@ charts) so that every entry point logs the same things the same way.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from envforge import pipeline, track
 from envforge.catalog import Catalog, IngestSummary
-from envforge.charts import solution_outcomes_chart
+from envforge.charts import flake_chart
 from envforge.config import Settings
-from envforge.pipeline import ImagesReport, Progress, VerifyReport, _no_progress
+from envforge.pipeline import ImagesReport, Progress, ValidationReport, _no_progress
 from envforge.sources import LoadResult
 from envforge.task import Task
+from envforge.verify.gate import GateConfig
 
 
 @dataclass
@@ -54,25 +56,27 @@ def build_images(settings: Settings, tasks: Sequence[Task], dagster_run_id: str 
         return report, run.info.run_id
 
 
-def verify_solutions(settings: Settings, tasks: Sequence[Task], images: dict[str, str],
-                     dagster_run_id: str | None = None, nested: bool = False, concurrency: int = 2,
-                     progress: Progress = _no_progress) -> tuple[VerifyReport, str, Path]:
-    with track.mlflow_run(settings, "verify-solutions", "verify", {"n_tasks": len(tasks), "concurrency": concurrency},
+def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], config: GateConfig = GateConfig(),
+             dagster_run_id: str | None = None, nested: bool = False, concurrency: int = 2,
+             progress: Progress = _no_progress) -> tuple[ValidationReport, str, Path]:
+    """The flakiness gate, logged: verdicts, the flake report table and its chart."""
+    with track.mlflow_run(settings, "validate", "validate", {"n_tasks": len(tasks), **config.as_params()},
                           dagster_run_id, nested) as run:
-        report = pipeline.verify_solutions(settings, tasks, images, concurrency=concurrency, progress=progress,
-                                           mlflow_run_id=run.info.run_id, dagster_run_id=dagster_run_id)
+        report = pipeline.validate(settings, tasks, images, config, concurrency=concurrency, progress=progress,
+                                   mlflow_run_id=run.info.run_id, dagster_run_id=dagster_run_id)
         rows = report.rows()
-        ref = [r for r in rows if r["solution"] == "reference"]
-        empty = [r for r in rows if r["solution"] == "empty"]
+        accepted = sum(r.accepted for r in report.reports)
         track.log_metrics({
-            "reference_pass_rate": sum(r["resolved"] for r in ref) / max(1, len(ref)),
-            "empty_fail_rate": sum(not r["resolved"] for r in empty) / max(1, len(empty)),
-            "tasks_verified": len(report.verified_tasks()), "infra_failures": len(report.infra_failures),
-            "sandbox_seconds_total": sum(r["duration_s"] for r in rows),
+            "tasks_accepted": accepted, "tasks_quarantined": len(report.reports) - accepted,
+            "quarantine_rate": (len(report.reports) - accepted) / max(1, len(report.reports)),
+            "infra_failures": len(report.infra_failures),
+            "infra_retries": sum(r.infra_retries for r in report.reports),
+            "verifier_median_s": statistics.median([r.median_verifier_s for r in report.reports] or [0.0]),
         })
-        chart = solution_outcomes_chart(rows, settings.data_dir / "charts" / "verifier_sanity.png")
+        chart = flake_chart(rows, settings.data_dir / "charts" / "flake_report.png")
         track.log_png(chart)
-        track.log_json(rows, "results.json")
+        track.log_json(rows, "flake_report.json")
+        track.log_json({r.task_id: r.probe_results for r in report.reports}, "probes.json")
         return report, run.info.run_id, chart
 
 

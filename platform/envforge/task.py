@@ -102,11 +102,37 @@ class Environment(_Strict):
 class TestCheckpoint(_Strict):
     """Run a test suite; named tests must go from failing to passing (or keep passing)."""
 
-    framework: Literal["pytest"] = "pytest"
-    command: str = Field("python3 -m pytest", description="test runner invocation, run in /workspace")
+    framework: Literal["pytest", "unittest", "tap", "pattern"] = "pytest"
+    command: str | None = Field(
+        None, description="pytest: runner invocation (default `python3 -m pytest`); unittest: the interpreter "
+                          "(default `python3`); tap/pattern: the command whose stdout is parsed (required)")
+    plugins: list[str] = Field(default_factory=list, description="pytest plugins to load (`-p NAME`); "
+                                                                 "plugin autoload is always off")
+    pattern: str | None = Field(None, description="pattern framework: regex with named groups `id` and `status`")
     fail_to_pass: list[str] = Field(description="test ids that fail before and must pass after")
     pass_to_pass: list[str] = Field(default_factory=list, description="test ids that must keep passing")
     timeout_s: float = Field(300, gt=0, le=86400)
+
+    @model_validator(mode="after")
+    def _framework_needs(self) -> "TestCheckpoint":
+        if self.framework in ("tap", "pattern") and not self.command:
+            raise ValueError(f"framework {self.framework} needs a 'command' whose output is parsed")
+        if self.framework == "pattern":
+            if not self.pattern:
+                raise ValueError("framework pattern needs 'pattern' (a regex with groups `id` and `status`)")
+            try:
+                groups = re.compile(self.pattern).groupindex
+            except re.error as exc:
+                raise ValueError(f"pattern is not a valid regular expression: {exc}") from None
+            if not {"id", "status"} <= set(groups):
+                raise ValueError("pattern needs named groups `id` and `status`")
+        elif self.pattern is not None:
+            raise ValueError("'pattern' is only used with framework: pattern")
+        return self
+
+    @property
+    def ids(self) -> list[str]:
+        return [*self.fail_to_pass, *self.pass_to_pass]
 
     @field_validator("fail_to_pass")
     @classmethod
@@ -149,6 +175,14 @@ class Verification(_Strict):
     files: str | None = Field(
         None, description=f"directory (relative to the spec) of verifier files, placed at {VERIFIER_DIR} at grading"
     )
+    test_patch: str | None = Field(None, description="diff (relative to the spec) held back from the policy and "
+                                                     "applied at grading, after the policy's diff")
+    protected_paths: list[str] | None = Field(
+        None, description="globs (`**` allowed) of workspace paths the policy's diff may not change; default: test "
+                          "files, conftest.py, pytest/tox/setup.cfg/pyproject config, sitecustomize, .pth files")
+    zero_reward_on_protected_change: bool = Field(
+        False, description="reward 0 when the diff touches a protected path (by default the change is ignored)")
+    partial_credit: bool = Field(False, description="reward = fraction of required tests and checkpoints that pass")
 
     @model_validator(mode="after")
     def _something_to_check(self) -> "Verification":
@@ -206,6 +240,7 @@ class Task(BaseModel):
     origin: str = Field(description="where the spec came from (file path or source record)")
     base_dir: str = Field(description="directory relative paths in the spec resolve against")
     reference_patch: str | None = None
+    test_patch: str | None = None
     verifier_files: dict[str, str] = Field(default_factory=dict, description="relative path -> base64 bytes")
     workspace_digest: str = Field("", description="sha256 of the workspace files tree")
     content_hash: str = ""
@@ -222,6 +257,7 @@ class Task(BaseModel):
         payload = {
             "spec": self.spec.model_dump(mode="json"),
             "reference_patch": self.reference_patch,
+            "test_patch": self.test_patch,
             "verifier_files": self.verifier_files,
             "workspace_digest": self.workspace_digest,
         }

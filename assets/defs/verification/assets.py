@@ -1,20 +1,30 @@
-"""Known-solution runs: each task's reference and empty solution graded in fresh sandboxes."""
+"""The flakiness gate: each task's verifier proven by repeated runs and hack probes."""
+
+import os
 
 import dagster as dg
 
 from assets.defs.metadata import mlflow_run, png, problems_table
 from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
 from envforge import stages
+from envforge.verify.gate import GateConfig
+
+
+class GateRunConfig(dg.Config):
+    runs: int = int(os.environ.get("ENVFORGE_GATE_RUNS", "5"))
+    shuffle: bool = True
+    probes: bool = True
 
 
 @dg.asset(
     group_name="verification", kinds={"docker", "duckdb"}, owners=["team:envforge"], deps=["environment_images"],
-    description="Runs every current task's reference solution and the empty solution in fresh sandboxes; "
-                "a task is verified when the reference resolves and the empty solution does not.",
+    description="Every current task through the flakiness gate: empty and reference solutions graded N times on "
+                "pristine copies, once more shuffled, and every standard reward-hacking probe. Tasks that disagree "
+                "are quarantined with the exact disagreement.",
     op_tags={"envforge/sandbox-heavy": "true"},
 )
-def solution_runs(context: dg.AssetExecutionContext, catalog: CatalogResource, docker: DockerResource,
-                  mlflow: MlflowResource) -> dg.MaterializeResult:
+def validated_tasks(context: dg.AssetExecutionContext, config: GateRunConfig, catalog: CatalogResource,
+                    docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
     settings = settings_from(catalog, docker, mlflow)
     cat = catalog.catalog()
     tasks = cat.load_tasks()
@@ -22,12 +32,14 @@ def solution_runs(context: dg.AssetExecutionContext, catalog: CatalogResource, d
     def progress(stage: str, detail: str, done: int, total: int) -> None:
         context.log.info(f"[{stage}] {done}/{total} {detail}")
 
-    report, run_id, chart = stages.verify_solutions(settings, tasks, cat.latest_images(),
-                                                    dagster_run_id=context.run.run_id, progress=progress)
-    verified = report.verified_tasks()
+    report, run_id, chart = stages.validate(settings, tasks, cat.latest_images(),
+                                            GateConfig(config.runs, config.shuffle, config.probes),
+                                            dagster_run_id=context.run.run_id, progress=progress)
+    rows = report.rows()
+    quarantined = [r for r in rows if r["verdict"] != "accepted"]
     return dg.MaterializeResult(metadata={
-        "tasks": len(tasks), "verified": len(verified),
-        "not_verified": dg.MetadataValue.json(sorted({t.id for t in tasks} - {t.id for t in verified})),
-        "results": dg.MetadataValue.json(report.rows()), "infra_failures": problems_table(report.infra_failures),
+        "tasks": len(tasks), "accepted": len(rows) - len(quarantined), "quarantined": len(quarantined),
+        "quarantine_rate": len(quarantined) / max(1, len(rows)),
+        "flake_report": dg.MetadataValue.json(rows), "infra_failures": problems_table(report.infra_failures),
         "chart": png(chart), "mlflow_run": mlflow_run(run_id),
     })

@@ -1,24 +1,31 @@
-"""Checks on solution runs: schema-valid rows, and every task's verifier proven by its solutions."""
+"""Checks on the gate: schema-valid verdicts, and a quarantine rate below the threshold."""
+
+import os
 
 import dagster as dg
 
 from assets.defs.resources import CatalogResource
-from assets.defs.verification.assets import solution_runs
+from assets.defs.verification.assets import validated_tasks
 from envforge.catalog import Catalog
 
+MAX_QUARANTINE_RATE = float(os.environ.get("ENVFORGE_MAX_QUARANTINE_RATE", "0.2"))
 
-@dg.asset_check(asset=solution_runs, blocking=True,
-                description="Run rows satisfy the pandera RunRow schema; for every current task the latest "
-                            "reference run resolves and the latest empty run does not.")
-def solutions_prove_verifiers(catalog: CatalogResource) -> dg.AssetCheckResult:
+
+@dg.asset_check(asset=validated_tasks, blocking=True,
+                description=f"Verdict rows satisfy the pandera ValidationRow schema; every current task has a "
+                            f"verdict; the quarantine rate is at most ENVFORGE_MAX_QUARANTINE_RATE "
+                            f"({MAX_QUARANTINE_RATE:.0%}).")
+def quarantine_rate(catalog: CatalogResource) -> dg.AssetCheckResult:
     cat = catalog.catalog()
-    problems = Catalog.validate("runs", cat.runs())
-    latest = cat.query("""
-        SELECT t.task_id, r.solution, arg_max(r.resolved, r.created_at) AS resolved
-        FROM current_tasks t JOIN runs r USING (content_hash) GROUP BY ALL""")
-    status = {(r["task_id"], r["solution"]): r["resolved"] for r in latest.iter_rows(named=True)}
-    bad = sorted(tid for tid in cat.tasks()["task_id"]
-                 if status.get((tid, "reference")) is not True or status.get((tid, "empty")) is not False)
-    return dg.AssetCheckResult(passed=not problems and not bad,
-                               metadata={"schema_problems": dg.MetadataValue.json([str(p) for p in problems]),
-                                         "unproven_tasks": dg.MetadataValue.json(bad)})
+    latest = cat.latest_validations()
+    problems = Catalog.validate("validations", cat.query("SELECT * FROM validations"))
+    missing = sorted(set(cat.tasks()["task_id"]) - set(latest["task_id"]))
+    rate = (latest["verdict"] != "accepted").sum() / max(1, latest.height)
+    return dg.AssetCheckResult(
+        passed=not problems and not missing and rate <= MAX_QUARANTINE_RATE,
+        metadata={"quarantine_rate": float(rate), "threshold": MAX_QUARANTINE_RATE,
+                  "quarantined": dg.MetadataValue.json(
+                      latest.filter(latest["verdict"] != "accepted").select("task_id", "disagreements").to_dicts()),
+                  "tasks_without_verdict": dg.MetadataValue.json(missing),
+                  "schema_problems": dg.MetadataValue.json([str(p) for p in problems])},
+    )

@@ -62,6 +62,8 @@ BIN_DIR = "/run/envforge-bin"  # root-owned tmpfs (exec): the execute-only shell
 XBASH = BIN_DIR + "/bash"
 # The waiting shell's whole program: wait for "go", then source the command script.
 _BOOT = 'read -r -u 3 _go || exit 0; exec 3<&-; __f=$ENVFORGE_CMD; unset _go ENVFORGE_CMD; . "$__f"'
+# For a command that gets a report channel on fd 3: no waiting, the script already exists.
+_BOOT_NOW = '__f=$ENVFORGE_CMD; unset ENVFORGE_CMD; . "$__f"'
 
 
 def install_execute_only_shell():
@@ -77,6 +79,12 @@ def install_execute_only_shell():
         dst.write(src.read())
     os.chmod(XBASH + ".tmp", 0o111)
     os.rename(XBASH + ".tmp", XBASH)
+
+
+def _script(cmd, cwd, env):
+    lines = [f"cd -- {_quote(cwd)} || exit 1"]
+    lines += [f"export {k}={_quote(v)}" for k, v in env.items() if k.isidentifier()]
+    return "\n".join(lines) + "\n" + cmd + "\n"
 
 
 def _quote(value):
@@ -116,10 +124,15 @@ class Spawner:
             except ChildProcessError:
                 pass
 
-    def _fork(self):
+    def _token(self):
         self.counter += 1
-        token = f"{os.getpid()}-{self.counter}"
-        ctl_r, ctl_w = os.pipe()
+        return f"{os.getpid()}-{self.counter}"
+
+    def _fork(self, report_w=None, token=None):
+        """Start a de-privileged shell. With report_w, it runs its script at once with report_w
+        as fd 3; otherwise it waits on a control pipe (fd 3) for "go"."""
+        token = token or self._token()
+        ctl_r, ctl_w = os.pipe() if report_w is None else (report_w, -1)
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -144,7 +157,7 @@ class Spawner:
                             pass
                 os.chdir("/")
                 env = dict(CHILD_ENV, ENVFORGE_CMD=f"{BIN_DIR}/cmd-{token}.sh")
-                os.execve(XBASH, ["bash", "-c", _BOOT], env)
+                os.execve(XBASH, ["bash", "-c", _BOOT if report_w is None else _BOOT_NOW], env)
             except BaseException as exc:  # noqa: BLE001 - report and leave, never return into the agent
                 try:
                     os.write(2, f"envforge-agent: cannot start shell: {exc}\n".encode())
@@ -154,11 +167,19 @@ class Spawner:
             os.close(fd)
         return pid, token, ctl_w, in_w, out_r, err_r
 
+    def spawn_with_report(self, cmd, cwd, env, report_w):
+        """Start cmd in a fresh shell whose fd 3 is report_w (costs a fork; used for grading)."""
+        token = self._token()
+        script = f"{BIN_DIR}/cmd-{token}.sh"
+        with open(script, "w") as fh:
+            fh.write(_script(cmd, cwd, env))
+        os.chmod(script, 0o644)
+        pid, _token, _ctl, in_w, out_r, err_r = self._fork(report_w=report_w, token=token)
+        return pid, in_w, out_r, err_r, script
+
     def spawn(self, cmd, cwd, env):
         """Start cmd; returns (pid, stdin_w, stdout_r, stderr_r, script_path)."""
-        lines = [f"cd -- {_quote(cwd)} || exit 1"]
-        lines += [f"export {k}={_quote(v)}" for k, v in env.items() if k.isidentifier()]
-        body = "\n".join(lines) + "\n" + cmd + "\n"
+        body = _script(cmd, cwd, env)
         for _ in range(2):
             if not self.ready:
                 self.ready.append(self._fork())
@@ -188,11 +209,26 @@ class Spawner:
 SPAWNER = Spawner()
 
 
-def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, on_chunk=None):
-    """Run cmd as the sandbox user in its own session; kill the whole group at the timeout."""
+REPORT_CAP = 64 << 20
+
+
+def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, on_chunk=None, report=False):
+    """Run cmd as the sandbox user in its own session; kill the whole group at the timeout.
+
+    With report=True the command gets a write-only pipe on fd 3 whose other end only the
+    agent holds (`pytest --junitxml=/dev/fd/3`): a report no file in the sandbox can replace.
+    """
     started = time.monotonic()
+    rep_r = None
     try:
-        pid, in_w, out_r, err_r, script = SPAWNER.spawn(cmd, cwd, dict(CHILD_ENV, **(env or {})))
+        if report:
+            rep_r, rep_w = os.pipe()
+            # Reopening /dev/fd/3 checks the pipe inode's mode, and the agent (root) owns it.
+            os.fchmod(rep_w, 0o622)
+            pid, in_w, out_r, err_r, script = SPAWNER.spawn_with_report(
+                cmd, cwd, dict(CHILD_ENV, **(env or {})), rep_w)
+        else:
+            pid, in_w, out_r, err_r, script = SPAWNER.spawn(cmd, cwd, dict(CHILD_ENV, **(env or {})))
     except BlockingIOError:
         # fork() -> EAGAIN: the sandbox's own processes fill its pids limit. That is the
         # command's outcome (as it would be for a shell), not an infrastructure fault.
@@ -200,11 +236,14 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
         return {"exit_code": 126, "stdout": "", "stderr": base64.b64encode(msg).decode(),
                 "stdout_truncated": False, "stderr_truncated": False,
                 "duration": time.monotonic() - started, "timed_out": False, "oom_killed": False}
-    bufs = {"stdout": bytearray(), "stderr": bytearray()}
-    trunc = {"stdout": False, "stderr": False}
+    bufs = {"stdout": bytearray(), "stderr": bytearray(), "report": bytearray()}
+    trunc = {"stdout": False, "stderr": False, "report": False}
+    caps = {"stdout": cap, "stderr": cap, "report": REPORT_CAP}
     sel = selectors.DefaultSelector()
     sel.register(out_r, selectors.EVENT_READ, "stdout")
     sel.register(err_r, selectors.EVENT_READ, "stderr")
+    if rep_r is not None:
+        sel.register(rep_r, selectors.EVENT_READ, "report")
     pending = memoryview(stdin or b"")
     if pending:
         os.set_blocking(in_w, False)
@@ -222,12 +261,12 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
         pidfd = None
 
     def take(name, data):
-        room = cap - len(bufs[name])
+        room = caps[name] - len(bufs[name])
         if room > 0:
             bufs[name] += data[:room]
         if len(data) > max(room, 0):
             trunc[name] = True
-        if on_chunk is not None and data:
+        if on_chunk is not None and data and name != "report":
             on_chunk(name, data)
 
     def reap(block):
@@ -246,7 +285,7 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
         if reap(False) is not None:
             break
         keys = [k for k in sel.get_map().values() if k.data != "stdin"]
-        if pidfd is None and not any(k.data in ("stdout", "stderr") for k in keys):
+        if pidfd is None and not any(k.data in ("stdout", "stderr", "report") for k in keys):
             time.sleep(min(0.002, deadline - now))
             continue
         wait = deadline - now if pidfd is not None else min(0.01, deadline - now)
@@ -278,7 +317,7 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
     exit_code = reap(True)
     # Drain what is already buffered; background jobs that keep the pipes open are not waited for.
     for key in list(sel.get_map().values()):
-        if key.data in ("stdout", "stderr"):
+        if key.data in ("stdout", "stderr", "report"):
             os.set_blocking(key.fd, False)
             while True:
                 try:
@@ -295,6 +334,8 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
         os.close(pidfd)
     os.close(out_r)
     os.close(err_r)
+    if rep_r is not None:
+        os.close(rep_r)
     try:
         os.unlink(script)
     except OSError:
@@ -302,7 +343,10 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
     exit_code = 128 - exit_code if exit_code < 0 else exit_code
     # 137 = SIGKILL, of the shell itself or (reported by the shell) of the command it ran.
     oom = exit_code == 137 and not timed_out and oom_killed_since_last_look()
+    extra = {"report": base64.b64encode(bytes(bufs["report"])).decode(),
+             "report_truncated": trunc["report"]} if report else {}
     return {
+        **extra,
         "exit_code": exit_code,
         "stdout": base64.b64encode(bytes(bufs["stdout"])).decode(),
         "stderr": base64.b64encode(bytes(bufs["stderr"])).decode(),
@@ -422,7 +466,7 @@ def handle(line, send):
                     send({"id": rid, "chunk": name, "data": base64.b64encode(data).decode()})
             result = run_command(req["cmd"], float(req["timeout"]), req.get("env"), req.get("cwd") or WORKSPACE,
                                  base64.b64decode(req["stdin"]) if req.get("stdin") else b"",
-                                 int(req.get("cap", 1 << 20)), on_chunk)
+                                 int(req.get("cap", 1 << 20)), on_chunk, bool(req.get("report")))
         elif op == "reset":
             result = restore(req.get("snapshot"))
         elif op == "snapshot":

@@ -76,6 +76,7 @@ class ExecResult:
     oom_killed: bool = False
     stdout_truncated: bool = False
     stderr_truncated: bool = False
+    report: bytes | None = None  # what the command wrote to fd 3, when a report channel was asked for
 
     @property
     def ok(self) -> bool:
@@ -246,19 +247,22 @@ class Sandbox:
 
     def exec(self, command: str, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
              workdir: str = WORKSPACE, stdin: bytes | None = None,
-             on_output: Callable[[str, bytes], None] | None = None, output_cap: int | None = None) -> ExecResult:
+             on_output: Callable[[str, bytes], None] | None = None, output_cap: int | None = None,
+             report: bool = False) -> ExecResult:
         """Run a shell command as the sandbox user; its process group is killed at the timeout.
 
         Raises InfraError when the container, the engine or the agent fails; a non-zero exit,
         a timeout or an OOM kill of the command are ordinary results. `on_output(stream,
-        bytes)` receives output as it is produced.
+        bytes)` receives output as it is produced. `report=True` gives the command a pipe on
+        fd 3 that only the agent reads (ExecResult.report): graders point test reporters at
+        /dev/fd/3 so that no file in the sandbox can stand in for the report.
         """
         timeout = float(timeout_s if timeout_s is not None else self.options.limits.command_timeout_s)
         cap = self.options.output_cap if output_cap is None else output_cap
         self.stats.execs += 1
         if self.agent_alive:
             payload = {"op": "exec", "cmd": command, "timeout": timeout, "env": {**BASE_ENV, **(env or {})},
-                       "cwd": workdir, "cap": cap, "stream": on_output is not None}
+                       "cwd": workdir, "cap": cap, "stream": on_output is not None, "report": report}
             if stdin:
                 payload["stdin"] = base64.b64encode(stdin).decode()
             msg = self._agent(payload, timeout + _HOST_GRACE_S, on_output)
@@ -266,9 +270,12 @@ class Sandbox:
                 raise InfraError("agent_error", msg.get("error", "unknown"))
             if msg["oom_killed"]:
                 self.tainted = self.tainted or "oom"
+            rep = base64.b64decode(msg["report"]) if "report" in msg else None
             return ExecResult(msg["exit_code"], base64.b64decode(msg["stdout"]), base64.b64decode(msg["stderr"]),
                               msg["duration"], msg["timed_out"], msg["oom_killed"], msg["stdout_truncated"],
-                              msg["stderr_truncated"])
+                              msg["stderr_truncated"], rep)
+        if report:
+            raise InfraError("agent_unavailable", "a report channel needs the in-sandbox agent")
         self.stats.fallback_execs += 1
         return self._docker_exec(command, timeout, env, workdir, stdin, cap)
 

@@ -99,11 +99,13 @@ def _check_referenced_files(path: Path, spec: TaskSpec) -> list[Problem]:
             problems.append(Problem(src, "environment.repository.commit",
                                     f"commit {env.repository.commit!r} not found in {env.repository.path}"))
     need("verification.files", spec.verification.files, "dir")
-    need("reference_solution.patch", spec.reference_solution.patch, "file")
-    if spec.reference_solution.patch and (base / spec.reference_solution.patch).is_file():
-        text = (base / spec.reference_solution.patch).read_text(encoding="utf-8", errors="replace")
-        if not any(line.startswith(("--- ", "diff --git")) for line in text.splitlines()):
-            problems.append(Problem(src, "reference_solution.patch", "file is not a unified diff (no '---' or 'diff --git' header)"))
+    for field, rel in (("reference_solution.patch", spec.reference_solution.patch),
+                       ("verification.test_patch", spec.verification.test_patch)):
+        need(field, rel, "file")
+        if rel and (base / rel).is_file():
+            text = (base / rel).read_text(encoding="utf-8", errors="replace")
+            if not any(line.startswith(("--- ", "diff --git")) for line in text.splitlines()):
+                problems.append(Problem(src, field, "file is not a unified diff (no '---' or 'diff --git' header)"))
     return problems
 
 
@@ -146,16 +148,18 @@ def load_spec_file(path: Path) -> Task:
     if problems:
         raise SpecError(problems)
     base = path.parent
-    patch = None
+    patch = test_patch = None
     if spec.reference_solution.patch:
         patch = (base / spec.reference_solution.patch).read_text(encoding="utf-8")
+    if spec.verification.test_patch:
+        test_patch = (base / spec.verification.test_patch).read_text(encoding="utf-8")
     try:
         verifier = _verifier_files(base / spec.verification.files) if spec.verification.files else {}
     except ValueError as exc:
         raise SpecError([Problem(str(path), "verification.files", str(exc))]) from None
     workspace = _workspace_digest(base, spec)
     task = Task(
-        spec=spec, origin=str(path), base_dir=str(base), reference_patch=patch,
+        spec=spec, origin=str(path), base_dir=str(base), reference_patch=patch, test_patch=test_patch,
         verifier_files=verifier, workspace_digest=workspace,
     )
     return task.model_copy(update={"content_hash": task.compute_content_hash()})

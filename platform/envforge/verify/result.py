@@ -1,4 +1,9 @@
-"""The outcome of grading one solution: a reward and the reasons behind it."""
+"""The outcome of grading one solution: a reward and the reasons behind it.
+
+`as_json()` is the result object users and the CLI see. Everything in it is deterministic
+for the same diff except `duration_s` and `logs` (command output tails, which can carry
+timings), so determinism checks compare `comparable()`.
+"""
 
 from __future__ import annotations
 
@@ -17,10 +22,22 @@ class CheckpointResult:
     timed_out: bool = False
     output_tail: str = ""
 
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "exit_code": self.exit_code,
+                "expected_exit": self.expected_exit, "stdout_matched": self.stdout_matched,
+                "timed_out": self.timed_out}
+
 
 @dataclass
 class VerificationResult:
-    """Reward plus machine-readable reasons (`test_failed:<id>`, `checkpoint_failed:<name>`, ...)."""
+    """Reward plus machine-readable reasons.
+
+    reasons: patch_failed, test_patch_failed, test_failed:<id>, test_missing:<id>,
+    checkpoint_failed:<name>, protected_path_modified:<path>, report_missing,
+    report_unreadable, timeout, oom, solution_command_failed:<n>. `resolved` ignores
+    protected_path_modified (the change was not applied) unless the task zeroes the reward
+    for it. Infrastructure faults are not results: they raise InfraError (see grader).
+    """
 
     task_id: str
     solution: str
@@ -32,6 +49,22 @@ class VerificationResult:
     patch_method: str | None = None
     duration_s: float = 0.0
     image: str = ""
+    infra_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id, "reward": self.reward, "resolved": self.resolved, "tests": dict(self.tests),
+            "checkpoints": [c.as_json() for c in self.checkpoints], "reasons": list(self.reasons),
+            "patch_method": self.patch_method, "infra_error": self.infra_error,
+            "duration_s": round(self.duration_s, 3),
+            "logs": {c.name: c.output_tail for c in self.checkpoints},
+        }
+
+    def comparable(self) -> dict[str, Any]:
+        doc = self.as_json()
+        doc.pop("duration_s")
+        doc.pop("logs")
+        return doc

@@ -1,0 +1,126 @@
+"""Grading on a pristine copy: only the policy's diff reaches the sandbox that is graded.
+
+1. split the diff per file and drop every section that touches a protected path;
+2. apply the rest to a fresh (or freshly reset) sandbox of the task image: `git apply`, then
+   `--reject`, then `patch --fuzz`; the method that worked is recorded;
+3. apply the held-back test patch, purge bytecode and caches;
+4. install the verifier's files and runners outside the workspace, run the test checkpoint
+   (reports over the agent's fd-3 pipe) and the shell checkpoints.
+
+Infrastructure faults raise InfraError: they are retried by callers, never scored.
+"""
+
+from __future__ import annotations
+
+import time
+
+import docker
+
+from envforge.sandbox.container import Sandbox, SandboxOptions
+from envforge.sandbox.pool import SandboxPool
+from envforge.task import Task
+from envforge.verify.checkpoints import install_verifier_files, run_shell_checkpoint, run_tests
+from envforge.verify.protect import filter_diff, protected_globs
+from envforge.verify.result import VerificationResult
+
+PURGE_CACHES = ("find . -name __pycache__ -type d -prune -exec rm -rf {} + ; "
+                "find . \\( -name '*.py[co]' -o -name .pytest_cache \\) -prune -exec rm -rf {} + ; true")
+
+
+def options_for(task: Task) -> SandboxOptions:
+    return SandboxOptions(limits=task.spec.environment.limits, network=task.spec.environment.network)
+
+
+class Grader:
+    """Grades diffs for tasks; owns (or borrows) a sandbox pool so graders reuse warm sandboxes."""
+
+    def __init__(self, client: docker.DockerClient, pool: SandboxPool | None = None):
+        self.client = client
+        self._own_pool = pool is None
+        self.pool = pool or SandboxPool(client, max_idle_per_key=4)
+
+    def close(self) -> None:
+        if self._own_pool:
+            self.pool.close()
+
+    def __enter__(self) -> "Grader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def grade(self, task: Task, image: str, diff: str, solution: str = "diff",
+              shuffle_seed: int | None = None) -> VerificationResult:
+        started = time.perf_counter()
+        kept, touched = filter_diff(diff, protected_globs(task))
+        reasons = [f"protected_path_modified:{p}" for p in touched]
+        verification = task.spec.verification
+        sandbox = self.pool.acquire(image, options_for(task))
+        try:
+            method, tests, checkpoints, failures = self._grade_in(sandbox, task, kept, shuffle_seed)
+        finally:
+            self.pool.release(sandbox)
+        reasons += failures
+        zeroed = bool(touched) and verification.zero_reward_on_protected_change
+        resolved = not failures and not zeroed
+        if verification.partial_credit and not zeroed and method is not None:
+            parts = [s == "passed" for s in tests.values()] + [c.passed for c in checkpoints]
+            reward = round(sum(parts) / len(parts), 6) if parts else 0.0
+        else:
+            reward = 1.0 if resolved else 0.0
+        return VerificationResult(task_id=task.id, solution=solution, reward=reward, resolved=resolved, tests=tests,
+                                  checkpoints=checkpoints, reasons=reasons, patch_method=method,
+                                  duration_s=time.perf_counter() - started, image=image)
+
+    def _grade_in(self, sb: Sandbox, task: Task, diff: str, shuffle_seed: int | None):
+        method = "empty"
+        if diff.strip():
+            try:
+                method = sb.apply_patch(diff)
+            except ValueError:
+                return None, {}, [], ["patch_failed"]
+        failures: list[str] = []
+        if task.test_patch:
+            try:
+                sb.apply_patch(task.test_patch)
+            except ValueError:
+                return method, {}, [], ["test_patch_failed"]
+        sb.exec(PURGE_CACHES, timeout_s=120)
+        install_verifier_files(sb, task)
+        tests: dict[str, str] = {}
+        check = task.spec.verification.tests
+        if check is not None:
+            tests, test_failures = run_tests(sb, check, shuffle_seed)
+            failures += test_failures
+        ordered = list(task.spec.verification.checkpoints)
+        if shuffle_seed is not None:
+            ordered.reverse()
+        checkpoints = [run_shell_checkpoint(sb, c) for c in ordered]
+        checkpoints.sort(key=lambda c: [x.name for x in task.spec.verification.checkpoints].index(c.name))
+        for c in checkpoints:
+            if not c.passed:
+                failures.append(f"checkpoint_failed:{c.name}")
+            if c.timed_out and "timeout" not in failures:
+                failures.append("timeout")
+        return method, tests, checkpoints, failures
+
+    def commands_diff(self, task: Task, image: str, commands: list[str]) -> tuple[str, list[str]]:
+        """Run commands as a policy would (fresh sandbox, workspace as cwd); returns (diff, failures)."""
+        sandbox = self.pool.acquire(image, options_for(task))
+        try:
+            failures = []
+            for i, cmd in enumerate(commands):
+                res = sandbox.exec(cmd)
+                if res.exit_code != 0 or res.timed_out:
+                    failures.append(f"solution_command_failed:{i}")
+            return sandbox.diff(), failures
+        finally:
+            self.pool.release(sandbox)
+
+    def solution_diff(self, task: Task, image: str, kind: str) -> tuple[str, list[str]]:
+        """The diff of a known solution: 'reference' or 'empty'."""
+        if kind == "empty":
+            return "", []
+        if task.reference_patch is not None:
+            return task.reference_patch, []
+        return self.commands_diff(task, image, list(task.spec.reference_solution.commands or []))

@@ -1,0 +1,77 @@
+"""Turning a test run into per-test statuses, for every supported framework.
+
+pytest (JUnit XML) and unittest (our runner's JSON lines) are read from the report pipe on
+fd 3, which no file in the sandbox can replace. TAP and line patterns are read from the test
+command's stdout: the test binary's own output is trusted there (see docs/verification.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from envforge.verify.junit import ReportError, TestStatus, parse_junit
+
+_PASS = {"pass", "passed", "ok", "success", "succeeded"}
+_SKIP = {"skip", "skipped", "todo"}
+_WORSE = ["passed", "skipped", "failed", "error"]
+
+
+def _merge(statuses: dict[str, TestStatus], test_id: str, status: TestStatus) -> None:
+    old = statuses.get(test_id)
+    if old is None or _WORSE.index(status) > _WORSE.index(old):
+        statuses[test_id] = status
+
+
+def parse_unittest_lines(text: str | bytes) -> dict[str, TestStatus]:
+    statuses: dict[str, TestStatus] = {}
+    raw = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+    for n, line in enumerate(raw.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            test_id, status = str(rec["id"]), rec["status"]
+        except (ValueError, KeyError, TypeError):
+            raise ReportError(f"unittest report line {n} is not a JSON record") from None
+        if status not in _WORSE:
+            raise ReportError(f"unittest report line {n}: unknown status {status!r}")
+        _merge(statuses, test_id, status)
+    return statuses
+
+
+_TAP = re.compile(r"^(?P<ok>not ok|ok)\b\s*(?P<num>\d+)?\s*(?:-\s*)?(?P<desc>[^#]*?)\s*(?:#\s*(?P<directive>\S+).*)?$")
+
+
+def parse_tap(text: str) -> dict[str, TestStatus]:
+    """TAP: `ok 1 - name`, `not ok 2 - name`, `# SKIP` / `# TODO` directives. The id is the name."""
+    statuses: dict[str, TestStatus] = {}
+    for line in text.splitlines():
+        m = _TAP.match(line.strip())
+        if not m:
+            continue
+        test_id = m.group("desc").strip() or (m.group("num") or "")
+        directive = (m.group("directive") or "").lower()
+        if directive in _SKIP:
+            status: TestStatus = "skipped"
+        else:
+            status = "passed" if m.group("ok") == "ok" else "failed"
+        _merge(statuses, test_id, status)
+    return statuses
+
+
+def parse_pattern(text: str, pattern: str) -> dict[str, TestStatus]:
+    """Each line matching `pattern` (named groups `id`, `status`) is one result."""
+    rx = re.compile(pattern)
+    statuses: dict[str, TestStatus] = {}
+    for line in text.splitlines():
+        m = rx.search(line)
+        if not m:
+            continue
+        word = m.group("status").strip().lower()
+        status: TestStatus = "passed" if word in _PASS else "skipped" if word in _SKIP else "failed"
+        _merge(statuses, m.group("id").strip(), status)
+    return statuses
+
+
+__all__ = ["ReportError", "TestStatus", "parse_junit", "parse_unittest_lines", "parse_tap", "parse_pattern"]

@@ -1,0 +1,1 @@
+"""Test runners envforge places in the grading sandbox (stdlib-only scripts)."""
