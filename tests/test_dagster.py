@@ -15,6 +15,8 @@ from assets.defs.environments.checks import environment_images_complete
 from assets.defs.resources import default_resources
 from assets.defs.sources.assets import task_specs
 from assets.defs.sources.checks import task_specs_schema
+from assets.defs.verification.assets import validated_tasks
+from assets.defs.verification.checks import quarantine_rate
 from tests.conftest import REPO
 
 
@@ -40,12 +42,17 @@ def test_definitions_object():
 @pytest.mark.docker
 def test_materialize_first_assets_in_process(settings, docker_client):
     result = dg.materialize(
-        [task_specs, environment_images, task_specs_schema, environment_images_complete],
+        [task_specs, environment_images, validated_tasks, task_specs_schema, environment_images_complete,
+         quarantine_rate],
         resources=default_resources(settings), instance=dg.DagsterInstance.ephemeral(),
+        run_config={"ops": {"validated_tasks": {"config": {"runs": 1, "shuffle": False, "probes": True}}}},
     )
     assert result.success
     checks = {e.asset_check_key.name: e.passed for e in result.get_asset_check_evaluations()}
-    assert checks == {"task_specs_schema": True, "environment_images_complete": True}
+    assert checks == {"task_specs_schema": True, "environment_images_complete": True, "quarantine_rate": True}
+    gate_md = result.asset_materializations_for_node("validated_tasks")[0].metadata
+    assert gate_md["accepted"].value == 3 and gate_md["quarantined"].value == 0
+    assert gate_md["chart"].value.startswith("![flake_report.png](data:image/png;base64,")
     specs_md = result.asset_materializations_for_node("task_specs")[0].metadata
     assert specs_md["valid"].value >= 3 and specs_md["rejected"].value == 0
     images_md = result.asset_materializations_for_node("environment_images")[0].metadata
@@ -54,4 +61,4 @@ def test_materialize_first_assets_in_process(settings, docker_client):
     mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
     runs = mlflow.search_runs(experiment_names=[settings.mlflow_experiment],
                               filter_string=f"tags.`dagster.run_id` = '{result.run_id}'", output_format="list")
-    assert {r.data.tags["envforge.stage"] for r in runs} == {"ingest", "images"}
+    assert {r.data.tags["envforge.stage"] for r in runs} == {"ingest", "images", "validate"}
