@@ -25,7 +25,8 @@ def run(args: list[str], data_dir: Path, check: bool = True) -> subprocess.Compl
 
 
 @pytest.mark.parametrize("cmd", [[], ["ingest"], ["images"], ["images", "build"], ["catalog"], ["catalog", "list"],
-                                 ["demo"], ["schema"], ["verify"], ["validate"]])
+                                 ["demo"], ["schema"], ["verify"], ["validate"], ["dedup"], ["dedup", "run"],
+                                 ["dedup", "index"], ["taskset"], ["taskset", "diff"], ["taskset", "lineage"]])
 def test_help_everywhere(cmd, tmp_path):
     proc = run([*cmd, "--help"], tmp_path)
     assert "Usage" in proc.stdout
@@ -60,3 +61,20 @@ def test_demo_runs_the_main_job(tmp_path, docker_client):
     assert all(r["verdict"] == "accepted" and r["reference_passed"] == "5/5" for r in listing)
     assert (data / "charts" / "flake_report.png").stat().st_size > 1000
     assert list((data / "task_sets").glob("bundled-examples-*.parquet"))
+
+
+def test_dedup_run_and_index_with_a_user_corpus(tmp_path):
+    data = tmp_path / "data"
+    run(["ingest", str(BUNDLED_SPECS)], data)
+    corpus = tmp_path / "corpus.jsonl"
+    leaked = (BUNDLED_SPECS / "orders-daily-summary" / "task.yaml").read_text()
+    corpus.write_text(json.dumps({"id": "leak-1", "text": leaked}) + "\n")
+    built = run(["dedup", "index", "--corpus", f"private={corpus}"], data)
+    assert "165 documents" in built.stdout  # HumanEval's 164 + ours
+    again = run(["dedup", "index", "--corpus", f"private={corpus}"], data)
+    assert "+0 from 0 new" in again.stdout
+    doc = json.loads(run(["dedup", "run", "--corpus", f"private={corpus}", "--json"], data).stdout)
+    status = {r["task_id"]: r for r in doc["tasks"]}
+    assert status["orders-daily-summary"]["status"] == "contaminated"
+    assert status["orders-daily-summary"]["doc_id"] == "leak-1"
+    assert status["inventory-median-even"]["status"] == "clean"

@@ -54,6 +54,14 @@ CREATE TABLE IF NOT EXISTS validations (
     empty_fails BIGINT NOT NULL, probes_json VARCHAR NOT NULL, verifier_median_s DOUBLE NOT NULL,
     infra_retries BIGINT NOT NULL, params_json VARCHAR NOT NULL, mlflow_run_id VARCHAR, dagster_run_id VARCHAR,
     created_at TIMESTAMP NOT NULL);
+CREATE TABLE IF NOT EXISTS quality (
+    content_hash VARCHAR NOT NULL, task_id VARCHAR NOT NULL, status VARCHAR NOT NULL, corpus VARCHAR,
+    doc_id VARCHAR, est_jaccard DOUBLE NOT NULL, exact_jaccard DOUBLE NOT NULL,
+    longest_shared_ngram BIGINT NOT NULL, duplicate_of VARCHAR, nearest_task_jaccard DOUBLE NOT NULL,
+    reason VARCHAR NOT NULL, params_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL);
+CREATE TABLE IF NOT EXISTS task_set_lineage (
+    version VARCHAR PRIMARY KEY, parent_version VARCHAR, sources_json VARCHAR NOT NULL,
+    gates_json VARCHAR NOT NULL, removed_json VARCHAR NOT NULL);
 CREATE TABLE IF NOT EXISTS task_sets (
     version VARCHAR PRIMARY KEY, name VARCHAR NOT NULL, n_tasks BIGINT NOT NULL,
     params_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL);
@@ -253,18 +261,44 @@ class Catalog:
                 FROM validations) v JOIN current_tasks t USING (content_hash)
             WHERE rn = 1 ORDER BY v.task_id""")
 
+    def record_quality(self, rows: list[dict], params: dict) -> None:
+        """Store decontamination/dedup verdicts (dicts with the QualityRow fields but params/created_at)."""
+        at = _now()
+        params_json = json.dumps(params, sort_keys=True)
+        self.write({"quality": _frame("quality", [dict(r, params_json=params_json, created_at=at) for r in rows])})
+
+    def latest_quality(self) -> pl.DataFrame:
+        """The most recent quality verdict per current task version."""
+        return self.query("""
+            SELECT q.* EXCLUDE (rn) FROM (
+                SELECT *, row_number() OVER (PARTITION BY content_hash ORDER BY created_at DESC) AS rn
+                FROM quality) q JOIN current_tasks t USING (content_hash)
+            WHERE rn = 1 ORDER BY q.task_id""")
+
+    def clean_tasks(self) -> list[Task]:
+        """Current tasks that are neither contaminated nor a removed duplicate (unchecked ones count as clean)."""
+        removed = set(self.latest_quality().filter(pl.col("status") != "clean")["content_hash"])
+        return [t for t in self.load_tasks() if t.content_hash not in removed]
+
     def runs(self) -> pl.DataFrame:
         return self.query("SELECT * FROM runs ORDER BY created_at, task_id, solution")
 
     # -- task sets -----------------------------------------------------------------------
 
-    def create_task_set(self, name: str, tasks: Iterable[Task], params: dict | None = None) -> str:
-        """Record a task-set version: the hash of its members' content hashes and its gate params."""
+    def create_task_set(self, name: str, tasks: Iterable[Task], params: dict | None = None,
+                        sources: list[str] | None = None, removed: list[dict] | None = None) -> str:
+        """Record a task-set version: the hash of its members' content hashes and its gate params.
+
+        Lineage is kept with it: the sources it came from, the gates (params), what the gates
+        removed and why, and the previous version of the same name (its parent).
+        """
         members = sorted({(t.id, t.content_hash) for t in tasks})
         params_json = json.dumps(params or {}, sort_keys=True)
         version = digest_parts(params_json, *[f"{tid}={h}" for tid, h in members])
         with self._connect() as con:
             exists = con.execute("SELECT 1 FROM task_sets WHERE version = ?", [version]).fetchone()
+            parent = con.execute("SELECT version FROM task_sets WHERE name = ? ORDER BY created_at DESC LIMIT 1",
+                                 [name]).fetchone()
         if exists:
             return version
         self.write({
@@ -272,8 +306,33 @@ class Catalog:
                                                "params_json": params_json, "created_at": _now()}]),
             "task_set_members": _frame("task_set_members", [
                 {"version": version, "task_id": tid, "content_hash": h} for tid, h in members]),
+            "task_set_lineage": _frame("task_set_lineage", [{
+                "version": version, "parent_version": parent[0] if parent else None,
+                "sources_json": json.dumps(sources or []), "gates_json": params_json,
+                "removed_json": json.dumps(removed or [], sort_keys=True)}]),
         })
         return version
+
+    def lineage(self, version: str) -> dict:
+        frame = self.query("SELECT * FROM task_set_lineage WHERE version = ?", [version])
+        if frame.height == 0:
+            raise KeyError(f"task set {version!r} has no lineage record")
+        row = frame.row(0, named=True)
+        return {"version": version, "parent_version": row["parent_version"],
+                "sources": json.loads(row["sources_json"]), "gates": json.loads(row["gates_json"]),
+                "removed": json.loads(row["removed_json"])}
+
+    def diff_task_sets(self, old: str, new: str) -> dict[str, list[str]]:
+        """Tasks added, removed and changed (same id, other content) from version `old` to `new`."""
+        def members(v: str) -> dict[str, str]:
+            f = self.query("SELECT task_id, content_hash FROM task_set_members WHERE version = ?", [v])
+            if f.height == 0 and self.query("SELECT 1 FROM task_sets WHERE version = ?", [v]).height == 0:
+                raise KeyError(f"task set {v!r} does not exist")
+            return dict(zip(f["task_id"], f["content_hash"]))
+
+        a, b = members(old), members(new)
+        return {"added": sorted(set(b) - set(a)), "removed": sorted(set(a) - set(b)),
+                "changed": sorted(t for t in set(a) & set(b) if a[t] != b[t])}
 
     def task_sets(self) -> pl.DataFrame:
         return self.query("SELECT * FROM task_sets ORDER BY created_at")

@@ -37,3 +37,23 @@ def flake_chart(rows: list[dict], path: Path, title: str = "Flakiness gate: veri
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def similarity_histogram(corpus_sims: list[float], task_sims: list[float], threshold: float, path: Path,
+                         title: str = "Nearest-neighbour similarity (exact Jaccard)") -> Path:
+    """Two histograms: each task's best match in the reference corpora, and among the tasks."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bins = [i / 20 for i in range(21)]
+    ax.hist([corpus_sims, task_sims], bins=bins, label=["vs reference corpora", "vs other tasks"],
+            color=["#e76f51", "#457b9d"])
+    ax.axvline(threshold, color="black", linestyle="--", linewidth=1)
+    ax.text(threshold + 0.01, ax.get_ylim()[1] * 0.9, f"threshold {threshold}", fontsize=8)
+    ax.set_xlabel("exact Jaccard of the nearest neighbour")
+    ax.set_ylabel("tasks")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -18,8 +18,12 @@ app = typer.Typer(help="Turn workflows into verifiable RL environments.", no_arg
                   pretty_exceptions_enable=False, add_completion=False)
 images_app = typer.Typer(help="Environment images (base and per task).", no_args_is_help=True)
 catalog_app = typer.Typer(help="The DuckDB task catalog.", no_args_is_help=True)
+dedup_app = typer.Typer(help="Decontamination and near-duplicate removal (MinHash LSH).", no_args_is_help=True)
+taskset_app = typer.Typer(help="Versioned task sets: lineage and diffs.", no_args_is_help=True)
 app.add_typer(images_app, name="images")
 app.add_typer(catalog_app, name="catalog")
+app.add_typer(dedup_app, name="dedup")
+app.add_typer(taskset_app, name="taskset")
 
 console = Console(stderr=True)
 out = Console()
@@ -269,6 +273,111 @@ def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these
         out.print(f"flake report: {chart}")
     if report.infra_failures:
         raise typer.Exit(2)
+
+
+def _corpora(specs: List[str]) -> dict:
+    from envforge.pipeline import corpora_from_env
+
+    corpora = corpora_from_env()
+    for item in specs:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise EnvforgeError(f"--corpus {item!r}: expected NAME=PATH")
+        corpora[name] = Path(path)
+    return corpora
+
+
+Corpus = typer.Option([], "--corpus", help="NAME=PATH of a reference corpus (JSONL/parquet/text file or "
+                                           "directory); HumanEval and ENVFORGE_CORPORA are always included")
+
+
+@dedup_app.command("index")
+def dedup_index(corpus: List[str] = Corpus, rebuild: bool = typer.Option(False, help="start the index afresh"),
+                data_dir: Optional[Path] = DataDir) -> None:
+    """Build or incrementally update the persisted reference index (new corpus files only)."""
+    import shutil
+
+    from envforge.quality.params import DedupConfig
+    from envforge.quality.reference_index import ReferenceIndex
+
+    settings = _settings(data_dir)
+    root = settings.data_dir / "dedup" / "reference-index"
+    try:
+        if rebuild and root.exists():
+            shutil.rmtree(root)
+        index = ReferenceIndex(root, DedupConfig())
+        with console.status("indexing reference corpora"):
+            report = index.sync(_corpora(corpus))
+    except (EnvforgeError, ValueError, OSError) as exc:
+        _fail(exc)
+    out.print(f"index {root}: {index.size} documents (+{report.added_docs} from {len(report.added_files)} new "
+              f"file(s), {report.unchanged_files} unchanged)")
+    for f in report.changed_files:
+        out.print(f"[yellow]changed since indexed, not re-read:[/yellow] {f} (use --rebuild)")
+
+
+@dedup_app.command("run")
+def dedup_run(corpus: List[str] = Corpus, threshold: float = typer.Option(0.5, help="exact-Jaccard threshold"),
+              as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """Decontaminate and dedup the catalog's current tasks; verdicts go to the catalog."""
+    from envforge import pipeline, track
+    from envforge.catalog import Catalog
+    from envforge.quality.params import DedupConfig
+
+    settings = _settings(data_dir)
+    tasks = Catalog(settings.catalog_path).load_tasks()
+    try:
+        config = DedupConfig(threshold=threshold)
+        with track.mlflow_run(settings, "decontaminate", "quality", config.as_params()):
+            report = pipeline.decontaminate(settings, tasks, _corpora(corpus), config)
+    except (EnvforgeError, ValueError, OSError) as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps({"tasks": report.rows, "pairs": [p.__dict__ for p in report.pairs]}) + "\n")
+        return
+    for r in report.rows:
+        flag = "" if r["status"] == "clean" else f" — {r['reason']}"
+        out.print(f"{r['task_id']}: {r['status']} (best corpus match J={r['exact_jaccard']:.2f}){flag}")
+
+
+@taskset_app.command("list")
+def taskset_list(data_dir: Optional[Path] = DataDir) -> None:
+    """Every task-set version, newest last."""
+    from envforge.catalog import Catalog
+
+    for r in Catalog(_settings(data_dir).catalog_path).task_sets().iter_rows(named=True):
+        out.print(f"{r['version'][:12]}  {r['name']:24} {r['n_tasks']:5} tasks  {r['created_at']}")
+
+
+def _version(cat, prefix: str) -> str:
+    matches = [v for v in cat.task_sets()["version"] if v.startswith(prefix)]
+    if len(matches) != 1:
+        raise EnvforgeError(f"task-set version {prefix!r} matches {len(matches)} versions")
+    return matches[0]
+
+
+@taskset_app.command("lineage")
+def taskset_lineage(version: str, data_dir: Optional[Path] = DataDir) -> None:
+    """Sources, gates, parent version and what was removed (and why) for a task-set version."""
+    from envforge.catalog import Catalog
+
+    cat = Catalog(_settings(data_dir).catalog_path)
+    try:
+        sys.stdout.write(json.dumps(cat.lineage(_version(cat, version)), indent=2) + "\n")
+    except (EnvforgeError, KeyError) as exc:
+        _fail(exc)
+
+
+@taskset_app.command("diff")
+def taskset_diff(old: str, new: str, data_dir: Optional[Path] = DataDir) -> None:
+    """Tasks added, removed and changed between two task-set versions."""
+    from envforge.catalog import Catalog
+
+    cat = Catalog(_settings(data_dir).catalog_path)
+    try:
+        sys.stdout.write(json.dumps(cat.diff_task_sets(_version(cat, old), _version(cat, new)), indent=2) + "\n")
+    except (EnvforgeError, KeyError) as exc:
+        _fail(exc)
 
 
 @catalog_app.command("list")

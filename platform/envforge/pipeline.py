@@ -20,6 +20,10 @@ from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import ImageBuild, build_base_image, build_task_image
 from envforge.sources import LoadResult, load_specs
 from envforge.task import Task
+from envforge.quality.dedup import Cluster, ContaminationRecord, DuplicatePair, clusters, near_duplicate_pairs
+from envforge.quality.dedup import decontaminate as decontaminate_tasks
+from envforge.quality.params import DedupConfig
+from envforge.quality.reference_index import ReferenceIndex, SyncReport
 from envforge.sandbox.pool import SandboxPool
 from envforge.verify.gate import GateConfig, GateReport, validate_task
 from envforge.verify.grader import Grader
@@ -119,3 +123,74 @@ def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], 
         Catalog(settings.catalog_path).record_validations(report.reports, config.as_params(), mlflow_run_id,
                                                           dagster_run_id)
     return report
+
+
+@dataclass
+class QualityReport:
+    """Decontamination and dedup of one batch of tasks."""
+
+    records: list[ContaminationRecord]
+    pairs: list[DuplicatePair]
+    clusters: list[Cluster]
+    rows: list[dict]
+    sync: SyncReport
+
+    def kept_ids(self) -> set[str]:
+        return {r["task_id"] for r in self.rows if r["status"] == "clean"}
+
+    def removed(self) -> list[dict]:
+        return [{"task_id": r["task_id"], "content_hash": r["content_hash"], "stage": r["status"],
+                 "reason": r["reason"]} for r in self.rows if r["status"] != "clean"]
+
+
+def corpora_from_env(environ: dict | None = None) -> dict[str, Path | None]:
+    """Built-in HumanEval plus ENVFORGE_CORPORA="name=path;name2=path2" (files or directories)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    out: dict[str, Path | None] = {"humaneval": None}
+    for item in filter(None, (env.get("ENVFORGE_CORPORA") or "").split(";")):
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"ENVFORGE_CORPORA entry {item!r} is not name=path")
+        out[name.strip()] = Path(path.strip())
+    return out
+
+
+def decontaminate(settings: Settings, tasks: Sequence[Task], corpora: dict[str, Path | None] | None = None,
+                  config: DedupConfig = DedupConfig()) -> QualityReport:
+    """Check tasks against the reference corpora and each other; record a verdict per task.
+
+    Tasks already in other task sets take part as `others`: a new task that near-duplicates
+    one of them is the duplicate (what is published stays put).
+    """
+    catalog = Catalog(settings.catalog_path)
+    index = ReferenceIndex(settings.data_dir / "dedup" / "reference-index", config)
+    sync = index.sync(corpora if corpora is not None else corpora_from_env())
+    records = decontaminate_tasks(tasks, index)
+    clean = [t for t, r in zip(tasks, records) if not r.contaminated]
+    batch_ids = {t.id for t in tasks}
+    published = catalog.query("SELECT DISTINCT content_hash FROM task_set_members")["content_hash"].to_list()
+    others = [t for t in catalog.load_tasks() if t.content_hash in set(published) and t.id not in batch_ids]
+    pairs = near_duplicate_pairs(clean, others, config)
+    cl = clusters(clean, pairs)
+    dup_of = {m: c.representative for c in cl for m in c.members if m != c.representative}
+    other_ids = {o.id for o in others}
+    for p in pairs:
+        if p.b in other_ids and p.a not in dup_of:
+            dup_of[p.a] = p.b
+    nearest: dict[str, float] = {}
+    for p in pairs:
+        for tid in (p.a, p.b):
+            nearest[tid] = max(nearest.get(tid, 0.0), p.exact_jaccard)
+    rows = []
+    for t, r in zip(tasks, records):
+        status = "contaminated" if r.contaminated else "duplicate" if t.id in dup_of else "clean"
+        reason = r.reason if r.contaminated else (f"near duplicate of {dup_of[t.id]}" if t.id in dup_of else "")
+        rows.append({"content_hash": t.content_hash, "task_id": t.id, "status": status, "corpus": r.corpus,
+                     "doc_id": r.doc_id, "est_jaccard": float(r.est_jaccard), "exact_jaccard": float(r.exact_jaccard),
+                     "longest_shared_ngram": int(r.longest_shared_ngram), "duplicate_of": dup_of.get(t.id),
+                     "nearest_task_jaccard": float(nearest.get(t.id, 0.0)), "reason": reason})
+    if rows:
+        catalog.record_quality(rows, config.as_params())
+    return QualityReport(records, pairs, cl, rows, sync)

@@ -109,6 +109,40 @@ class ValidationRow(pa.DataFrameModel):
         ordered = True
 
 
+class QualityRow(pa.DataFrameModel):
+    """A task version's decontamination and dedup verdict."""
+
+    content_hash: str = pa.Field(str_matches=SHA256)
+    task_id: str = pa.Field(str_matches=TASK_ID)
+    status: str = pa.Field(isin=["clean", "contaminated", "duplicate"])
+    corpus: str = pa.Field(nullable=True)
+    doc_id: str = pa.Field(nullable=True)
+    est_jaccard: float = pa.Field(ge=0, le=1)
+    exact_jaccard: float = pa.Field(ge=0, le=1)
+    longest_shared_ngram: int = pa.Field(ge=0)
+    duplicate_of: str = pa.Field(nullable=True)
+    nearest_task_jaccard: float = pa.Field(ge=0, le=1)
+    reason: str
+    params_json: str
+    created_at: datetime
+
+    class Config:
+        strict = True
+        ordered = True
+
+
+class TaskSetLineageRow(pa.DataFrameModel):
+    version: str = pa.Field(str_matches=SHA256)
+    parent_version: str = pa.Field(nullable=True)
+    sources_json: str
+    gates_json: str
+    removed_json: str
+
+    class Config:
+        strict = True
+        ordered = True
+
+
 class TaskSetRow(pa.DataFrameModel):
     version: str = pa.Field(str_matches=SHA256)
     name: str = pa.Field(str_length={"min_value": 1})
@@ -137,6 +171,8 @@ TABLE_SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
     "images": ImageRow,
     "runs": RunRow,
     "validations": ValidationRow,
+    "quality": QualityRow,
+    "task_set_lineage": TaskSetLineageRow,
     "task_sets": TaskSetRow,
     "task_set_members": TaskSetMemberRow,
 }

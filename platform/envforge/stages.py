@@ -13,9 +13,10 @@ from typing import Sequence
 
 from envforge import pipeline, track
 from envforge.catalog import Catalog, IngestSummary
-from envforge.charts import flake_chart
+from envforge.charts import flake_chart, similarity_histogram
 from envforge.config import Settings
-from envforge.pipeline import ImagesReport, Progress, ValidationReport, _no_progress
+from envforge.pipeline import ImagesReport, Progress, QualityReport, ValidationReport, _no_progress
+from envforge.quality.params import DedupConfig
 from envforge.sources import LoadResult
 from envforge.task import Task
 from envforge.verify.gate import GateConfig
@@ -38,6 +39,26 @@ def ingest(settings: Settings, paths: Sequence[Path], strict: bool = False, dags
         track.log_json([{"source": p.source, "field": p.field, "reason": p.reason} for p in result.rejects],
                        "rejects.json")
         return TrackedIngest(result, summary, run.info.run_id)
+
+
+def decontaminate(settings: Settings, tasks: Sequence[Task], config: DedupConfig = DedupConfig(),
+                  dagster_run_id: str | None = None, nested: bool = False) -> tuple[QualityReport, str, Path]:
+    """Decontamination and dedup, logged: verdicts, the contamination table and a similarity histogram."""
+    with track.mlflow_run(settings, "decontaminate", "quality", {"n_tasks": len(tasks), **config.as_params()},
+                          dagster_run_id, nested) as run:
+        report = pipeline.decontaminate(settings, tasks, config=config)
+        statuses = [r["status"] for r in report.rows]
+        track.log_metrics({
+            "tasks_checked": len(report.rows), "tasks_clean": statuses.count("clean"),
+            "tasks_contaminated": statuses.count("contaminated"), "tasks_duplicate": statuses.count("duplicate"),
+            "duplicate_pairs": len(report.pairs), "index_docs_added": report.sync.added_docs,
+        })
+        chart = similarity_histogram([r["exact_jaccard"] for r in report.rows],
+                                     [r["nearest_task_jaccard"] for r in report.rows], config.threshold,
+                                     settings.data_dir / "charts" / "similarity_histogram.png")
+        track.log_png(chart)
+        track.log_json(report.rows, "contamination_report.json")
+        return report, run.info.run_id, chart
 
 
 def build_images(settings: Settings, tasks: Sequence[Task], dagster_run_id: str | None = None,
@@ -80,9 +101,10 @@ def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], 
         return report, run.info.run_id, chart
 
 
-def create_task_set(settings: Settings, name: str, tasks: Sequence[Task], params: dict) -> tuple[str, Path]:
+def create_task_set(settings: Settings, name: str, tasks: Sequence[Task], params: dict,
+                    sources: list[str] | None = None, removed: list[dict] | None = None) -> tuple[str, Path]:
     catalog = Catalog(settings.catalog_path)
-    version = catalog.create_task_set(name, tasks, params)
+    version = catalog.create_task_set(name, tasks, params, sources=sources, removed=removed)
     path = catalog.export_task_set(version, settings.data_dir / "task_sets" / f"{name}-{version[:12]}.parquet")
     track.log_metrics({"task_set_size": len(tasks)})
     track.log_json({"name": name, "version": version, "parquet": str(path)}, "task_set.json")

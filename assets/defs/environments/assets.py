@@ -8,14 +8,14 @@ from envforge import stages
 
 
 @dg.asset(
-    group_name="environments", kinds={"docker"}, owners=["team:envforge"], deps=["task_specs"],
-    description="The debootstrapped sandbox base image and each current task's image (base + workspace + "
+    group_name="environments", kinds={"docker"}, owners=["team:envforge"], deps=["decontaminated_tasks"],
+    description="The debootstrapped sandbox base image and each clean task's image (base + workspace + "
                 "setup + initial commit). Tags are content hashes: unchanged tasks are cache hits.",
 )
 def environment_images(context: dg.AssetExecutionContext, catalog: CatalogResource, docker: DockerResource,
                        mlflow: MlflowResource) -> dg.MaterializeResult:
     settings = settings_from(catalog, docker, mlflow)
-    tasks = catalog.catalog().load_tasks()
+    tasks = catalog.catalog().clean_tasks()
 
     def progress(stage: str, detail: str, done: int, total: int) -> None:
         context.log.info(f"[{stage}] {done}/{total} {detail}")

@@ -17,7 +17,7 @@ def environment_images_complete(catalog: CatalogResource, docker: DockerResource
     problems = Catalog.validate("images", rows)
     latest = cat.latest_images()
     client = docker.client()
-    missing = [t.id for t in cat.load_tasks()
+    missing = [t.id for t in cat.clean_tasks()
                if t.content_hash not in latest or not image_exists(client, latest[t.content_hash])]
     return dg.AssetCheckResult(
         passed=not problems and not missing,

@@ -27,7 +27,7 @@ def validated_tasks(context: dg.AssetExecutionContext, config: GateRunConfig, ca
                     docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
     settings = settings_from(catalog, docker, mlflow)
     cat = catalog.catalog()
-    tasks = cat.load_tasks()
+    tasks = cat.clean_tasks()
 
     def progress(stage: str, detail: str, done: int, total: int) -> None:
         context.log.info(f"[{stage}] {done}/{total} {detail}")

@@ -19,7 +19,7 @@ def quarantine_rate(catalog: CatalogResource) -> dg.AssetCheckResult:
     cat = catalog.catalog()
     latest = cat.latest_validations()
     problems = Catalog.validate("validations", cat.query("SELECT * FROM validations"))
-    missing = sorted(set(cat.tasks()["task_id"]) - set(latest["task_id"]))
+    missing = sorted({t.id for t in cat.clean_tasks()} - set(latest["task_id"]))
     rate = (latest["verdict"] != "accepted").sum() / max(1, latest.height)
     return dg.AssetCheckResult(
         passed=not problems and not missing and rate <= MAX_QUARANTINE_RATE,

@@ -1,0 +1,1 @@
+"""Quality gates: MinHash decontamination and dedup, and versioned task sets."""
