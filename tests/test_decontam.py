@@ -103,3 +103,15 @@ def test_task_set_lineage_and_diff(planted, settings):
     assert diff == {"added": [tasks[3].id], "removed": [tasks[0].id], "changed": []}
     with pytest.raises(KeyError):
         cat.diff_task_sets(v1, "0" * 64)
+
+
+def test_a_new_task_duplicating_a_published_one_is_the_duplicate(planted, settings):
+    tasks = {t.id: t for t in load_specs([planted]).tasks}
+    cat = Catalog(settings.catalog_path)
+    cat.ingest(load_specs([planted]))
+    cat.create_task_set("published", [tasks["ticket-1187"]], {"gate": 1})
+    report = decontaminate(settings, [tasks["ticket-1042"], tasks["inventory-median-even"]],
+                           corpora={"humaneval": None})
+    status = {r["task_id"]: r for r in report.rows}
+    assert status["ticket-1042"]["status"] == "duplicate" and status["ticket-1042"]["duplicate_of"] == "ticket-1187"
+    assert status["inventory-median-even"]["status"] == "clean"
