@@ -208,3 +208,21 @@ def test_allowlisted_network_reaches_only_the_allowed_endpoint(docker_client, ta
     finally:
         allowed.close()
         blocked.close()
+
+
+def test_killing_the_waiting_shells_does_not_take_the_agent_down(sandbox):
+    sandbox.exec("kill -9 -1; pkill -9 bash; true")
+    for _ in range(3):
+        assert sandbox.exec("echo still").text() == "still\n"
+    assert sandbox.agent_alive and not sandbox.tainted
+    stopped = sandbox.exec('for p in $(pgrep -f _go); do [ "$p" = "$$" ] || kill -STOP "$p"; done; true')
+    assert stopped.exit_code == 0
+    sandbox.reset()  # stopped spares are discarded, not reused
+    assert sandbox.exec("echo fresh", timeout_s=10).text() == "fresh\n"
+
+
+def test_streamed_output_stops_at_the_cap(docker_client, task_image):
+    with Sandbox.start(docker_client, task_image, SandboxOptions(output_cap=10_000)) as sb:
+        seen = []
+        res = sb.exec("head -c 5000000 /dev/zero", on_output=lambda s, d: seen.append(len(d)))
+        assert sum(seen) <= 10_000 and len(res.stdout) == 10_000 and res.stdout_truncated

@@ -117,3 +117,32 @@ def test_verify_cli_json_result_object(tmp_path, docker_client):
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1 and doc["reward"] == 0.0
     assert "test_failed:tests/test_stats.py::test_median_even_length" in doc["reasons"]
+
+
+def test_crafted_diff_cannot_smuggle_protected_changes(grader, bundled_images):
+    """A hunkless git section followed by junk and a plain patch (parser confusion), and a
+    .git/config write: the post-apply tree check restores them, whatever the parser saw."""
+    task, image = bundled_images["inventory-median-even"]
+    conftest = ("import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+                "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n")
+    lines = conftest.splitlines()
+    sneaky = ("diff --git a/e b/e\nnew file mode 100644\nindex 0000000..e69de29\njunk\n"
+              "--- /dev/null\n+++ b/conftest.py\n@@ -0,0 +1," + str(len(lines)) + " @@\n"
+              + "".join(f"+{ln}\n" for ln in lines))
+    result = grader.grade(task, image, sneaky)
+    assert result.reward == 0.0 and "protected_path_modified:conftest.py" in result.reasons, result.reasons
+
+
+def test_grader_files_are_read_only_to_commands(docker_client, bundled_images):
+    from envforge.sandbox.container import Sandbox
+    from envforge.verify.checkpoints import RUNNER_DIR, install_verifier_files
+
+    task, image = bundled_images["ops-service-config"]
+    with Sandbox.start(docker_client, image) as sb:
+        install_verifier_files(sb, task)
+        assert sb.exec(f"cat {RUNNER_DIR}/envforge_reporter.py >/dev/null").exit_code == 0
+        assert sb.exec(f"echo pwned > {RUNNER_DIR}/envforge_reporter.py").exit_code != 0
+        assert sb.exec("echo x > /run/envforge-verifier/verifier/healthcheck.py").exit_code != 0
+        assert sb.exec("touch /run/envforge-verifier/new").exit_code != 0
+        sb.reset()
+        assert sb.exec("ls -A /run/envforge-verifier").text() == ""  # wiped between uses

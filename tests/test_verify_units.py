@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from envforge.sources.specs import load_spec_file
-from envforge.verify.parsers import ReportError, parse_pattern, parse_tap, parse_unittest_lines
+from envforge.verify.parsers import ReportError, ReportIncomplete, parse_pattern, parse_report_lines, parse_tap
 from envforge.verify.protect import filter_diff, matches, protected_globs, split_diff
 from tests.conftest import BUNDLED_SPECS
 
@@ -48,12 +48,25 @@ def test_filter_drops_protected_sections_including_renames():
     assert touched == ["conftest.py", "tests/moved.py", "tests/test_stats.py"]  # the whole rename is dropped
 
 
-def test_unittest_lines_keep_the_worst_outcome():
+def test_report_lines_keep_the_worst_outcome_and_need_the_closing_line():
     text = '{"id": "t.A.test_x", "status": "passed"}\n{"id": "t.A.test_x", "status": "error"}\n' \
            '{"id": "t.A.test_y", "status": "skipped"}\n'
-    assert parse_unittest_lines(text) == {"t.A.test_x": "error", "t.A.test_y": "skipped"}
+    assert parse_report_lines(text + '{"finished": true}\n') == {"t.A.test_x": "error", "t.A.test_y": "skipped"}
+    with pytest.raises(ReportIncomplete):  # a run cut short (os._exit, crash) is not trusted
+        parse_report_lines(text)
     with pytest.raises(ReportError):
-        parse_unittest_lines("not json\n")
+        parse_report_lines('{"finished": true}\n{"id": "late", "status": "passed"}\n')
+    with pytest.raises(ReportError):
+        parse_report_lines("not json\n")
+
+
+def test_hunkless_git_section_cannot_hide_a_protected_edit():
+    sneaky = ("diff --git a/e b/e\nnew file mode 100644\nindex 0000000..e69de29\njunk\n"
+              "--- a/tests/test_x.py\n+++ b/tests/test_x.py\n@@ -1 +1 @@\n-a\n+b\n"
+              "diff --git a/.git/config b/.git/config\n--- a/.git/config\n+++ b/.git/config\n@@ -1 +1 @@\n-a\n+b\n")
+    kept, touched = filter_diff(sneaky, ["**/tests/**"])
+    assert "tests/test_x.py" in touched and ".git/config" in touched
+    assert "tests/test_x.py" not in kept and ".git/config" not in kept
 
 
 def test_tap_and_pattern():

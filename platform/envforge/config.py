@@ -68,6 +68,14 @@ class Settings:
     def specs_dir(self) -> Path:
         return self.task_sources_dir / "specs"
 
+    @property
+    def runbooks_dir(self) -> Path:
+        return self.task_sources_dir / "runbooks"
+
+    def bundled_sources(self) -> list[Path]:
+        """The source folders the main job ingests by default."""
+        return [p for p in (self.specs_dir, self.runbooks_dir) if p.is_dir()]
+
     def ensure_dirs(self) -> None:
         for d in (self.data_dir, self.build_dir, self.mlflow_artifacts_dir):
             d.mkdir(parents=True, exist_ok=True)

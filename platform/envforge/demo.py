@@ -40,7 +40,7 @@ def run_demo(settings: Settings, source_paths: list[Path] | None = None, concurr
              progress: Progress = _no_progress, dagster_run_id: str | None = None,
              gate: GateConfig = GateConfig(), dedup: DedupConfig = DedupConfig()) -> DemoSummary:
     settings.ensure_dirs()
-    paths = source_paths or [settings.specs_dir]
+    paths = source_paths or settings.bundled_sources()
     with track.mlflow_run(settings, "demo", "demo", {"sources": [str(p) for p in paths]}, dagster_run_id) as parent:
         ingested = stages.ingest(settings, paths, nested=True, dagster_run_id=dagster_run_id)
         progress("quality", "decontamination and dedup (first run indexes HumanEval)", 0, 1)

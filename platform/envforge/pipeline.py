@@ -18,7 +18,7 @@ from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError, Problem
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import ImageBuild, build_base_image, build_task_image
-from envforge.sources import LoadResult, load_specs
+from envforge.sources import LoadResult, load_sources
 from envforge.task import Task
 from envforge.quality.dedup import Cluster, ContaminationRecord, DuplicatePair, clusters, near_duplicate_pairs
 from envforge.quality.dedup import decontaminate as decontaminate_tasks
@@ -68,10 +68,21 @@ class ValidationReport:
 
 
 def ingest(settings: Settings, paths: Sequence[Path], strict: bool = False) -> tuple[LoadResult, IngestSummary]:
-    """Parse spec files/directories and store good tasks and rejects in the catalog."""
-    result = load_specs(paths)
-    summary = Catalog(settings.catalog_path).ingest(result, source_kind="spec", strict=strict)
-    return result, summary
+    """Parse every source under the paths (specs, runbooks) and store good tasks and rejects.
+
+    With strict=True a bad record anywhere refuses the whole batch (nothing is written).
+    """
+    by_kind = load_sources(paths)
+    combined = LoadResult()
+    for result in by_kind.values():
+        combined.extend(result)
+    catalog = Catalog(settings.catalog_path)
+    if strict and combined.rejects:
+        catalog.ingest(combined, strict=True)  # raises BatchRejectedError listing every problem
+    summaries = [catalog.ingest(result, source_kind=kind) for kind, result in by_kind.items()]
+    summary = IngestSummary(summaries[0].batch_id, sum(s.added for s in summaries),
+                            sum(s.unchanged for s in summaries), sum(s.rejected for s in summaries))
+    return combined, summary
 
 
 def build_images(settings: Settings, tasks: Sequence[Task], client: docker.DockerClient | None = None,

@@ -18,11 +18,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TASK_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{1,79}$"
-# Paths inside the sandbox. The workspace is what the policy edits; /run/envforge is a
-# tmpfs the grader fills with verifier files and reports after the policy is done.
+# Paths inside the sandbox. The workspace is what the policy edits; /run/envforge-verifier
+# is a root-owned tmpfs where the grader installs verifier files after the policy is done.
 WORKSPACE = "/workspace"
-VERIFIER_DIR = "/run/envforge/verifier"
-REPORTS_DIR = "/run/envforge/reports"
+VERIFIER_DIR = "/run/envforge-verifier/verifier"
 
 
 class _Strict(BaseModel):

@@ -9,13 +9,14 @@ from envforge import stages
 
 @dg.asset(
     group_name="sources", kinds={"python", "duckdb"}, owners=["team:envforge"],
-    description="Hand-written task specs (task_sources/specs/**/task.yaml) parsed, validated and stored in "
-                "the catalog; bad specs are kept as rejects with the file, field and reason.",
+    description="Hand-written task specs (task_sources/specs/**/task.yaml) and runbooks (task_sources/runbooks/"
+                "*.md) parsed, validated and stored in the catalog; bad records are kept as rejects with the "
+                "file, field and reason.",
 )
 def task_specs(context: dg.AssetExecutionContext, catalog: CatalogResource, docker: DockerResource,
                mlflow: MlflowResource) -> dg.MaterializeResult:
     settings = settings_from(catalog, docker, mlflow)
-    tracked = stages.ingest(settings, [settings.specs_dir], dagster_run_id=context.run.run_id)
+    tracked = stages.ingest(settings, settings.bundled_sources(), dagster_run_id=context.run.run_id)
     res, summ = tracked.result, tracked.summary
     context.log.info(f"{len(res.tasks)} valid spec(s), {len(res.rejects)} rejected, {summ.added} new")
     return dg.MaterializeResult(metadata={

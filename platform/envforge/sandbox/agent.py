@@ -210,6 +210,7 @@ SPAWNER = Spawner()
 
 
 REPORT_CAP = 64 << 20
+SNAPSHOT_CAP = 256 << 20
 
 
 def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, on_chunk=None, report=False):
@@ -266,8 +267,8 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
             bufs[name] += data[:room]
         if len(data) > max(room, 0):
             trunc[name] = True
-        if on_chunk is not None and data and name != "report":
-            on_chunk(name, data)
+        if on_chunk is not None and data and name != "report" and room > 0:
+            on_chunk(name, data[:room])  # streaming stops at the cap, like the buffer
 
     def reap(block):
         nonlocal status
@@ -393,14 +394,16 @@ def kill_sandbox_processes(keep=()):
 def restore(snapshot):
     """Kill leftovers, empty /workspace and /tmp, and lay the chosen state back down.
 
-    The spare shells survive: they were started by the agent, have run nothing, and no
-    sandbox process can reach them (see Spawner), so they are as clean as new ones.
+    Files the grader installed (root-owned, under GRADER_DIR) are removed as well.
     """
     started = time.monotonic()
-    killed = kill_sandbox_processes(keep=[entry[0] for entry in SPAWNER.ready])
+    # Spare shells go too: sandbox processes cannot trace them, but can SIGSTOP or prlimit them.
+    SPAWNER.discard()
+    killed = kill_sandbox_processes()
     oom_killed_since_last_look()
-    wipe = ("chmod -R u+rwX /workspace /tmp 2>/dev/null; "
-            "find /workspace /tmp -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + && "
+    clear_grader_files()
+    wipe = ("chmod -R u+rwX /workspace /tmp /run/envforge 2>/dev/null; "
+            "find /workspace /tmp /run/envforge -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + && "
             "test -z \"$(ls -A /workspace)\"")
     if snapshot:
         with open(os.path.join(SNAPSHOTS, snapshot + ".tar"), "rb") as fh:
@@ -413,8 +416,48 @@ def restore(snapshot):
     return {"killed": killed, "duration": time.monotonic() - started}
 
 
+GRADER_DIR = "/run/envforge-verifier"  # root-owned tmpfs: verifier files and runners, read-only to commands
+
+
+def clear_grader_files():
+    for entry in os.listdir(GRADER_DIR):
+        _remove_tree(os.path.join(GRADER_DIR, entry))
+
+
+def _remove_tree(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        for entry in os.listdir(path):
+            _remove_tree(os.path.join(path, entry))
+        os.rmdir(path)
+    else:
+        os.unlink(path)
+
+
+def install(dest, files, mode):
+    """Write files as root under GRADER_DIR: sandbox processes can read and run them, never change them."""
+    root = os.path.realpath(GRADER_DIR)
+    dest = os.path.realpath(dest)
+    if os.path.commonpath([root, dest]) != root:
+        raise ValueError(f"install destination {dest} is outside {GRADER_DIR}")
+    for rel, data in files.items():
+        path = os.path.realpath(os.path.join(dest, rel))
+        if os.path.commonpath([dest, path]) != dest:
+            raise ValueError(f"install path {rel!r} escapes {dest}")
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        while parent != root and parent.startswith(root):
+            os.chmod(parent, 0o755)
+            parent = os.path.dirname(parent)
+        with open(path, "wb") as fh:
+            fh.write(base64.b64decode(data))
+        os.chmod(path, mode)
+    return {"files": len(files)}
+
+
 def snapshot(name):
-    res = run_command("tar -C /workspace -cf - .", 120, cwd="/", cap=1 << 40)
+    res = run_command("tar -C /workspace -cf - .", 120, cwd="/", cap=SNAPSHOT_CAP)
+    if res["stdout_truncated"]:
+        raise RuntimeError(f"snapshot larger than {SNAPSHOT_CAP >> 20} MiB")
     if res["exit_code"] != 0:
         raise RuntimeError("snapshot failed: " + base64.b64decode(res["stderr"]).decode(errors="replace")[-300:])
     data = base64.b64decode(res["stdout"])
@@ -430,8 +473,11 @@ def main():
         out.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
         out.flush()
 
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # A pipe whose reader died (a waiting shell killed by a command) must be an EPIPE we
+    # handle, never a signal that kills the agent.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     os.makedirs(SNAPSHOTS, mode=0o700, exist_ok=True)
+    os.makedirs(GRADER_DIR, mode=0o755, exist_ok=True)
     install_execute_only_shell()
     send({"id": 0, "ok": True, "ready": True, "pid": os.getpid()})
     pending = b""
@@ -469,6 +515,11 @@ def handle(line, send):
                                  int(req.get("cap", 1 << 20)), on_chunk, bool(req.get("report")))
         elif op == "reset":
             result = restore(req.get("snapshot"))
+        elif op == "kill":
+            SPAWNER.discard()
+            result = {"killed": kill_sandbox_processes()}
+        elif op == "install":
+            result = install(req["dest"], req["files"], int(req.get("mode", 0o644)))
         elif op == "snapshot":
             result = snapshot(req["name"])
         elif op == "ping":

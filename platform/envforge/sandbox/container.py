@@ -59,6 +59,16 @@ BASE_ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 _SNAPSHOT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+DIFF_CAP = 256 << 20
+# git against the image's read-only initial commit, with a private index and object store,
+# and no configuration but the image's own (a policy can plant ~/.gitconfig in /tmp).
+_PRIVATE_GIT = (
+    "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; mkdir \"$t/objects\"; "
+    "export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent; "
+    f"export GIT_DIR={TEMPLATE_DIR}/.git GIT_WORK_TREE={WORKSPACE} GIT_INDEX_FILE=\"$t/index\" "
+    f"GIT_OBJECT_DIRECTORY=\"$t/objects\" GIT_ALTERNATE_OBJECT_DIRECTORIES={TEMPLATE_DIR}/.git/objects; "
+    f"cp {TEMPLATE_DIR}/.git/index \"$t/index\"; cd {WORKSPACE}; "
+)
 # One shared pool for the async API: hundreds of sandboxes block in I/O at once.
 _ASYNC_EXECUTOR = ThreadPoolExecutor(max_workers=int(os.environ.get("ENVFORGE_SANDBOX_THREADS", "256")),
                                      thread_name_prefix="envforge-sandbox")
@@ -132,6 +142,8 @@ class SandboxOptions:
                 "/run/envforge": f"rw,exec,nosuid,nodev,size=64m,{uid},mode=0700",
                 "/run/envforge-agent": f"rw,noexec,nosuid,nodev,size={lim.workspace_mb}m,mode=0700",
                 "/run/envforge-bin": "rw,exec,nosuid,nodev,size=16m,mode=0755",
+                # Root-owned: what the grader installs here (verifier files, runners) is read-only to commands.
+                "/run/envforge-verifier": "rw,exec,nosuid,nodev,size=64m,mode=0755",
             },
             mem_limit=f"{lim.memory_mb}m",
             memswap_limit=f"{lim.memory_mb}m",
@@ -440,23 +452,73 @@ class Sandbox:
             self.exec(f"rm -f {path}", timeout_s=30, workdir="/")
         raise ValueError("patch does not apply: " + " | ".join(errors))
 
-    def diff(self) -> str:
+    def diff(self, kill_processes: bool = True) -> str:
         """The workspace's changes against the task's initial state, as a binary-safe git patch.
 
         Computed against the read-only copy of the initial commit in the image, with a private
         index and object store in /tmp, so nothing the policy did to /workspace/.git can hide
-        or forge changes. Files matched by the task's own .gitignore are left out.
+        or forge changes, and user/system git config is ignored (no external diff drivers,
+        no textconv). By default every sandbox process is killed first, so a background job
+        cannot write into git's output: take the diff at the end of an episode. Files matched
+        by the task's own .gitignore are left out.
         """
-        script = (
-            "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; mkdir \"$t/objects\"; "
-            f"export GIT_DIR={TEMPLATE_DIR}/.git GIT_WORK_TREE={WORKSPACE} GIT_INDEX_FILE=\"$t/index\" "
-            f"GIT_OBJECT_DIRECTORY=\"$t/objects\" GIT_ALTERNATE_OBJECT_DIRECTORIES={TEMPLATE_DIR}/.git/objects; "
-            f"cp {TEMPLATE_DIR}/.git/index \"$t/index\"; git add -A; git diff --cached --binary HEAD"
-        )
-        res = self.exec(script, timeout_s=120, output_cap=256 << 20)
+        if kill_processes:
+            self.kill_processes()  # nothing left running can write into git's output
+        res = self.exec(_PRIVATE_GIT + "git add -A && git diff --cached --binary --no-ext-diff --no-textconv HEAD",
+                        timeout_s=120, output_cap=DIFF_CAP)
         if res.exit_code != 0:
             raise InfraError("diff_failed", res.err_text()[-300:])
+        if res.stdout_truncated:
+            raise InfraError("diff_too_large", f"the workspace diff is over {DIFF_CAP >> 20} MiB")
         return res.stdout.decode("utf-8", errors="surrogateescape")
+
+    def changed_paths(self) -> list[str]:
+        """Workspace paths that differ from the task's initial state (added, modified, deleted, type-changed)."""
+        res = self.exec(_PRIVATE_GIT + "git add -A && git diff --cached --no-renames --name-only -z HEAD",
+                        timeout_s=120, output_cap=DIFF_CAP)
+        if res.exit_code != 0:
+            raise InfraError("diff_failed", res.err_text()[-300:])
+        return [p for p in res.stdout.decode("utf-8", errors="surrogateescape").split("\0") if p]
+
+    def restore_paths(self, paths: list[str]) -> None:
+        """Put paths back as they are in the task's initial state (removed if they did not exist)."""
+        if not paths:
+            return
+        lines = "\n".join(paths)
+        script = (f"while IFS= read -r p; do rm -rf -- \"{WORKSPACE}/$p\"; "
+                  f"if [ -e \"{TEMPLATE_DIR}/$p\" ] || [ -L \"{TEMPLATE_DIR}/$p\" ]; then "
+                  f"mkdir -p \"$(dirname \"{WORKSPACE}/$p\")\" && cp -a \"{TEMPLATE_DIR}/$p\" \"{WORKSPACE}/$p\"; fi; "
+                  f"done")
+        res = self.exec(script, stdin=(lines + "\n").encode(), timeout_s=120, workdir="/")
+        if res.exit_code != 0:
+            raise InfraError("restore_failed", res.err_text()[-300:])
+
+    def restore_git_dir(self) -> None:
+        """Replace /workspace/.git with the image's pristine copy (a diff may have written into it)."""
+        res = self.exec(f"rm -rf {WORKSPACE}/.git && cp -a {TEMPLATE_DIR}/.git {WORKSPACE}/.git", timeout_s=120,
+                        workdir="/")
+        if res.exit_code != 0:
+            raise InfraError("restore_failed", res.err_text()[-300:])
+
+    def install_files(self, dest: str, files: Mapping[str, bytes], mode: int = 0o644) -> None:
+        """Write files as root under /run/envforge-verifier: commands can read and run them, not change them."""
+        if not self.agent_alive:
+            raise InfraError("agent_unavailable", "installing grader files needs the in-sandbox agent")
+        payload = {rel: base64.b64encode(data).decode() for rel, data in files.items()}
+        msg = self._agent({"op": "install", "dest": dest, "files": payload, "mode": mode}, 120)
+        if not msg.get("ok"):
+            raise InfraError("install_failed", msg.get("error", ""))
+
+    def kill_processes(self) -> int:
+        """SIGKILL every process of the sandbox user (background jobs included); returns how many."""
+        if not self.agent_alive:
+            self._raw_docker_exec(["/bin/sh", "-c", "for i in 1 2 3 4 5; do kill -9 -1 2>/dev/null; done; true"],
+                                  None, BASE_ENV, "/", 60, DEFAULT_OUTPUT_CAP)
+            return 0
+        msg = self._agent({"op": "kill"}, 60)
+        if not msg.get("ok"):
+            raise InfraError("kill_failed", msg.get("error", ""))
+        return int(msg.get("killed", 0))
 
     # -- snapshots -----------------------------------------------------------------------
 

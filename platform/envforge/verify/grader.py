@@ -20,7 +20,7 @@ from envforge.sandbox.container import Sandbox, SandboxOptions
 from envforge.sandbox.pool import SandboxPool
 from envforge.task import Task
 from envforge.verify.checkpoints import install_verifier_files, run_shell_checkpoint, run_tests
-from envforge.verify.protect import filter_diff, protected_globs
+from envforge.verify.protect import filter_diff, matches, protected_globs
 from envforge.verify.result import VerificationResult
 
 PURGE_CACHES = ("find . -name __pycache__ -type d -prune -exec rm -rf {} + ; "
@@ -60,7 +60,10 @@ class Grader:
             method, tests, checkpoints, failures = self._grade_in(sandbox, task, kept, shuffle_seed)
         finally:
             self.pool.release(sandbox)
-        reasons += failures
+        late = [f for f in failures if f.startswith("protected_path_modified:")]
+        failures = [f for f in failures if not f.startswith("protected_path_modified:")]
+        reasons += [r for r in late if r not in reasons] + failures
+        touched = touched or [r.split(":", 1)[1] for r in late]
         zeroed = bool(touched) and verification.zero_reward_on_protected_change
         resolved = not failures and not zeroed
         if verification.partial_credit and not zeroed and method is not None:
@@ -74,12 +77,20 @@ class Grader:
 
     def _grade_in(self, sb: Sandbox, task: Task, diff: str, shuffle_seed: int | None):
         method = "empty"
+        failures: list[str] = []
         if diff.strip():
             try:
                 method = sb.apply_patch(diff)
             except ValueError:
                 return None, {}, [], ["patch_failed"]
-        failures: list[str] = []
+            # The guard that does not depend on parsing the diff: whatever the applied diff
+            # changed in the tree, protected paths go back to their initial state, and so
+            # does .git (a `patch` fallback can write into it).
+            sb.restore_git_dir()
+            touched = [p for p in sb.changed_paths() if matches(p, protected_globs(task))]
+            if touched:
+                sb.restore_paths(touched)
+                failures += [f"protected_path_modified:{p}" for p in touched]
         if task.test_patch:
             try:
                 sb.apply_patch(task.test_patch)

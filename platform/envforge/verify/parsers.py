@@ -1,7 +1,7 @@
 """Turning a test run into per-test statuses, for every supported framework.
 
-pytest (JUnit XML) and unittest (our runner's JSON lines) are read from the report pipe on
-fd 3, which no file in the sandbox can replace. TAP and line patterns are read from the test
+pytest (our reporter plugin) and unittest (our runner) write JSON lines to the report pipe,
+which no file in the sandbox can replace; JUnit XML parsing is kept for importing results. TAP and line patterns are read from the test
 command's stdout: the test binary's own output is trusted there (see docs/verification.md).
 """
 
@@ -23,20 +23,33 @@ def _merge(statuses: dict[str, TestStatus], test_id: str, status: TestStatus) ->
         statuses[test_id] = status
 
 
-def parse_unittest_lines(text: str | bytes) -> dict[str, TestStatus]:
+class ReportIncomplete(ReportError):
+    """The run did not end normally (no closing line): nothing in it can be trusted."""
+
+
+def parse_report_lines(text: str | bytes, require_finished: bool = True) -> dict[str, TestStatus]:
+    """JSON lines from envforge's runners: {"id", "status"} per test, then {"finished": true}."""
     statuses: dict[str, TestStatus] = {}
     raw = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+    finished = False
     for n, line in enumerate(raw.splitlines(), start=1):
         if not line.strip():
             continue
+        if finished:
+            raise ReportError(f"report line {n} comes after the closing line")
         try:
             rec = json.loads(line)
+            if rec.get("finished") is True:
+                finished = True
+                continue
             test_id, status = str(rec["id"]), rec["status"]
-        except (ValueError, KeyError, TypeError):
-            raise ReportError(f"unittest report line {n} is not a JSON record") from None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ReportError(f"report line {n} is not a JSON record") from None
         if status not in _WORSE:
-            raise ReportError(f"unittest report line {n}: unknown status {status!r}")
+            raise ReportError(f"report line {n}: unknown status {status!r}")
         _merge(statuses, test_id, status)
+    if require_finished and not finished:
+        raise ReportIncomplete("the test run did not finish normally (no closing line)")
     return statuses
 
 
@@ -74,4 +87,5 @@ def parse_pattern(text: str, pattern: str) -> dict[str, TestStatus]:
     return statuses
 
 
-__all__ = ["ReportError", "TestStatus", "parse_junit", "parse_unittest_lines", "parse_tap", "parse_pattern"]
+__all__ = ["ReportError", "ReportIncomplete", "TestStatus", "parse_junit", "parse_report_lines", "parse_tap",
+           "parse_pattern"]

@@ -66,6 +66,11 @@ class DiffSection:
     paths: list[str] = field(default_factory=list)
 
 
+_GIT_EXTENDED = ("old mode ", "new mode ", "deleted file mode ", "new file mode ", "copy from ", "copy to ",
+                 "rename from ", "rename to ", "similarity index ", "dissimilarity index ", "index ", "--- ",
+                 "+++ ", "Binary files ", "GIT binary patch")
+
+
 def _plain_path(header_line: str) -> str | None:
     """The path of a `--- a/x` / `+++ b/x` line (None for /dev/null); timestamps after a tab dropped."""
     path = header_line[4:].split("\t", 1)[0].strip()
@@ -95,8 +100,8 @@ def split_diff(diff: str) -> list[DiffSection]:
             paths = {p for p in (_plain_path(line), _plain_path(nxt)) if p}
             sections.append(DiffSection(line, sorted(paths)))
             continue
-        if line.startswith("@@"):
-            in_git_header = False
+        if in_git_header and not line.startswith(_GIT_EXTENDED) :
+            in_git_header = False  # the extended header ends at the first line that is not one of its own
         if sections:
             sections[-1].text += line
             for prefix in ("rename from ", "rename to ", "copy from ", "copy to "):
@@ -105,11 +110,20 @@ def split_diff(diff: str) -> list[DiffSection]:
     return sections
 
 
+def _never_allowed(path: str) -> bool:
+    parts = path.split("/")
+    return ".git" in parts or ".." in parts or path.startswith("/")
+
+
 def filter_diff(diff: str, globs: list[str]) -> tuple[str, list[str]]:
-    """(the diff without sections touching protected paths, the protected paths it touched)."""
+    """(the diff without sections touching protected paths, the protected paths it touched).
+
+    A first line of defence only: the grader also checks the tree after applying (a diff can
+    be crafted to hide a section from any parser), see grader.py.
+    """
     kept, dropped = [], []
     for section in split_diff(diff):
-        hit = [p for p in section.paths if matches(p, globs)]
+        hit = [p for p in section.paths if matches(p, globs) or _never_allowed(p)]
         if hit:
             dropped.extend(hit)
         else:

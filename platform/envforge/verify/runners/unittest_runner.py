@@ -1,15 +1,21 @@
-"""Run unittest test ids and write one JSON line per test to fd 3 (the agent's report pipe).
+"""Run unittest test ids and write one JSON line per test to the agent's report pipe.
 
-Usage (in the grading sandbox): python3 unittest_runner.py ID [ID ...]
-An id that cannot be loaded is reported as an error, never as a pass.
+Usage (in the grading sandbox): python3 -P unittest_runner.py ID [ID ...]
+The pipe arrives on fd 3 and is moved to an unpredictable descriptor before any test code is
+imported. An id that cannot be loaded is reported as an error, never as a pass, and only a
+run that ends normally writes the closing `{"finished": true}` line.
 """
 
+import fcntl
 import json
 import os
+import random
 import sys
 import unittest
 
-out = os.fdopen(3, "w", buffering=1)
+_fd = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, random.randint(300, 900))
+os.close(3)
+out = os.fdopen(_fd, "w", buffering=1)
 
 
 def emit(test_id, status):
@@ -38,7 +44,7 @@ class Result(unittest.TestResult):
         emit(test.id(), "failed")
 
 
-sys.path.insert(0, os.getcwd())
+sys.path.append(os.getcwd())  # after the stdlib: a workspace module cannot shadow one
 loader = unittest.TestLoader()
 for test_id in sys.argv[1:]:
     try:
@@ -47,4 +53,5 @@ for test_id in sys.argv[1:]:
         emit(test_id, "error")
         continue
     suite.run(Result())
+out.write(json.dumps({"finished": True}) + "\n")
 out.close()

@@ -1,0 +1,192 @@
+"""Runbooks (Markdown) as tasks.
+
+A runbook is the text an operator follows to fix a broken system. The format adds just
+enough structure to build and verify it (see docs/runbooks.md):
+
+    ---                         YAML front matter: id (required), tags, max_turns, limits
+    id: rb-log-rotation
+    ---
+    # Title and free text       everything outside the sections below is the instruction
+    ## Setup                    fenced shell block(s): puts the workspace into the broken state
+    ## Files                    `### path` headings, each followed by one fenced block: file contents
+    ## Checks                   one fenced YAML block: a list of {name, run, expect_exit, stdout}
+    ## Solution                 fenced shell block(s): the reference solution
+
+Files and setup run at image build time, in /workspace. Checks run after the policy is done,
+as shell checkpoints on a pristine copy with the policy's diff applied.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Iterable
+
+import yaml
+from pydantic import ValidationError
+
+from envforge.errors import Problem, SpecError
+from envforge.sources.result import LoadResult
+from envforge.sources.specs import _pydantic_problems
+from envforge.task import Task, TaskSpec
+
+SECTIONS = ("setup", "files", "checks", "solution")
+_FENCE = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
+_H2 = re.compile(r"^## +(.+?)\s*$", re.MULTILINE)
+_H3 = re.compile(r"^### +(.+?)\s*$", re.MULTILINE)
+
+
+def _front_matter(text: str, src: str) -> tuple[dict, str]:
+    if not text.startswith("---\n"):
+        raise SpecError([Problem(src, "front matter", "a runbook starts with YAML front matter between '---' "
+                                                       "lines (at least `id:`)")])
+    end = text.find("\n---", 4)
+    if end < 0:
+        raise SpecError([Problem(src, "front matter", "front matter is not closed by a '---' line")])
+    try:
+        meta = yaml.safe_load(text[4:end]) or {}
+    except yaml.YAMLError as exc:
+        raise SpecError([Problem(src, "front matter", f"not valid YAML: {exc}")]) from None
+    if not isinstance(meta, dict):
+        raise SpecError([Problem(src, "front matter", "must be a YAML mapping")])
+    return meta, text[end + 4:].lstrip("\n")
+
+
+def _sections(body: str) -> tuple[str, dict[str, str]]:
+    """(instruction text, {section name: raw text}) for the known ## sections."""
+    heads = list(_H2.finditer(body))
+    instruction = body[: heads[0].start()] if heads else body
+    found: dict[str, str] = {}
+    for i, h in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(body)
+        name = h.group(1).strip().lower()
+        if name in SECTIONS:
+            found[name] = body[h.end(): end]
+        else:  # any other section is part of what the operator reads
+            instruction += body[h.start(): end]
+    return instruction.strip() + "\n", found
+
+
+def _blocks(text: str) -> list[str]:
+    return [m.group(1) for m in _FENCE.finditer(text)]
+
+
+def _files(section: str, src: str) -> tuple[list[str], list[Problem]]:
+    """Setup commands that write each `### path` file (heredocs), and problems."""
+    commands, problems = [], []
+    heads = list(_H3.finditer(section))
+    for i, h in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(section)
+        path = h.group(1).strip().strip("`")
+        blocks = _blocks(section[h.end(): end])
+        if path.startswith("/") or ".." in Path(path).parts:
+            problems.append(Problem(src, f"Files.{path}", "paths are relative to /workspace and stay inside it"))
+            continue
+        if len(blocks) != 1:
+            problems.append(Problem(src, f"Files.{path}", f"expected exactly one fenced block, found {len(blocks)}"))
+            continue
+        marker = "ENVFORGE_RUNBOOK_EOF"
+        if marker in blocks[0]:
+            problems.append(Problem(src, f"Files.{path}", f"content may not contain {marker}"))
+            continue
+        q = shlex.quote(path)
+        commands.append(f"mkdir -p \"$(dirname {q})\" && cat > {q} <<'{marker}'\n{blocks[0]}{marker}")
+    return commands, problems
+
+
+def load_runbook(path: Path) -> Task:
+    """Parse and validate one runbook into a resolved Task, or raise SpecError with every problem."""
+    path = Path(path).resolve()
+    src = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([Problem(src, "", f"cannot read file: {exc}")]) from None
+    meta, body = _front_matter(text, src)
+    instruction, sections = _sections(body)
+    problems: list[Problem] = []
+    setup: list[str] = []
+    if "files" in sections:
+        file_cmds, file_problems = _files(sections["files"], src)
+        setup += file_cmds
+        problems += file_problems
+    setup += [b for b in _blocks(sections.get("setup", "")) if b.strip()]
+    checks: object = []
+    check_blocks = _blocks(sections.get("checks", ""))
+    if "checks" not in sections or not check_blocks:
+        problems.append(Problem(src, "Checks", "a runbook needs a '## Checks' section with a fenced YAML list of "
+                                               "checkpoints (name, run, expect_exit, stdout)"))
+    else:
+        try:
+            checks = yaml.safe_load(check_blocks[0]) or []
+        except yaml.YAMLError as exc:
+            problems.append(Problem(src, "Checks", f"not valid YAML: {exc}"))
+        if not isinstance(checks, list) or not checks:
+            problems.append(Problem(src, "Checks", "must be a non-empty YAML list of checkpoints"))
+            checks = []
+    solution = [b for b in _blocks(sections.get("solution", "")) if b.strip()]
+    if not solution:
+        problems.append(Problem(src, "Solution", "a runbook needs a '## Solution' section with a fenced shell block"))
+    if problems:
+        raise SpecError(problems)
+    renamed = []
+    for c in checks:
+        if isinstance(c, dict) and "stdout" in c:
+            c = {**{k: v for k, v in c.items() if k != "stdout"}, "stdout_pattern": c["stdout"]}
+        renamed.append(c)
+    environment = {"image": "base", "setup": setup}
+    if "limits" in meta:
+        environment["limits"] = meta.pop("limits")
+    data = {
+        "id": meta.pop("id", None), "source": "runbook", "instruction": instruction,
+        "environment": environment, "verification": {"checkpoints": renamed},
+        "reference_solution": {"commands": ["\n".join(solution)]},
+        "max_turns": meta.pop("max_turns", 30), "tags": meta.pop("tags", []),
+        "metadata": {"runbook": path.name, **meta.pop("metadata", {})},
+    }
+    if meta:
+        raise SpecError([Problem(src, f"front matter.{k}", "unknown field (allowed: id, tags, max_turns, limits, "
+                                                           "metadata)") for k in sorted(meta)])
+    try:
+        spec = TaskSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_pydantic_problems(src, err)) from None
+    task = Task(spec=spec, origin=src, base_dir=str(path.parent), workspace_digest="runbook")
+    return task.model_copy(update={"content_hash": task.compute_content_hash()})
+
+
+def is_runbook(path: Path) -> bool:
+    """A Markdown file that opens with front matter (so a task's own README.md is never one)."""
+    if path.suffix != ".md":
+        return False
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.readline().rstrip("\n") == "---"
+    except OSError:
+        return False
+
+
+def load_runbooks(paths: Iterable[Path]) -> LoadResult:
+    """Every runbook (a .md file opening with front matter) under the paths; bad ones become rejects."""
+    result = LoadResult()
+    seen: dict[str, str] = {}
+    for p in paths:
+        p = Path(p)
+        files = sorted(f for f in p.rglob("*.md") if is_runbook(f)) if p.is_dir() else [p]
+        if not p.exists():
+            result.rejects.append(Problem(str(p), "", "no such file or directory"))
+            continue
+        for f in files:
+            try:
+                task = load_runbook(f)
+            except SpecError as exc:
+                result.rejects.extend(exc.problems)
+                continue
+            if task.id in seen:
+                result.rejects.append(Problem(task.origin, "id", f"duplicate task id {task.id!r}, first defined in "
+                                                                 f"{seen[task.id]}"))
+                continue
+            seen[task.id] = task.origin
+            result.tasks.append(task)
+    return result
