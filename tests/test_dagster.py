@@ -56,10 +56,10 @@ def test_materialize_first_assets_in_process(settings, docker_client):
     assert checks == {"task_specs_schema": True, "environment_images_complete": True, "quarantine_rate": True,
                       "no_contaminated_task_remains": True, "splits_leak_free": True}
     quality_md = result.asset_materializations_for_node("decontaminated_tasks")[0].metadata
-    assert quality_md["clean"].value == 4 and quality_md["contaminated"].value == 0
+    assert quality_md["clean"].value == 8 and quality_md["contaminated"].value == 0
     assert quality_md["index_docs_added"].value == 164  # HumanEval, indexed once
     gate_md = result.asset_materializations_for_node("validated_tasks")[0].metadata
-    assert gate_md["accepted"].value == 4 and gate_md["quarantined"].value == 0
+    assert gate_md["accepted"].value == 8 and gate_md["quarantined"].value == 0
     assert gate_md["chart"].value.startswith("![flake_report.png](data:image/png;base64,")
     specs_md = result.asset_materializations_for_node("task_specs")[0].metadata
     assert specs_md["valid"].value >= 3 and specs_md["rejected"].value == 0
