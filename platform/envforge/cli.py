@@ -368,6 +368,22 @@ def taskset_lineage(version: str, data_dir: Optional[Path] = DataDir) -> None:
         _fail(exc)
 
 
+@taskset_app.command("export-swebench")
+def taskset_export_swebench(version: str, path: Path, data_dir: Optional[Path] = DataDir) -> None:
+    """Write a task-set version's test-verified tasks as SWE-bench instances (JSONL)."""
+    from envforge.catalog import Catalog
+    from envforge.sources.swebench import export_swebench
+    from envforge.task import Task
+
+    cat = Catalog(_settings(data_dir).catalog_path)
+    try:
+        frame = cat.task_set_frame(_version(cat, version))
+    except (EnvforgeError, KeyError) as exc:
+        _fail(exc)
+    n = export_swebench([Task.model_validate_json(j) for j in frame["task_json"]], path)
+    out.print(f"{n} instance(s) written to {path}")
+
+
 @taskset_app.command("diff")
 def taskset_diff(old: str, new: str, data_dir: Optional[Path] = DataDir) -> None:
     """Tasks added, removed and changed between two task-set versions."""

@@ -9,14 +9,22 @@ __all__ = ["LoadResult", "discover_spec_files", "load_spec_file", "load_specs", 
 
 
 def load_sources(paths) -> dict[str, LoadResult]:
-    """Every supported source under the paths, by kind: YAML specs (task.yaml) and runbooks (.md)."""
+    """Every supported source under the paths, by kind: YAML specs (task.yaml), runbooks (.md with
+    front matter) and SWE-bench instances (.jsonl given directly or beside a swebench.yaml)."""
     from pathlib import Path
+
+    from envforge.sources.swebench import load_swebench
 
     paths = [Path(p) for p in paths]
     specs = [p for p in paths if p.is_dir() or not p.exists() or p.suffix in (".yaml", ".yml")]
     runbooks = [p for p in paths if p.is_dir() or p.suffix == ".md"]
+    # SWE-bench JSONL: given directly, or found beside a swebench.yaml repository map.
+    instances = [p for p in paths if p.suffix == ".jsonl"]
+    for d in (p for p in paths if p.is_dir()):
+        instances += sorted(f for sidecar in d.rglob("swebench.yaml") for f in sidecar.parent.glob("*.jsonl"))
     out = {"spec": load_specs(specs) if specs else LoadResult()}
-    found = load_runbooks(runbooks) if runbooks else LoadResult()
-    if found.tasks or found.rejects:
-        out["runbook"] = found
+    for kind, found in (("runbook", load_runbooks(runbooks) if runbooks else LoadResult()),
+                        ("swebench", load_swebench(instances) if instances else LoadResult())):
+        if found.tasks or found.rejects:
+            out[kind] = found
     return out

@@ -1,0 +1,119 @@
+"""SWE-bench instances against a local git repository: history scrubbed, test patch held back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from envforge.sandbox.images import build_task_image
+from envforge.sources.swebench import export_swebench, load_swebench
+
+BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
+FIXED = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+OLD_TESTS = "from calc import mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
+NEW_TESTS = OLD_TESTS + "\n\ndef test_add():\n    from calc import add\n    assert add(2, 3) == 5\n"
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def instance(tmp_path: Path) -> Path:
+    repo = tmp_path / "calc-repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "calc.py").write_text(BUGGY)
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_calc.py").write_text(OLD_TESTS)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    base = git(repo, "rev-parse", "HEAD")
+    (repo / "calc.py").write_text(FIXED)
+    patch = git(repo, "diff") + "\n"
+    (repo / "tests" / "test_calc.py").write_text(NEW_TESTS)
+    test_patch = git(repo, "diff", "--", "tests") + "\n"
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "fix add: SECRET-FIX-MARKER")
+    git(repo, "tag", "v1-fixed")
+    data = tmp_path / "instances"
+    data.mkdir()
+    (data / "swebench.yaml").write_text(f"repos:\n  acme/calc: {repo}\n")
+    rec = {"repo": "acme/calc", "instance_id": "acme__calc-1", "base_commit": base, "patch": patch,
+           "test_patch": test_patch, "problem_statement": "add() subtracts instead of adding; fix it.",
+           "FAIL_TO_PASS": json.dumps(["tests/test_calc.py::test_add"]),
+           "PASS_TO_PASS": json.dumps(["tests/test_calc.py::test_mul"]), "version": "1.0"}
+    bad = [{k: v for k, v in rec.items() if k != "patch"} | {"instance_id": "missing-patch"},
+           rec | {"instance_id": "ghost", "base_commit": "0" * 40},
+           rec | {"instance_id": "no-apply", "patch": patch.replace("return a - b", "return a / b")},
+           rec | {"instance_id": "unknown-repo", "repo": "acme/other"}]
+    (data / "instances.jsonl").write_text("\n".join(json.dumps(r) for r in [rec, *bad]) + "\nnot json\n")
+    return data
+
+
+def test_instances_become_tasks_and_bad_records_are_rejected(instance):
+    result = load_swebench([instance])
+    assert [t.id for t in result.tasks] == ["acme__calc-1"]
+    task = result.tasks[0]
+    assert task.spec.source == "swebench" and task.spec.verification.tests.fail_to_pass == ["tests/test_calc.py::test_add"]
+    assert "test_add" in task.test_patch and "return a + b" in task.reference_patch
+    reasons = {(p.source.rsplit(":", 1)[1], p.field): p.reason for p in result.rejects}
+    assert reasons[("2", "patch")] == "required field is missing"
+    assert "not found" in reasons[("3", "base_commit")]
+    assert "does not apply" in reasons[("4", "patch")]
+    assert "no local repository" in reasons[("5", "repo")]
+    assert "not a JSON record" in reasons[("6", "")]
+
+
+def test_export_round_trips(instance, tmp_path):
+    tasks = load_swebench([instance]).tasks
+    out = tmp_path / "export.jsonl"
+    assert export_swebench(tasks, out) == 1
+    rec = json.loads(out.read_text())
+    assert rec["instance_id"] == "acme__calc-1" and json.loads(rec["FAIL_TO_PASS"]) == ["tests/test_calc.py::test_add"]
+    assert rec["patch"] == tasks[0].reference_patch and rec["test_patch"] == tasks[0].test_patch
+
+
+@pytest.mark.docker
+def test_history_is_scrubbed_and_the_instance_grades(instance, docker_client, base_image, grader, settings):
+    from envforge.sandbox.container import Sandbox
+
+    task = load_swebench([instance]).tasks[0]
+    image = build_task_image(docker_client, task, base_image, settings).tag
+    with Sandbox.start(docker_client, image) as sb:
+        log = sb.exec("git log --all --oneline | wc -l; git tag; git branch -a; git reflog | wc -l").text().split()
+        assert log[0] == "1"  # one commit: the initial state
+        assert "v1-fixed" not in log
+        leak = sb.exec("git log --all -p | grep -c SECRET-FIX-MARKER; git grep -c 'a + b' $(git rev-list --all)")
+        assert leak.text().split()[0] == "0"
+        assert "test_add" not in sb.read_file("/workspace/tests/test_calc.py").decode()  # test patch held back
+    ref = grader.grade(task, image, task.reference_patch)
+    assert ref.resolved and ref.tests == {"tests/test_calc.py::test_add": "passed",
+                                          "tests/test_calc.py::test_mul": "passed"}, ref.reasons
+    empty = grader.grade(task, image, "")
+    assert not empty.resolved and "test_failed:tests/test_calc.py::test_add" in empty.reasons
+
+
+def test_ingest_finds_instances_beside_a_repo_map_and_exports_a_task_set(instance, tmp_path):
+    from envforge.catalog import Catalog
+    from envforge.config import Settings
+    from envforge.pipeline import ingest
+
+    settings = Settings.from_env().with_data_dir(tmp_path / "data")
+    result, summary = ingest(settings, [instance])
+    assert [t.id for t in result.tasks] == ["acme__calc-1"] and summary.rejected == 5
+    cat = Catalog(settings.catalog_path)
+    assert set(cat.rejects()["source_kind"]) == {"swebench"}
+    version = cat.create_task_set("swe", result.tasks, {})
+    out = tmp_path / "out.jsonl"
+    env = {**__import__("os").environ, "ENVFORGE_DATA_DIR": str(settings.data_dir)}
+    import sys
+    cli = str(Path(sys.executable).with_name("envforge"))
+    proc = subprocess.run([cli, "taskset", "export-swebench", version[:12], str(out)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["instance_id"] == "acme__calc-1"
