@@ -117,3 +117,17 @@ def test_ingest_finds_instances_beside_a_repo_map_and_exports_a_task_set(instanc
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["instance_id"] == "acme__calc-1"
+
+
+def test_a_bundle_file_works_as_the_repository(instance, tmp_path):
+    repo = tmp_path / "calc-repo"
+    bundle = tmp_path / "calc.bundle"
+    git(repo, "bundle", "create", str(bundle), "--all")
+    (instance / "swebench.yaml").write_text(f"repos:\n  acme/calc: {bundle}\n")
+    result = load_swebench([instance])
+    assert [t.id for t in result.tasks] == ["acme__calc-1"] and result.rejects[0].field == "patch"
+    from envforge.sources.swebench import materialize_repo
+
+    cloned = materialize_repo(bundle)
+    assert (cloned / "HEAD").exists()
+    assert result.tasks[0].spec.environment.repository.path == str(cloned)
