@@ -253,13 +253,17 @@ class Catalog:
              "params_json": params_json, "mlflow_run_id": mlflow_run_id, "dagster_run_id": dagster_run_id,
              "created_at": at} for r in reports])})
 
+    def _latest_per_current_task(self, table: str) -> pl.DataFrame:
+        """The newest row of `table` for each current task version."""
+        return self.query(f"""
+            SELECT x.* EXCLUDE (rn) FROM (
+                SELECT *, row_number() OVER (PARTITION BY content_hash ORDER BY created_at DESC) AS rn
+                FROM {table}) x JOIN current_tasks t USING (content_hash)
+            WHERE rn = 1 ORDER BY x.task_id""")
+
     def latest_validations(self) -> pl.DataFrame:
         """The most recent verdict per current task version."""
-        return self.query("""
-            SELECT v.* EXCLUDE (rn) FROM (
-                SELECT *, row_number() OVER (PARTITION BY content_hash ORDER BY created_at DESC) AS rn
-                FROM validations) v JOIN current_tasks t USING (content_hash)
-            WHERE rn = 1 ORDER BY v.task_id""")
+        return self._latest_per_current_task("validations")
 
     def record_quality(self, rows: list[dict], params: dict) -> None:
         """Store decontamination/dedup verdicts (dicts with the QualityRow fields but params/created_at)."""
@@ -269,11 +273,7 @@ class Catalog:
 
     def latest_quality(self) -> pl.DataFrame:
         """The most recent quality verdict per current task version."""
-        return self.query("""
-            SELECT q.* EXCLUDE (rn) FROM (
-                SELECT *, row_number() OVER (PARTITION BY content_hash ORDER BY created_at DESC) AS rn
-                FROM quality) q JOIN current_tasks t USING (content_hash)
-            WHERE rn = 1 ORDER BY q.task_id""")
+        return self._latest_per_current_task("quality")
 
     def clean_tasks(self) -> list[Task]:
         """Current tasks that are neither contaminated nor a removed duplicate (unchecked ones count as clean)."""

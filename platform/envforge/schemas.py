@@ -14,7 +14,16 @@ TASK_ID = r"^[a-z0-9][a-z0-9._-]{1,79}$"
 SHA256 = r"^[0-9a-f]{64}$"
 
 
-class TaskRow(pa.DataFrameModel):
+class _Table(pa.DataFrameModel):
+    """Every catalog table: exactly these columns, in this order."""
+
+    class Config:
+        strict = True
+        ordered = True
+
+
+
+class TaskRow(_Table):
     content_hash: str = pa.Field(str_matches=SHA256, unique=True)
     task_id: str = pa.Field(str_matches=TASK_ID)
     source: str = pa.Field(str_length={"min_value": 1})
@@ -30,12 +39,9 @@ class TaskRow(pa.DataFrameModel):
     ingested_at: datetime
     batch_id: str
 
-    class Config:
-        strict = True
-        ordered = True
 
 
-class RejectRow(pa.DataFrameModel):
+class RejectRow(_Table):
     batch_id: str
     source_kind: str
     source: str = pa.Field(str_length={"min_value": 1})
@@ -43,12 +49,9 @@ class RejectRow(pa.DataFrameModel):
     reason: str = pa.Field(str_length={"min_value": 1})
     rejected_at: datetime
 
-    class Config:
-        strict = True
-        ordered = True
 
 
-class ImageRow(pa.DataFrameModel):
+class ImageRow(_Table):
     task_id: str = pa.Field(str_matches=TASK_ID)
     content_hash: str = pa.Field(str_matches=SHA256)
     image: str = pa.Field(str_matches=r"^[a-z0-9./_-]+:[A-Za-z0-9._-]+$")
@@ -57,12 +60,9 @@ class ImageRow(pa.DataFrameModel):
     size_mb: float = pa.Field(ge=0, nullable=True)
     built_at: datetime
 
-    class Config:
-        strict = True
-        ordered = True
 
 
-class RunRow(pa.DataFrameModel):
+class RunRow(_Table):
     """One graded solution (reference, empty, or a policy's) of one task."""
 
     run_id: str = pa.Field(unique=True)
@@ -81,12 +81,9 @@ class RunRow(pa.DataFrameModel):
     dagster_run_id: str = pa.Field(nullable=True)
     created_at: datetime
 
-    class Config:
-        strict = True
-        ordered = True
 
 
-class ValidationRow(pa.DataFrameModel):
+class ValidationRow(_Table):
     """One flakiness-gate verdict for one task version."""
 
     content_hash: str = pa.Field(str_matches=SHA256)
@@ -104,12 +101,9 @@ class ValidationRow(pa.DataFrameModel):
     dagster_run_id: str = pa.Field(nullable=True)
     created_at: datetime
 
-    class Config:
-        strict = True
-        ordered = True
 
 
-class QualityRow(pa.DataFrameModel):
+class QualityRow(_Table):
     """A task version's decontamination and dedup verdict."""
 
     content_hash: str = pa.Field(str_matches=SHA256)
@@ -126,43 +120,31 @@ class QualityRow(pa.DataFrameModel):
     params_json: str
     created_at: datetime
 
-    class Config:
-        strict = True
-        ordered = True
 
 
-class TaskSetLineageRow(pa.DataFrameModel):
+class TaskSetLineageRow(_Table):
     version: str = pa.Field(str_matches=SHA256)
     parent_version: str = pa.Field(nullable=True)
     sources_json: str
     gates_json: str
     removed_json: str
 
-    class Config:
-        strict = True
-        ordered = True
 
 
-class TaskSetRow(pa.DataFrameModel):
+class TaskSetRow(_Table):
     version: str = pa.Field(str_matches=SHA256)
     name: str = pa.Field(str_length={"min_value": 1})
     n_tasks: int = pa.Field(ge=0)
     params_json: str
     created_at: datetime
 
-    class Config:
-        strict = True
-        ordered = True
 
 
-class TaskSetMemberRow(pa.DataFrameModel):
+class TaskSetMemberRow(_Table):
     version: str = pa.Field(str_matches=SHA256)
     task_id: str = pa.Field(str_matches=TASK_ID)
     content_hash: str = pa.Field(str_matches=SHA256)
 
-    class Config:
-        strict = True
-        ordered = True
 
 
 TABLE_SCHEMAS: dict[str, type[pa.DataFrameModel]] = {

@@ -20,3 +20,12 @@ class LoadResult:
     @property
     def ok(self) -> bool:
         return not self.rejects
+
+    def add_unique(self, task: Task, seen: dict[str, str], field: str = "id") -> None:
+        """Keep the task unless its id was already loaded (then it is a reject naming the first)."""
+        if task.id in seen:
+            self.rejects.append(Problem(task.origin, field, f"duplicate task id {task.id!r}, first defined in "
+                                                            f"{seen[task.id]}"))
+            return
+        seen[task.id] = task.origin
+        self.tasks.append(task)

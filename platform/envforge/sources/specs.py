@@ -176,9 +176,5 @@ def load_specs(paths: Iterable[Path]) -> LoadResult:
         except SpecError as exc:
             result.rejects.extend(exc.problems)
             continue
-        if task.id in seen:
-            result.rejects.append(Problem(task.origin, "id", f"duplicate task id {task.id!r}, first defined in {seen[task.id]}"))
-            continue
-        seen[task.id] = task.origin
-        result.tasks.append(task)
+        result.add_unique(task, seen, "id")
     return result

@@ -166,11 +166,7 @@ def load_swebench(paths: Iterable[Path]) -> LoadResult:
                 except SpecError as exc:
                     result.rejects.extend(exc.problems)
                     continue
-                if task.id in seen:
-                    result.rejects.append(Problem(where, "instance_id", f"duplicate instance, first at {seen[task.id]}"))
-                    continue
-                seen[task.id] = where
-                result.tasks.append(task)
+                result.add_unique(task, seen, "instance_id")
     return result
 
 
