@@ -1,4 +1,4 @@
-"""The envforge code location: assets, checks and resources per pipeline stage."""
+"""The envforge code location: assets, checks, jobs, sensors and resources per pipeline stage."""
 
 import dagster as dg
 
@@ -6,18 +6,22 @@ from assets.defs.environments import assets as environments_assets, checks as en
 from assets.defs.quality import assets as quality_assets, checks as quality_checks
 from assets.defs.resources import default_resources
 from assets.defs.sources import assets as sources_assets, checks as sources_checks
+from assets.defs.sources.sensors import task_sources_sensor
 from assets.defs.verification import assets as verification_assets, checks as verification_checks
 
 main_job = dg.define_asset_job(
-    "main_job", selection=dg.AssetSelection.all(),
-    description="Ingest the specs, decontaminate and dedup them, build their images, and put every task through "
-                "the flakiness gate.",
+    "main_job", selection=dg.AssetSelection.assets(sources_assets.candidate_tasks).downstream(),
+    description="From the live tasks of every source's latest load: decontaminate and dedup them, build their "
+                "images, and put every task through the flakiness gate. Sources are ingested per partition "
+                "(the task_sources_sensor, or a backfill of the *_tasks assets).",
 )
 
 defs = dg.Definitions(
-    assets=dg.load_assets_from_modules([sources_assets, quality_assets, environments_assets, verification_assets]),
-    asset_checks=dg.load_asset_checks_from_modules([sources_checks, quality_checks, environments_checks,
-                                                    verification_checks]),
-    jobs=[main_job],
+    assets=[*sources_assets.source_assets, sources_assets.candidate_tasks,
+            *dg.load_assets_from_modules([quality_assets, environments_assets, verification_assets])],
+    asset_checks=[*sources_checks.reject_rate_checks, sources_checks.candidate_tasks_schema,
+                  *dg.load_asset_checks_from_modules([quality_checks, environments_checks, verification_checks])],
+    jobs=[main_job, *sources_assets.ingest_jobs],
+    sensors=[task_sources_sensor],
     resources=default_resources(),
 )

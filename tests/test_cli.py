@@ -55,7 +55,7 @@ def test_ingest_json_reports_valid_and_rejects(tmp_path):
 def test_demo_runs_the_main_job(tmp_path, docker_client):
     data = tmp_path / "data"
     proc = run(["demo"], data)
-    assert "8/8 tasks verified" in proc.stdout  # 3 specs + 5 runbooks
+    assert "26/26 tasks verified" in proc.stdout  # 3 specs, 5 runbooks, 12 tickets, 3 reviews, 3 SWE-bench
     assert str(data / "catalog.duckdb") in proc.stdout.replace("\n", "")
     listing = json.loads(run(["catalog", "list", "--json"], data).stdout)
     assert all(r["verdict"] == "accepted" and r["reference_passed"] == "5/5" for r in listing)

@@ -13,10 +13,10 @@ import pytest
 from assets.defs.environments.assets import environment_images
 from assets.defs.environments.checks import environment_images_complete
 from assets.defs.resources import default_resources
-from assets.defs.sources.assets import task_specs
+from assets.defs.sources.assets import candidate_tasks, source_assets
 from assets.defs.quality.assets import contamination_report, decontaminated_tasks
 from assets.defs.quality.checks import no_contaminated_task_remains, splits_leak_free
-from assets.defs.sources.checks import task_specs_schema
+from assets.defs.sources.checks import candidate_tasks_schema, reject_rate_checks
 from assets.defs.verification.assets import validated_tasks
 from assets.defs.verification.checks import quarantine_rate
 from tests.conftest import REPO
@@ -37,23 +37,49 @@ def test_definitions_object():
 
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert {"task_specs", "decontaminated_tasks", "contamination_report", "environment_images",
-            "validated_tasks"} <= keys
+    assert {"spec_tasks", "runbook_tasks", "ticket_tasks", "review_tasks", "swebench_tasks", "candidate_tasks",
+            "decontaminated_tasks", "contamination_report", "environment_images", "validated_tasks"} <= keys
     assert defs.resolve_job_def("main_job") is not None
+    for kind in ("spec", "runbook", "ticket", "review", "swebench"):
+        assert defs.resolve_job_def(f"ingest_{kind}_sources").partitions_def.name == f"{kind}_sources"
+    assert defs.resolve_sensor_def("task_sources_sensor") is not None
+
+
+def materialize_sources(instance, resources, roots, kinds=("spec", "runbook")):
+    """Register the sources under the roots as partitions and materialize each one, as the sensor would."""
+    from envforge.sources import discover_sources
+
+    refs, _ = discover_sources(roots)
+    assets = {a.key.to_user_string().removesuffix("_tasks"): a for a in source_assets}
+    checks = {c.check_key.asset_key.to_user_string().removesuffix("_tasks"): c for c in reject_rate_checks}
+    results = []
+    for ref in (r for r in refs if r.kind in kinds):
+        key = ref.key(REPO / "task_sources")
+        instance.add_dynamic_partitions(f"{ref.kind}_sources", [key])
+        results.append(dg.materialize([assets[ref.kind], checks[ref.kind]], partition_key=key, instance=instance,
+                                      resources=resources))
+    return results
 
 
 @pytest.mark.docker
 def test_materialize_first_assets_in_process(settings, docker_client):
+    instance = dg.DagsterInstance.ephemeral()
+    sources = materialize_sources(instance, default_resources(settings),
+                                  [REPO / "task_sources" / "specs", REPO / "task_sources" / "runbooks"])
+    assert all(r.success for r in sources)
+    source_md = [e.materialization.metadata for r in sources for e in r.get_asset_materialization_events()]
+    assert sum(md["valid"].value for md in source_md) == 8 and len(source_md) == 9  # + the bad runbook
+    assert all(e.passed for r in sources for e in r.get_asset_check_evaluations())
     result = dg.materialize(
-        [task_specs, decontaminated_tasks, contamination_report, environment_images, validated_tasks,
-         task_specs_schema, no_contaminated_task_remains, splits_leak_free, environment_images_complete,
+        [candidate_tasks, decontaminated_tasks, contamination_report, environment_images, validated_tasks,
+         candidate_tasks_schema, no_contaminated_task_remains, splits_leak_free, environment_images_complete,
          quarantine_rate],
-        resources=default_resources(settings), instance=dg.DagsterInstance.ephemeral(),
+        resources=default_resources(settings), instance=instance,
         run_config={"ops": {"validated_tasks": {"config": {"runs": 1, "shuffle": False, "probes": True}}}},
     )
     assert result.success
     checks = {e.asset_check_key.name: e.passed for e in result.get_asset_check_evaluations()}
-    assert checks == {"task_specs_schema": True, "environment_images_complete": True, "quarantine_rate": True,
+    assert checks == {"candidate_tasks_schema": True, "environment_images_complete": True, "quarantine_rate": True,
                       "no_contaminated_task_remains": True, "splits_leak_free": True}
     quality_md = result.asset_materializations_for_node("decontaminated_tasks")[0].metadata
     assert quality_md["clean"].value == 8 and quality_md["contaminated"].value == 0
@@ -61,12 +87,69 @@ def test_materialize_first_assets_in_process(settings, docker_client):
     gate_md = result.asset_materializations_for_node("validated_tasks")[0].metadata
     assert gate_md["accepted"].value == 8 and gate_md["quarantined"].value == 0
     assert gate_md["chart"].value.startswith("![flake_report.png](data:image/png;base64,")
-    specs_md = result.asset_materializations_for_node("task_specs")[0].metadata
-    assert specs_md["valid"].value >= 3 and specs_md["rejected"].value == 0
+    candidates_md = result.asset_materializations_for_node("candidate_tasks")[0].metadata
+    assert candidates_md["tasks"].value == 8 and candidates_md["by_kind"].value["runbook"] == 5
     images_md = result.asset_materializations_for_node("environment_images")[0].metadata
     assert set(images_md["images"].value) >= {"inventory-median-even", "ops-service-config", "orders-daily-summary"}
     # Each materialization logged an MLflow run tagged with the Dagster run id.
     mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
     runs = mlflow.search_runs(experiment_names=[settings.mlflow_experiment],
                               filter_string=f"tags.`dagster.run_id` = '{result.run_id}'", output_format="list")
-    assert {r.data.tags["envforge.stage"] for r in runs} == {"ingest", "quality", "images", "validate"}
+    assert {r.data.tags["envforge.stage"] for r in runs} == {"quality", "images", "validate"}
+    for source_run in sources:  # each source partition's ingest is its own Dagster run, tracked too
+        tagged = mlflow.search_runs(experiment_names=[settings.mlflow_experiment], output_format="list",
+                                    filter_string=f"tags.`dagster.run_id` = '{source_run.run_id}'")
+        assert [r.data.tags["envforge.stage"] for r in tagged] == ["ingest"]
+
+
+def test_task_sources_sensor_requests_the_affected_partitions(tmp_path, monkeypatch):
+    """Sensor ticks in-process: every source is new on the first tick, nothing on an idle tick,
+    exactly the edited source after an edit, and a deleted source's partition is dropped."""
+    import json
+    import shutil
+
+    from assets.definitions import defs
+    from assets.defs.sources.sensors import task_sources_sensor
+
+    root = tmp_path / "task_sources"
+    shutil.copytree(REPO / "task_sources" / "runbooks", root / "runbooks")
+    shutil.copytree(REPO / "task_sources" / "specs" / "ops-service-config", root / "specs" / "ops-service-config")
+    shutil.copytree(REPO / "task_sources" / "specs", root / "examples")  # examples/ are not watched
+    monkeypatch.setenv("ENVFORGE_TASK_SOURCES", str(root))
+    monkeypatch.setenv("ENVFORGE_DATA_DIR", str(tmp_path / "data"))
+    instance = dg.DagsterInstance.ephemeral()
+
+    def tick(cursor=None):
+        return task_sources_sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+
+    first = tick()
+    runbooks = sorted(f"runbooks/{p.name}" for p in (root / "runbooks").glob("*.md"))
+    assert sorted(r.partition_key for r in first.run_requests) == sorted(runbooks + ["specs/ops-service-config/task.yaml"])
+    assert {r.job_name for r in first.run_requests} == {"ingest_runbook_sources", "ingest_spec_sources"}
+    added = {req.partitions_def_name: sorted(req.partition_keys) for req in first.dynamic_partitions_requests}
+    assert added == {"runbook_sources": runbooks, "spec_sources": ["specs/ops-service-config/task.yaml"]}
+
+    idle = tick(first.cursor)
+    assert idle.run_requests == [] and idle.dynamic_partitions_requests == []
+
+    edited = root / "runbooks" / "log-rotation.md"
+    edited.write_text(edited.read_text().replace("Rotate", "Please rotate", 1) + "\n")
+    (root / "specs" / "ops-service-config" / "task.yaml").write_text(
+        (root / "specs" / "ops-service-config" / "task.yaml").read_text() + "\n# touched\n")
+    (root / "runbooks" / "cron-backup.md").unlink()
+    after = tick(idle.cursor)
+    assert sorted(r.partition_key for r in after.run_requests) == ["runbooks/log-rotation.md",
+                                                                    "specs/ops-service-config/task.yaml"]
+    [delete] = after.dynamic_partitions_requests
+    assert delete.partitions_def_name == "runbook_sources" and list(delete.partition_keys) == ["runbooks/cron-backup.md"]
+    assert "runbooks/cron-backup.md" not in json.loads(after.cursor)
+
+    # The requested run really ingests that partition.
+    instance.add_dynamic_partitions("runbook_sources", ["runbooks/log-rotation.md"])
+    job = defs.resolve_job_def("ingest_runbook_sources")
+    from envforge.config import Settings
+    run = job.execute_in_process(partition_key="runbooks/log-rotation.md", instance=instance,
+                                 resources=default_resources(Settings.from_env()))
+    assert run.success
+    [event] = run.get_asset_materialization_events()
+    assert event.materialization.metadata["valid"].value == 1

@@ -74,9 +74,11 @@ def test_bad_runbooks_are_rejected_with_the_field(tmp_path, mutate, field, fragm
 
 def test_bundled_runbooks_load(tmp_path):
     result = load_runbooks([RUNBOOKS])
-    assert result.rejects == [] and {t.id for t in result.tasks} >= {"rb-log-rotation"}
+    assert {t.id for t in result.tasks} >= {"rb-log-rotation"} and len(result.tasks) == 5
+    # The bundled deliberately bad runbook (no checks) is the only reject.
+    assert [(Path(p.source).name, p.field) for p in result.rejects] == [("disk-cleanup-no-checks.md", "Checks")]
     mixed = load_runbooks([RUNBOOKS, write(tmp_path, MINIMAL.replace("## Checks", "## Nope"), "bad.md")])
-    assert len(mixed.tasks) == len(result.tasks) and [p.field for p in mixed.rejects] == ["Checks"]
+    assert len(mixed.tasks) == len(result.tasks) and [p.field for p in mixed.rejects] == ["Checks", "Checks"]
 
 
 @pytest.mark.docker

@@ -104,7 +104,8 @@ def test_ingest_finds_instances_beside_a_repo_map_and_exports_a_task_set(instanc
     from envforge.pipeline import ingest
 
     settings = Settings.from_env().with_data_dir(tmp_path / "data")
-    result, summary = ingest(settings, [instance])
+    report = ingest(settings, [instance])
+    result, summary = report.result, report.summary
     assert [t.id for t in result.tasks] == ["acme__calc-1"] and summary.rejected == 5
     cat = Catalog(settings.catalog_path)
     assert set(cat.rejects()["source_kind"]) == {"swebench"}

@@ -16,8 +16,9 @@ def png(path: Path) -> dg.MetadataValue:
 
 
 def problems_table(problems: Iterable[Problem]) -> dg.MetadataValue:
-    rows = ["| source | field | reason |", "|---|---|---|"]
-    rows += [f"| {p.source} | {p.field or '-'} | {p.reason.replace('|', '/')[:300]} |" for p in problems]
+    rows = ["| source | record | field | reason |", "|---|---|---|---|"]
+    rows += [f"| {p.file} | {p.record or '-'} | {p.field or '-'} | {p.reason.replace('|', '/')[:300]} |"
+             for p in problems]
     return dg.MetadataValue.md("\n".join(rows) if len(rows) > 2 else "no problems")
 
 

@@ -68,10 +68,34 @@ CREATE TABLE IF NOT EXISTS task_sets (
 CREATE TABLE IF NOT EXISTS task_set_members (
     version VARCHAR NOT NULL, task_id VARCHAR NOT NULL, content_hash VARCHAR NOT NULL,
     PRIMARY KEY (version, task_id));
+CREATE TABLE IF NOT EXISTS source_loads (
+    source_key VARCHAR NOT NULL, source_kind VARCHAR NOT NULL, batch_id VARCHAR NOT NULL,
+    fingerprint VARCHAR NOT NULL, task_hashes VARCHAR[] NOT NULL, n_rejects BIGINT NOT NULL,
+    loaded_at TIMESTAMP NOT NULL);
+CREATE TABLE IF NOT EXISTS rollout_batches (
+    batch_id VARCHAR NOT NULL, task_set_version VARCHAR NOT NULL, policy_id VARCHAR NOT NULL,
+    location VARCHAR NOT NULL, n_tasks BIGINT NOT NULL, n_samples BIGINT NOT NULL,
+    n_trajectories BIGINT NOT NULL, n_dropped_groups BIGINT NOT NULL, pass_at_1 DOUBLE NOT NULL,
+    metrics_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL);
+CREATE TABLE IF NOT EXISTS task_tiers (
+    version VARCHAR NOT NULL, task_id VARCHAR NOT NULL, content_hash VARCHAR NOT NULL, source VARCHAR NOT NULL,
+    tier VARCHAR NOT NULL, method VARCHAR NOT NULL, solved BIGINT NOT NULL, k BIGINT NOT NULL, score DOUBLE NOT NULL,
+    split VARCHAR NOT NULL, policy_id VARCHAR NOT NULL);
+CREATE OR REPLACE VIEW latest_source_loads AS
+    SELECT * EXCLUDE (rn) FROM (
+        SELECT *, row_number() OVER (PARTITION BY source_key ORDER BY loaded_at DESC, batch_id) AS rn
+        FROM source_loads) WHERE rn = 1;
+-- A task version is live when its source's latest load yielded it; versions stored without a
+-- source load (direct catalog ingests) are live as before.
 CREATE OR REPLACE VIEW current_tasks AS
     SELECT * EXCLUDE (rn) FROM (
         SELECT *, row_number() OVER (PARTITION BY task_id ORDER BY ingested_at DESC, content_hash) AS rn
-        FROM tasks) WHERE rn = 1;
+        FROM tasks
+        WHERE content_hash IN (SELECT unnest(task_hashes) FROM latest_source_loads)
+           OR content_hash NOT IN (SELECT unnest(task_hashes) FROM source_loads)) WHERE rn = 1;
+CREATE OR REPLACE VIEW current_rejects AS
+    SELECT r.*, l.source_key FROM rejects r LEFT JOIN source_loads l USING (batch_id)
+    WHERE l.batch_id IS NULL OR r.batch_id IN (SELECT batch_id FROM latest_source_loads);
 """
 
 
@@ -175,12 +199,16 @@ class Catalog:
 
     # -- tasks ---------------------------------------------------------------------------
 
-    def ingest(self, result: LoadResult, source_kind: str = "spec", strict: bool = False) -> IngestSummary:
+    def ingest(self, result: LoadResult, source_kind: str = "spec", strict: bool = False,
+               source_key: str | None = None, fingerprint: str = "") -> IngestSummary:
         """Store a source's good tasks and its rejects in one transaction.
 
         strict=True refuses the whole batch when any record was rejected, reporting every
         problem at once and writing nothing. Tasks already stored with the same content hash
-        are unchanged; a changed task is a new version (the old one is kept).
+        are unchanged; a changed task is a new version (the old one is kept). With a
+        source_key the batch is also that source's latest load: tasks it no longer yields
+        (a ticket removed from an export) stop being current, and its older rejects stop
+        being current rejects.
         """
         if strict and result.rejects:
             raise BatchRejectedError(result.rejects)
@@ -191,7 +219,13 @@ class Catalog:
         rejects = _frame("rejects", [
             {"batch_id": batch_id, "source_kind": source_kind, "source": p.source, "field": p.field,
              "reason": p.reason, "rejected_at": at} for p in result.rejects])
-        self.write({"tasks": task_rows(new, batch_id, at), "rejects": rejects})
+        frames = {"tasks": task_rows(new, batch_id, at), "rejects": rejects}
+        if source_key is not None:
+            frames["source_loads"] = _frame("source_loads", [{
+                "source_key": source_key, "source_kind": source_kind, "batch_id": batch_id,
+                "fingerprint": fingerprint, "task_hashes": sorted({t.content_hash for t in result.tasks}),
+                "n_rejects": len(result.rejects), "loaded_at": at}])
+        self.write(frames)
         return IngestSummary(batch_id, len(new), len(result.tasks) - len(new), len(result.rejects))
 
     def known_hashes(self) -> set[str]:
@@ -209,7 +243,65 @@ class Catalog:
         return [Task.model_validate_json(j) for j in frame["task_json"]]
 
     def rejects(self) -> pl.DataFrame:
+        """Every reject ever recorded (history)."""
         return self.query("SELECT * FROM rejects ORDER BY rejected_at, source")
+
+    def retire_missing_sources(self, present: set[str], root: Path, under: Iterable[Path] | None = None) -> list[str]:
+        """Record an empty latest load for every loaded source that is gone from disk.
+
+        Keys are relative to root (or absolute); only sources under `under` (default: root)
+        are considered, so sources ingested from elsewhere are left alone.
+        """
+        roots = [Path(u).resolve() for u in (under if under is not None else [root])]
+        gone = []
+        for row in self.source_loads().iter_rows(named=True):
+            key = row["source_key"]
+            path = Path(key) if Path(key).is_absolute() else Path(root).resolve() / key
+            if key in present or row["n_tasks"] == 0 and row["n_rejects"] == 0:
+                continue
+            if any(path.is_relative_to(r) for r in roots) and not path.exists():
+                gone.append((key, row["source_kind"]))
+        for key, kind in gone:
+            self.ingest(LoadResult(), source_kind=kind, source_key=key, fingerprint="retired")
+        return [k for k, _ in gone]
+
+    def record_rollout_batch(self, row: dict) -> None:
+        """Register a rollout batch (a row of RolloutBatchRow without created_at); re-registering adds a row."""
+        self.write({"rollout_batches": _frame("rollout_batches", [dict(row, created_at=_now())])})
+
+    def record_tiers(self, version: str, rows: list[dict]) -> None:
+        """Store the tiers of a task set (replacing earlier tiers of the same version)."""
+        frame = _frame("task_tiers", [dict(r, version=version) for r in rows])
+        problems = self.validate("task_tiers", frame)
+        if problems:
+            raise BatchRejectedError(problems)
+        with self._connect() as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                con.execute("DELETE FROM task_tiers WHERE version = ?", [version])
+                self._insert(con, "task_tiers", frame)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+
+    def tiers(self, version: str) -> pl.DataFrame:
+        return self.query("SELECT * FROM task_tiers WHERE version = ? ORDER BY task_id", [self.resolve_task_set(version)])
+
+    def rollout_batches(self) -> pl.DataFrame:
+        """The latest registration of every rollout batch."""
+        return self.query("""SELECT * EXCLUDE (rn) FROM (SELECT *, row_number() OVER (PARTITION BY batch_id
+                             ORDER BY created_at DESC) AS rn FROM rollout_batches) WHERE rn = 1
+                             ORDER BY created_at""")
+
+    def current_rejects(self) -> pl.DataFrame:
+        """Rejects of each source's latest load (plus rejects not tied to a source), with source_key."""
+        return self.query("SELECT * FROM current_rejects ORDER BY source_kind, source, field")
+
+    def source_loads(self) -> pl.DataFrame:
+        """The latest load of every source: key, kind, fingerprint, how many tasks and rejects."""
+        return self.query("SELECT source_key, source_kind, batch_id, fingerprint, len(task_hashes) AS n_tasks, "
+                          "n_rejects, loaded_at FROM latest_source_loads ORDER BY source_kind, source_key")
 
     # -- images and runs -----------------------------------------------------------------
 
@@ -280,6 +372,12 @@ class Catalog:
         removed = set(self.latest_quality().filter(pl.col("status") != "clean")["content_hash"])
         return [t for t in self.load_tasks() if t.content_hash not in removed]
 
+    def accepted_tasks(self) -> list[Task]:
+        """Clean current tasks whose latest gate verdict is `accepted`: what a task set may hold."""
+        latest = self.latest_validations()
+        ok = set(latest.filter(pl.col("verdict") == "accepted")["content_hash"])
+        return [t for t in self.clean_tasks() if t.content_hash in ok]
+
     def runs(self) -> pl.DataFrame:
         return self.query("SELECT * FROM runs ORDER BY created_at, task_id, solution")
 
@@ -341,6 +439,24 @@ class Catalog:
         return self.query(
             "SELECT t.* FROM task_set_members m JOIN tasks t USING (content_hash) WHERE m.version = ? "
             "ORDER BY t.task_id", [version])
+
+    def resolve_task_set(self, version: str) -> str:
+        """The full version for a unique prefix (or 'latest': the newest task set)."""
+        versions = self.task_sets()["version"].to_list()
+        if version == "latest":
+            if not versions:
+                raise ValueError("the catalog has no task set yet: run the demo or the main job first")
+            return self.query("SELECT version FROM task_sets ORDER BY created_at DESC LIMIT 1")["version"][0]
+        matches = [v for v in versions if v.startswith(version)]
+        if len(matches) != 1:
+            raise ValueError(f"task-set version {version!r} matches {len(matches)} versions")
+        return matches[0]
+
+    def load_task_set(self, version: str) -> list[Task]:
+        """The exact task versions a task set holds."""
+        frame = self.query("""SELECT t.task_json FROM task_set_members m JOIN tasks t USING (content_hash)
+                              WHERE m.version = ? ORDER BY m.task_id""", [self.resolve_task_set(version)])
+        return [Task.model_validate_json(j) for j in frame["task_json"]]
 
     def export_task_set(self, version: str, path: Path) -> Path:
         """Write a task-set version's member tasks to parquet."""

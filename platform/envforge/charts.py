@@ -57,3 +57,31 @@ def similarity_histogram(corpus_sims: list[float], task_sims: list[float], thres
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def tier_histogram(rows: list[dict], path: Path, title: str = "Difficulty tiers by source") -> Path:
+    """Tasks per tier, stacked by source; the method (pass@k or static) in the title.
+
+    rows: dicts with tier, source, method.
+    """
+    from envforge.rollout.tiers import TIERS
+
+    sources = sorted({r["source"] for r in rows}) or ["-"]
+    methods = sorted({r["method"] for r in rows})
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    bottom = [0] * len(TIERS)
+    palette = ["#264653", "#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#457b9d", "#8d99ae"]
+    for i, src in enumerate(sources):
+        counts = [sum(1 for r in rows if r["tier"] == t and r["source"] == src) for t in TIERS]
+        ax.bar(TIERS, counts, bottom=bottom, label=src, color=palette[i % len(palette)])
+        bottom = [b + c for b, c in zip(bottom, counts)]
+    for x, total in enumerate(bottom):
+        ax.text(x, total + 0.1, str(total), ha="center", fontsize=9)
+    ax.set_ylabel("tasks")
+    ax.set_title(f"{title} ({', '.join(methods) or 'no tasks'})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -24,6 +24,10 @@ app.add_typer(images_app, name="images")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(dedup_app, name="dedup")
 app.add_typer(taskset_app, name="taskset")
+policy_app = typer.Typer(help="Policies: serve a local model over an OpenAI-compatible API.", no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+sources_app = typer.Typer(help="Task sources on disk: what is found, and bundled repositories.", no_args_is_help=True)
+app.add_typer(sources_app, name="sources")
 
 console = Console(stderr=True)
 out = Console()
@@ -86,20 +90,24 @@ def demo(data_dir: Optional[Path] = DataDir,
 
 
 @app.command()
-def ingest(paths: List[Path] = typer.Argument(..., help="spec files or directories (task.yaml files are found)"),
+def ingest(paths: List[Path] = typer.Argument(..., help="source files or directories: task.yaml, runbook .md, "
+                                                       "tickets.yaml, reviews.yaml, SWE-bench .jsonl"),
            strict: bool = typer.Option(False, help="refuse the whole batch if any record is bad"),
            as_json: bool = typer.Option(False, "--json", help="print one JSON document"),
            data_dir: Optional[Path] = DataDir) -> None:
-    """Parse task specs and store them (and the rejects, with reasons) in the catalog."""
+    """Load task sources, derive tests for tickets and reviews in sandboxes, and store the tasks (and the
+    rejects, with file, record, field and reason) in the catalog."""
     from envforge import stages
+    from envforge.progress import rich_progress
 
     settings = _settings(data_dir)
     try:
-        tracked = stages.ingest(settings, paths, strict=strict)
+        with rich_progress(console) as progress:
+            tracked = stages.ingest(settings, paths, strict=strict, progress=progress)
     except BatchRejectedError as exc:
         if as_json:
             out.print_json(json.dumps({"valid": 0, "rejected": len(exc.problems), "written": False,
-                                       "rejects": [p.__dict__ for p in exc.problems]}))
+                                       "rejects": [p.as_json() for p in exc.problems]}))
         else:
             console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1)
@@ -107,8 +115,9 @@ def ingest(paths: List[Path] = typer.Argument(..., help="spec files or directori
     if as_json:
         sys.stdout.write(json.dumps({
             "valid": len(res.tasks), "rejected": len(res.rejects), "added": summ.added, "unchanged": summ.unchanged,
-            "rejects": [{"source": p.source, "field": p.field, "reason": p.reason} for p in res.rejects],
-            "tasks": [t.id for t in res.tasks], "mlflow_run_id": tracked.mlflow_run_id}) + "\n")
+            "rejects": [p.as_json() for p in res.rejects], "tasks": [t.id for t in res.tasks],
+            "by_kind": {k: sum(1 for t in res.tasks if t.spec.source == k) for k in sorted({t.spec.source for t in res.tasks})},
+            "mlflow_run_id": tracked.mlflow_run_id}) + "\n")
         return
     out.print(f"{len(res.tasks)} valid task(s) ({summ.added} new, {summ.unchanged} unchanged), "
               f"{len(res.rejects)} rejected")
@@ -275,6 +284,116 @@ def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these
         raise typer.Exit(2)
 
 
+@app.command()
+def rollout(task_set: str = typer.Option("latest", help="task-set version (prefix) or 'latest'; 'current' for "
+                                                         "the catalog's clean current tasks"),
+            task: List[str] = typer.Option([], "--task", "-t", help="only these task ids"),
+            policy: str = typer.Option("replay", help="replay | replay-text | openai:<url>[#model] | hf:<path> | "
+                                                     "vllm:<path>"),
+            samples: int = typer.Option(4, "--samples", "-n", help="samples per task (the GRPO group size)"),
+            concurrency: int = typer.Option(8, help="trajectories at once"),
+            seed: int = typer.Option(0), temperature: float = typer.Option(1.0),
+            max_tokens: int = typer.Option(512), max_turns: Optional[int] = typer.Option(None),
+            max_infra_retries: int = typer.Option(3, help="per trajectory, on a fresh sandbox each time"),
+            batch_id: Optional[str] = typer.Option(None, help="resume this batch (default: from set, policy, seed)"),
+            out_dir: Optional[str] = typer.Option(None, "--out", help="store root: a path or fsspec URL "
+                                                                       "(default: <data dir>/rollouts)"),
+            as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """Roll a policy out on a task set: n samples per task, graded, stored as parquet (resumable)."""
+    from envforge import stages
+    from envforge.catalog import Catalog
+    from envforge.progress import rich_progress
+    from envforge.rollout.scheduler import RolloutConfig
+
+    settings = _settings(data_dir)
+    cat = Catalog(settings.catalog_path)
+    try:
+        if task_set == "current":
+            version, tasks = "", cat.clean_tasks()
+        else:
+            version = cat.resolve_task_set(task_set)
+            tasks = cat.load_task_set(version)
+    except ValueError as exc:
+        _fail(EnvforgeError(str(exc)))
+    if task:
+        tasks = [t for t in tasks if t.id in set(task)]
+    config = RolloutConfig(n_samples=samples, concurrency=concurrency, seed=seed, temperature=temperature,
+                           max_tokens=max_tokens, max_turns=max_turns, max_infra_retries=max_infra_retries)
+    try:
+        with rich_progress(console) as progress:
+            result = stages.rollout(settings, tasks, policy, config, task_set_version=version, batch_id=batch_id,
+                                    root=out_dir, progress=progress)
+    except (EnvforgeError, ValueError) as exc:
+        _fail(exc if isinstance(exc, EnvforgeError) else EnvforgeError(str(exc)))
+    doc = {"batch_id": result.store.batch_id, "location": f"{result.store.root}/{result.store.batch_id}",
+           "stored_this_run": result.report.stored, "resumed": result.report.resumed,
+           "dropped_groups": [g.to_json() for g in result.report.dropped_groups], "metrics": result.metrics,
+           "mlflow_run_id": result.mlflow_run_id}
+    if as_json:
+        sys.stdout.write(json.dumps(doc) + "\n")
+        return
+    m = result.metrics
+    out.print(f"batch {doc['batch_id']}: {int(m['trajectories'])} trajectories ({result.report.stored} new, "
+              f"{result.report.resumed} resumed), pass@1 {m['pass_at_1']:.3f}, {len(result.report.dropped_groups)} "
+              f"dropped group(s), {int(m['infra_retries'])} infra retries, {m['steps_per_s']:.1f} steps/s")
+    out.print(f"stored in {doc['location']}")
+
+
+@app.command()
+def tiers(task_set: str = typer.Option("latest", help="task-set version (prefix) or 'latest'"),
+          policy: Optional[str] = typer.Option(None, help="reference policy for pass@k (default: static features)"),
+          k: int = typer.Option(8, "-k", help="samples per task for pass@k"),
+          eval_fraction: float = typer.Option(0.2), seed: int = typer.Option(0),
+          as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """Difficulty tiers of a task set (pass@k of a reference policy, or static) and a stratified train/eval split."""
+    from envforge import stages
+    from envforge.progress import rich_progress
+
+    settings = _settings(data_dir)
+    try:
+        with rich_progress(console) as progress:
+            rows, chart, _ = stages.tier_task_set(settings, task_set, policy, k, eval_fraction, seed,
+                                                  progress=progress)
+    except (EnvforgeError, ValueError) as exc:
+        _fail(exc if isinstance(exc, EnvforgeError) else EnvforgeError(str(exc)))
+    if as_json:
+        sys.stdout.write(json.dumps({"tiers": rows, "chart": str(chart)}) + "\n")
+        return
+    for r in rows:
+        out.print(f"{r['task_id']:<40} {r['tier']:<9} {r['split']:<6} {r['method']} "
+                  + (f"{r['solved']}/{r['k']}" if r["method"] == "pass@k" else f"score {r['score']}"))
+    out.print(f"histogram: {chart}")
+
+
+@app.command("rollout-export")
+def rollout_export(batch_id: str = typer.Argument(...), path: Path = typer.Argument(...),
+                   fmt: str = typer.Option("verl", "--format", help="verl (parquet) | jsonl"),
+                   root: Optional[str] = typer.Option(None, "--out", help="store root (default <data dir>/rollouts)"),
+                   data_dir: Optional[Path] = DataDir) -> None:
+    """Export a rollout batch: verl's RL parquet layout, or one trajectory per JSON line."""
+    from envforge.rollout.store import TrajectoryStore
+
+    settings = _settings(data_dir)
+    store = TrajectoryStore(root or str(settings.data_dir / "rollouts"), batch_id)
+    if store.manifest() is None:
+        _fail(EnvforgeError(f"no rollout batch {batch_id!r} under {store.root}"))
+    n = store.export_verl(path) if fmt == "verl" else store.export_jsonl(path)
+    out.print(f"{n} trajectories -> {path}")
+
+
+@policy_app.command("serve")
+def policy_serve(model: Path = typer.Argument(..., help="a local Hugging Face model directory"),
+                 host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000)) -> None:
+    """An OpenAI-compatible server (/v1/chat/completions, /v1/models, /v1/reload) over a local model.
+
+    The stand-in for `vllm serve` on machines without a GPU: rollouts use it with
+    `--policy openai:http://HOST:PORT/v1`.
+    """
+    from envforge.rollout.policies.serve import serve
+
+    serve(str(model), host, port)
+
+
 def _corpora(specs: List[str]) -> dict:
     from envforge.pipeline import corpora_from_env
 
@@ -421,14 +540,50 @@ def catalog_list(as_json: bool = typer.Option(False, "--json"), data_dir: Option
 
 
 @catalog_app.command("rejects")
-def catalog_rejects(data_dir: Optional[Path] = DataDir) -> None:
+def catalog_rejects(all_loads: bool = typer.Option(False, "--all", help="every reject ever, not just each "
+                                                                        "source's latest load"),
+                    data_dir: Optional[Path] = DataDir) -> None:
     """Records that were rejected at ingestion, with the field and the reason."""
     from envforge.catalog import Catalog
 
-    frame = Catalog(_settings(data_dir).catalog_path).rejects()
+    cat = Catalog(_settings(data_dir).catalog_path)
+    frame = cat.rejects() if all_loads else cat.current_rejects()
     for row in frame.iter_rows(named=True):
         out.print(f"{row['source']}: {row['field'] or '-'}: {row['reason']}")
     out.print(f"{frame.height} reject(s)")
+
+
+@sources_app.command("list")
+def sources_list(paths: List[Path] = typer.Argument(None, help="default: the bundled task_sources/ folders"),
+                 as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """Every source found under the paths: kind, key (the Dagster partition) and fingerprint."""
+    from envforge.sources import discover_sources, fingerprint
+
+    settings = _settings(data_dir)
+    refs, problems = discover_sources(paths or settings.bundled_sources())
+    rows = [{"kind": r.kind, "key": r.key(settings.task_sources_dir), "fingerprint": fingerprint(r)} for r in refs]
+    if as_json:
+        sys.stdout.write(json.dumps({"sources": rows, "problems": [p.as_json() for p in problems]}) + "\n")
+        return
+    for r in rows:
+        out.print(f"{r['kind']:<9} {r['key']}  {r['fingerprint'][:12]}")
+    for p in problems:
+        out.print(f"[yellow]problem[/yellow] {p}")
+
+
+@sources_app.command("build-repo")
+def sources_build_repo(project: Path = typer.Argument(..., help="a patch-series project (patches/*.patch, repo.yaml)"),
+                       target: Path = typer.Argument(..., help="new directory for the repository")) -> None:
+    """Rebuild a bundled project's git repository from its patches (same commit SHAs every time)."""
+    from envforge.sources.gitrepo import build_patch_series, git
+
+    try:
+        repo = build_patch_series(project, target)
+    except ValueError as exc:
+        _fail(EnvforgeError(str(exc)))
+    head = git(repo, "rev-parse", "HEAD").stdout.decode().strip()
+    count = git(repo, "rev-list", "--count", "HEAD").stdout.decode().strip()
+    out.print(f"{repo}: {count} commits, HEAD {head}")
 
 
 @catalog_app.command("export")

@@ -73,8 +73,17 @@ class Settings:
         return self.task_sources_dir / "runbooks"
 
     def bundled_sources(self) -> list[Path]:
-        """The source folders the main job ingests by default."""
-        return [p for p in (self.specs_dir, self.runbooks_dir) if p.is_dir()]
+        """The source folders the main job ingests and the sensor watches: every folder under the
+        task-sources directory except `examples/` (fixtures for tests, e.g. a deliberately flaky task)."""
+        if not self.task_sources_dir.is_dir():
+            return []
+        return sorted(p for p in self.task_sources_dir.iterdir() if p.is_dir() and p.name != "examples"
+                      and not p.name.startswith("."))
+
+    def source_path(self, key: str) -> Path:
+        """The file a source key (a Dagster partition key) names: relative to the task-sources directory."""
+        path = Path(key)
+        return path if path.is_absolute() else self.task_sources_dir / path
 
     def ensure_dirs(self) -> None:
         for d in (self.data_dir, self.build_dir, self.mlflow_artifacts_dir):

@@ -7,7 +7,10 @@ file, the field and the problem so a user can fix their record, and infrastructu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_RECORD = re.compile(r"^(?P<file>.+?):(?P<record>\d+|row \d+)$")
 
 
 class EnvforgeError(Exception):
@@ -25,6 +28,20 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.source}: {self.field}" if self.field else self.source
         return f"{where}: {self.reason}"
+
+    @property
+    def file(self) -> str:
+        m = _RECORD.match(self.source)
+        return m.group("file") if m else self.source
+
+    @property
+    def record(self) -> str:
+        """The line (JSONL) or row (CSV) inside the file; "" when the whole file is the record."""
+        m = _RECORD.match(self.source)
+        return m.group("record") if m else ""
+
+    def as_json(self) -> dict[str, str]:
+        return {"source": self.file, "record": self.record, "field": self.field, "reason": self.reason}
 
 
 class SpecError(EnvforgeError):

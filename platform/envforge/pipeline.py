@@ -18,7 +18,7 @@ from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError, Problem
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import ImageBuild, build_base_image, build_task_image
-from envforge.sources import LoadResult, load_sources
+from envforge.sources import LoadResult
 from envforge.task import Task
 from envforge.quality.dedup import Cluster, ContaminationRecord, DuplicatePair, clusters, near_duplicate_pairs
 from envforge.quality.dedup import decontaminate as decontaminate_tasks
@@ -67,22 +67,73 @@ class ValidationReport:
                 for r in self.reports]
 
 
-def ingest(settings: Settings, paths: Sequence[Path], strict: bool = False) -> tuple[LoadResult, IngestSummary]:
-    """Parse every source under the paths (specs, runbooks) and store good tasks and rejects.
+@dataclass
+class SourceIngest:
+    """What one source yielded in one ingest."""
+
+    key: str
+    kind: str
+    fingerprint: str
+    result: LoadResult
+    summary: IngestSummary | None = None
+
+
+@dataclass
+class IngestReport:
+    result: LoadResult  # every source merged
+    summary: IngestSummary
+    sources: list[SourceIngest] = field(default_factory=list)
+
+    def rows(self) -> list[dict]:
+        return [{"source": s.key, "kind": s.kind, "valid": len(s.result.tasks), "rejected": len(s.result.rejects),
+                 "added": s.summary.added if s.summary else 0} for s in self.sources]
+
+
+def derive_candidates(settings: Settings, result: LoadResult, client: docker.DockerClient | None = None,
+                      progress: Progress = _no_progress) -> None:
+    """Turn the result's candidates into tasks or rejects in place, by running their tests."""
+    from envforge.sources.derive import derive_tasks
+
+    if not result.candidates:
+        return
+    try:
+        derived = derive_tasks(settings, result.candidates, client=client, progress=progress)
+    except InfraError as exc:
+        derived = LoadResult(rejects=[Problem(c.origin, c.field, f"infra: cannot run the tests to derive "
+                                                                f"FAIL_TO_PASS: {exc}") for c in result.candidates])
+    result.candidates = []
+    result.extend(derived)
+
+
+def ingest(settings: Settings, paths: Sequence[Path], strict: bool = False, client: docker.DockerClient | None = None,
+           progress: Progress = _no_progress) -> IngestReport:
+    """Load every source under the paths, derive tests for history-mined candidates, store each
+    source's tasks and rejects as that source's latest load.
 
     With strict=True a bad record anywhere refuses the whole batch (nothing is written).
     """
-    by_kind = load_sources(paths)
-    combined = LoadResult()
-    for result in by_kind.values():
-        combined.extend(result)
+    from envforge.sources import fingerprint, load_by_source
+
+    loaded, problems = load_by_source(paths)
+    root = settings.task_sources_dir
+    sources = []
+    for i, (ref, res) in enumerate(loaded, start=1):
+        progress("ingest", ref.key(root), i, len(loaded))
+        derive_candidates(settings, res, client=client, progress=progress)
+        sources.append(SourceIngest(ref.key(root), ref.kind, fingerprint(ref), res))
+    combined = LoadResult(rejects=list(problems))
+    for s in sources:
+        combined.extend(s.result)
     catalog = Catalog(settings.catalog_path)
     if strict and combined.rejects:
         catalog.ingest(combined, strict=True)  # raises BatchRejectedError listing every problem
-    summaries = [catalog.ingest(result, source_kind=kind) for kind, result in by_kind.items()]
-    summary = IngestSummary(summaries[0].batch_id, sum(s.added for s in summaries),
-                            sum(s.unchanged for s in summaries), sum(s.rejected for s in summaries))
-    return combined, summary
+    summaries = [catalog.ingest(LoadResult(rejects=list(problems)), source_kind="path")] if problems else []
+    for s in sources:
+        s.summary = catalog.ingest(s.result, source_kind=s.kind, source_key=s.key, fingerprint=s.fingerprint)
+        summaries.append(s.summary)
+    summary = IngestSummary(summaries[0].batch_id if summaries else "", sum(x.added for x in summaries),
+                            sum(x.unchanged for x in summaries), sum(x.rejected for x in summaries))
+    return IngestReport(combined, summary, sources)
 
 
 def build_images(settings: Settings, tasks: Sequence[Task], client: docker.DockerClient | None = None,

@@ -147,6 +147,81 @@ class TaskSetMemberRow(_Table):
 
 
 
+class SourceLoadRow(_Table):
+    """One ingest of one source: which task versions it yielded. A source's latest load is what is live."""
+
+    source_key: str = pa.Field(str_length={"min_value": 1})
+    source_kind: str = pa.Field(isin=["spec", "runbook", "swebench", "ticket", "review"])
+    batch_id: str
+    fingerprint: str
+    task_hashes: list[str]
+    n_rejects: int = pa.Field(ge=0)
+    loaded_at: datetime
+
+
+class TrajectoryRow(_Table):
+    """One stored rollout trajectory (rollout/store.py parquet parts, not a catalog table)."""
+
+    trajectory_id: str = pa.Field(unique=True)
+    batch_id: str = pa.Field(str_length={"min_value": 1})
+    group_id: str
+    task_id: str = pa.Field(str_matches=TASK_ID)
+    content_hash: str = pa.Field(str_matches=SHA256)
+    task_set_version: str
+    policy_id: str = pa.Field(str_length={"min_value": 1})
+    policy_version: int = pa.Field(ge=0)
+    sample_index: int = pa.Field(ge=0)
+    seed: int = pa.Field(ge=0)
+    source: str
+    instruction: str
+    turns_json: str
+    n_turns: int = pa.Field(ge=0)
+    n_tokens: int = pa.Field(ge=0)
+    end_reason: str = pa.Field(isin=["submitted", "max_turns", "trajectory_timeout", "no_action"])
+    final_diff: str
+    reward: float = pa.Field(ge=0, le=1)
+    resolved: bool
+    verification_json: str
+    failure_reasons: list[str]
+    infra_retries: int = pa.Field(ge=0)
+    sandbox_json: str
+    timings_json: str
+    started_at: float
+    duration_s: float = pa.Field(ge=0)
+
+
+class RolloutBatchRow(_Table):
+    """A rollout batch registered in the catalog: where its trajectories are and what it holds."""
+
+    batch_id: str = pa.Field(str_length={"min_value": 1})
+    task_set_version: str
+    policy_id: str
+    location: str
+    n_tasks: int = pa.Field(ge=0)
+    n_samples: int = pa.Field(ge=1)
+    n_trajectories: int = pa.Field(ge=0)
+    n_dropped_groups: int = pa.Field(ge=0)
+    pass_at_1: float = pa.Field(ge=0, le=1)
+    metrics_json: str
+    created_at: datetime
+
+
+class TaskTierRow(_Table):
+    """A task's difficulty tier and split within a tiered task set."""
+
+    version: str = pa.Field(str_matches=SHA256)
+    task_id: str = pa.Field(str_matches=TASK_ID)
+    content_hash: str = pa.Field(str_matches=SHA256)
+    source: str
+    tier: str = pa.Field(isin=["unsolved", "hard", "medium", "easy", "trivial"])
+    method: str = pa.Field(isin=["pass@k", "static"])
+    solved: int = pa.Field(ge=0)
+    k: int = pa.Field(ge=0)
+    score: float
+    split: str = pa.Field(isin=["train", "eval", "audit"])
+    policy_id: str
+
+
 TABLE_SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
     "tasks": TaskRow,
     "rejects": RejectRow,
@@ -157,4 +232,7 @@ TABLE_SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
     "task_set_lineage": TaskSetLineageRow,
     "task_sets": TaskSetRow,
     "task_set_members": TaskSetMemberRow,
+    "source_loads": SourceLoadRow,
+    "rollout_batches": RolloutBatchRow,
+    "task_tiers": TaskTierRow,
 }

@@ -14,7 +14,7 @@ class DedupRunConfig(dg.Config):
 
 
 @dg.asset(
-    group_name="quality", kinds={"python", "duckdb"}, owners=["team:envforge"], deps=["task_specs"],
+    group_name="quality", kinds={"python", "duckdb"}, owners=["team:envforge"], deps=["candidate_tasks"],
     description="Current tasks checked against the reference corpora (built-in HumanEval plus ENVFORGE_CORPORA) "
                 "with MinHash LSH + exact confirmation, and against each other; contaminated tasks and "
                 "non-representative near duplicates leave the pipeline but stay in the catalog with the reason.",

@@ -1,26 +1,90 @@
-"""Task sources: hand-written YAML specs into the catalog."""
+"""Task sources: one asset per source kind, partitioned by source, and the merged candidates.
+
+A partition is one source (a task.yaml, a runbook, a tickets.yaml, a reviews.yaml, a SWE-bench
+JSONL), keyed by its path under task_sources/. The sensor in sensors.py adds partitions as
+sources appear and requests runs for the ones that changed.
+"""
 
 import dagster as dg
 
 from assets.defs.metadata import mlflow_run, problems_table
 from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
 from envforge import stages
+from envforge.sources import KINDS
+
+DESCRIPTIONS = {
+    "spec": "Hand-written YAML task specs (task.yaml).",
+    "runbook": "Runbook tasks (Markdown: setup, instruction, checkpoints, solution).",
+    "swebench": "SWE-bench instances against local repositories (history scrubbed, test patch held back).",
+    "ticket": "Tickets with fix commits (Jira/GitHub exports mapped by tickets.yaml); FAIL_TO_PASS and "
+              "PASS_TO_PASS derived by running the tests before and after the fix in a sandbox.",
+    "review": "Code-review records: 'address this review comment', graded by the tests the follow-up commit "
+              "changed, derived the same way.",
+}
+PARTITIONS = {kind: dg.DynamicPartitionsDefinition(name=f"{kind}_sources") for kind in KINDS}
+
+
+def _source_asset(kind: str) -> dg.AssetsDefinition:
+    @dg.asset(
+        name=f"{kind}_tasks", partitions_def=PARTITIONS[kind], group_name="sources", kinds={"python", "duckdb"},
+        owners=["team:envforge"],
+        description=f"{DESCRIPTIONS[kind]} One partition per source file under task_sources/; each run stores "
+                    f"the source's tasks and rejects (file, record, field, reason) as its latest load.",
+    )
+    def _asset(context: dg.AssetExecutionContext, catalog: CatalogResource, docker: DockerResource,
+               mlflow: MlflowResource) -> dg.MaterializeResult:
+        settings = settings_from(catalog, docker, mlflow)
+        path = settings.source_path(context.partition_key)
+
+        def progress(stage: str, detail: str, done: int, total: int) -> None:
+            context.log.info(f"[{stage}] {done}/{total} {detail}")
+
+        tracked = stages.ingest(settings, [path], dagster_run_id=context.run.run_id, progress=progress)
+        res, summ = tracked.result, tracked.summary
+        total = len(res.tasks) + len(res.rejects)
+        context.log.info(f"{context.partition_key}: {len(res.tasks)} valid, {len(res.rejects)} rejected, "
+                         f"{summ.added} new")
+        return dg.MaterializeResult(metadata={
+            "valid": len(res.tasks), "rejected": len(res.rejects), "added": summ.added,
+            "unchanged": summ.unchanged, "reject_rate": round(len(res.rejects) / total, 4) if total else 0.0,
+            "batch_id": summ.batch_id, "tasks": dg.MetadataValue.json(sorted(t.id for t in res.tasks)),
+            "rejects": problems_table(res.rejects), "mlflow_run": mlflow_run(tracked.mlflow_run_id),
+        })
+
+    return _asset
+
+
+source_assets = [_source_asset(kind) for kind in KINDS]
+ingest_jobs = [dg.define_asset_job(f"ingest_{kind}_sources", selection=[f"{kind}_tasks"],
+                                   description=f"Ingest one {kind} source (a partition of {kind}_tasks).")
+               for kind in KINDS]
 
 
 @dg.asset(
-    group_name="sources", kinds={"python", "duckdb"}, owners=["team:envforge"],
-    description="Hand-written task specs (task_sources/specs/**/task.yaml) and runbooks (task_sources/runbooks/"
-                "*.md) parsed, validated and stored in the catalog; bad records are kept as rejects with the "
-                "file, field and reason.",
+    group_name="sources", kinds={"duckdb"}, owners=["team:envforge"], deps=[a.key for a in source_assets],
+    description="Every live task from every source's latest load: the input of decontamination. Sources that "
+                "no longer exist under task_sources/ are retired here, so their tasks stop flowing downstream.",
 )
-def task_specs(context: dg.AssetExecutionContext, catalog: CatalogResource, docker: DockerResource,
-               mlflow: MlflowResource) -> dg.MaterializeResult:
+def candidate_tasks(context: dg.AssetExecutionContext, catalog: CatalogResource, docker: DockerResource,
+                    mlflow: MlflowResource) -> dg.MaterializeResult:
+    from envforge.sources import discover_sources
+
     settings = settings_from(catalog, docker, mlflow)
-    tracked = stages.ingest(settings, settings.bundled_sources(), dagster_run_id=context.run.run_id)
-    res, summ = tracked.result, tracked.summary
-    context.log.info(f"{len(res.tasks)} valid spec(s), {len(res.rejects)} rejected, {summ.added} new")
+    cat = catalog.catalog()
+    refs, _ = discover_sources(settings.bundled_sources())
+    retired = cat.retire_missing_sources({r.key(settings.task_sources_dir) for r in refs},
+                                         settings.task_sources_dir, under=settings.bundled_sources())
+    if retired:
+        context.log.info(f"retired {len(retired)} source(s) no longer on disk: {retired}")
+    frame = cat.tasks()
+    rejects = cat.current_rejects()
+    loads = cat.source_loads()
+    by_kind = {k: int((frame["source"] == k).sum()) for k in KINDS}
+    table = ["| source | kind | tasks | rejects |", "|---|---|---|---|"]
+    table += [f"| {r['source_key']} | {r['source_kind']} | {r['n_tasks']} | {r['n_rejects']} |"
+              for r in loads.iter_rows(named=True)]
     return dg.MaterializeResult(metadata={
-        "valid": len(res.tasks), "rejected": len(res.rejects), "added": summ.added, "unchanged": summ.unchanged,
-        "batch_id": summ.batch_id, "tasks": dg.MetadataValue.json(sorted(t.id for t in res.tasks)),
-        "rejects": problems_table(res.rejects), "mlflow_run": mlflow_run(tracked.mlflow_run_id),
+        "tasks": frame.height, "rejects": rejects.height, "sources": loads.height,
+        "by_kind": dg.MetadataValue.json(by_kind), "sources_table": dg.MetadataValue.md("\n".join(table)),
+        "retired_sources": dg.MetadataValue.json(retired),
     })

@@ -1,15 +1,45 @@
-"""Checks on the stored specs: the catalog rows must satisfy their pandera schema."""
+"""Checks on ingestion: reject rates per source kind (warn), and a schema-valid candidate set (blocking)."""
+
+import os
 
 import dagster as dg
+import polars as pl
 
 from assets.defs.resources import CatalogResource
-from assets.defs.sources.assets import task_specs
+from assets.defs.sources.assets import candidate_tasks, source_assets
 from envforge.catalog import Catalog
 
+# Bundled examples carry deliberately bad records (about a quarter to two fifths per kind).
+MAX_REJECT_RATE = float(os.environ.get("ENVFORGE_MAX_REJECT_RATE", "0.5"))
 
-@dg.asset_check(asset=task_specs, blocking=True,
+
+def _reject_rate_check(asset: dg.AssetsDefinition) -> dg.AssetChecksDefinition:
+    kind = asset.key.to_user_string().removesuffix("_tasks")
+
+    @dg.asset_check(asset=asset, name="reject_rate",
+                    description=f"Share of {kind} records rejected across the latest load of every {kind} source; "
+                                f"warns above ENVFORGE_MAX_REJECT_RATE ({MAX_REJECT_RATE:.0%}).")
+    def _check(catalog: CatalogResource) -> dg.AssetCheckResult:
+        loads = catalog.catalog().source_loads().filter(pl.col("source_kind") == kind)
+        tasks, rejects = int(loads["n_tasks"].sum() or 0), int(loads["n_rejects"].sum() or 0)
+        rate = rejects / (tasks + rejects) if tasks + rejects else 0.0
+        return dg.AssetCheckResult(
+            passed=rate <= MAX_REJECT_RATE, severity=dg.AssetCheckSeverity.WARN,
+            metadata={"reject_rate": round(rate, 4), "threshold": MAX_REJECT_RATE, "tasks": tasks,
+                      "rejects": rejects, "sources": loads.height,
+                      "worst_sources": dg.MetadataValue.json(
+                          loads.sort("n_rejects", descending=True).head(5)
+                          .select("source_key", "n_tasks", "n_rejects").to_dicts())})
+
+    return _check
+
+
+reject_rate_checks = [_reject_rate_check(a) for a in source_assets]
+
+
+@dg.asset_check(asset=candidate_tasks, blocking=True,
                 description="Every current task row satisfies the pandera TaskRow schema and ids are unique.")
-def task_specs_schema(catalog: CatalogResource) -> dg.AssetCheckResult:
+def candidate_tasks_schema(catalog: CatalogResource) -> dg.AssetCheckResult:
     frame = catalog.catalog().tasks()
     problems = Catalog.validate("tasks", frame)
     dupes = frame.height - frame["task_id"].n_unique() if frame.height else 0

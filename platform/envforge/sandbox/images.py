@@ -203,7 +203,7 @@ def _task_dockerfile(parent: str, task: Task) -> str:
         lines.append("RUN " + json.dumps(["/bin/bash", "-euo", "pipefail", "-c", cmd]))
     # The initial state is a commit, so the policy's changes are always `git diff` against it.
     lines.append('RUN git init -q . && git add -A && git commit -q --allow-empty -m "envforge: task initial state"')
-    lines += [f'LABEL {MANAGED_LABEL}="1" envforge.task="{task.id}" envforge.content-hash="{task.content_hash}"',
+    lines += [f'LABEL {MANAGED_LABEL}="1" envforge.task="{task.id}" envforge.workspace="{task.workspace_digest}"',
               "WORKDIR /workspace"]
     return "\n".join(lines) + "\n"
 

@@ -1,30 +1,44 @@
-"""Task sources: parsers that turn what teams already have into `Task`s plus rejects."""
+"""Task sources: parsers that turn what teams already have into `Task`s plus rejects.
 
+Specs, runbooks and SWE-bench instances become tasks directly; tickets and review records
+become `Candidate`s whose tests are derived by running them (`envforge.sources.derive`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from envforge.sources.discover import KINDS, SourceRef, discover_sources, fingerprint, load_source
 from envforge.sources.result import LoadResult
 from envforge.sources.runbooks import load_runbook, load_runbooks
 from envforge.sources.specs import discover_spec_files, load_spec_file, load_specs
 
-__all__ = ["LoadResult", "discover_spec_files", "load_spec_file", "load_specs", "load_runbook", "load_runbooks",
-           "load_sources"]
+__all__ = ["KINDS", "LoadResult", "SourceRef", "discover_sources", "discover_spec_files", "fingerprint",
+           "load_by_source", "load_runbook", "load_runbooks", "load_source", "load_sources", "load_spec_file",
+           "load_specs"]
 
 
-def load_sources(paths) -> dict[str, LoadResult]:
-    """Every supported source under the paths, by kind: YAML specs (task.yaml), runbooks (.md with
-    front matter) and SWE-bench instances (.jsonl given directly or beside a swebench.yaml)."""
-    from pathlib import Path
+def load_by_source(paths: Iterable[Path]) -> tuple[list[tuple[SourceRef, LoadResult]], list]:
+    """Each discovered source with its result (task ids unique across all of them), plus path problems."""
+    refs, problems = discover_sources(paths)
+    seen: dict[str, str] = {}
+    loaded = []
+    for ref in refs:
+        raw = load_source(ref)
+        res = LoadResult(rejects=list(raw.rejects))
+        for task in raw.tasks:
+            res.add_unique(task, seen)
+        for cand in raw.candidates:
+            res.add_unique_candidate(cand, seen)
+        loaded.append((ref, res))
+    return loaded, problems
 
-    from envforge.sources.swebench import load_swebench
 
-    paths = [Path(p) for p in paths]
-    specs = [p for p in paths if p.is_dir() or not p.exists() or p.suffix in (".yaml", ".yml")]
-    runbooks = [p for p in paths if p.is_dir() or p.suffix == ".md"]
-    # SWE-bench JSONL: given directly, or found beside a swebench.yaml repository map.
-    instances = [p for p in paths if p.suffix == ".jsonl"]
-    for d in (p for p in paths if p.is_dir()):
-        instances += sorted(f for sidecar in d.rglob("swebench.yaml") for f in sidecar.parent.glob("*.jsonl"))
-    out = {"spec": load_specs(specs) if specs else LoadResult()}
-    for kind, found in (("runbook", load_runbooks(runbooks) if runbooks else LoadResult()),
-                        ("swebench", load_swebench(instances) if instances else LoadResult())):
-        if found.tasks or found.rejects:
-            out[kind] = found
+def load_sources(paths: Iterable[Path]) -> dict[str, LoadResult]:
+    """Every source under the paths, merged by kind ('spec' always present; path problems go there)."""
+    loaded, problems = load_by_source(paths)
+    out: dict[str, LoadResult] = {"spec": LoadResult(rejects=list(problems))}
+    for ref, res in loaded:
+        out.setdefault(ref.kind, LoadResult()).extend(res)
     return out

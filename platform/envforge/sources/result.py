@@ -3,29 +3,45 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from envforge.errors import Problem
 from envforge.task import Task
 
+if TYPE_CHECKING:
+    from envforge.sources.candidate import Candidate
+
 
 @dataclass
 class LoadResult:
+    """Good tasks, rejects, and candidates: history-mined tasks whose tests are derived next."""
+
     tasks: list[Task] = field(default_factory=list)
     rejects: list[Problem] = field(default_factory=list)
+    candidates: list["Candidate"] = field(default_factory=list)
 
     def extend(self, other: "LoadResult") -> None:
         self.tasks.extend(other.tasks)
         self.rejects.extend(other.rejects)
+        self.candidates.extend(other.candidates)
 
     @property
     def ok(self) -> bool:
         return not self.rejects
 
+    def _first(self, task_id: str, origin: str, seen: dict[str, str], field: str) -> bool:
+        if task_id in seen:
+            self.rejects.append(Problem(origin, field, f"duplicate task id {task_id!r}, first defined in "
+                                                       f"{seen[task_id]}"))
+            return False
+        seen[task_id] = origin
+        return True
+
     def add_unique(self, task: Task, seen: dict[str, str], field: str = "id") -> None:
         """Keep the task unless its id was already loaded (then it is a reject naming the first)."""
-        if task.id in seen:
-            self.rejects.append(Problem(task.origin, field, f"duplicate task id {task.id!r}, first defined in "
-                                                            f"{seen[task.id]}"))
-            return
-        seen[task.id] = task.origin
-        self.tasks.append(task)
+        if self._first(task.id, task.origin, seen, field):
+            self.tasks.append(task)
+
+    def add_unique_candidate(self, candidate: "Candidate", seen: dict[str, str], field: str = "id") -> None:
+        if self._first(candidate.id, candidate.origin, seen, field):
+            self.candidates.append(candidate)

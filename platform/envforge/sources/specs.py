@@ -8,7 +8,6 @@ specs, so YAML files that belong to a task's workspace are never mistaken for on
 from __future__ import annotations
 
 import base64
-import subprocess
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -17,6 +16,7 @@ from pydantic import ValidationError
 
 from envforge.errors import Problem, SpecError
 from envforge.hashing import iter_tree, tree_digest
+from envforge.sources.gitrepo import resolve_commit
 from envforge.sources.result import LoadResult
 from envforge.task import Task, TaskSpec
 
@@ -95,7 +95,7 @@ def _check_referenced_files(path: Path, spec: TaskSpec) -> list[Problem]:
     need("environment.dockerfile", env.dockerfile, "file")
     if env.repository is not None:
         need("environment.repository.path", env.repository.path, "dir")
-        if (base / env.repository.path).is_dir() and _resolve_commit(base / env.repository.path, env.repository.commit) is None:
+        if (base / env.repository.path).is_dir() and resolve_commit(base / env.repository.path, env.repository.commit) is None:
             problems.append(Problem(src, "environment.repository.commit",
                                     f"commit {env.repository.commit!r} not found in {env.repository.path}"))
     need("verification.files", spec.verification.files, "dir")
@@ -109,18 +109,12 @@ def _check_referenced_files(path: Path, spec: TaskSpec) -> list[Problem]:
     return problems
 
 
-def _resolve_commit(repo: Path, commit: str) -> str | None:
-    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
-                          capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
 def _workspace_digest(base: Path, spec: TaskSpec) -> str:
     env = spec.environment
     if env.files:
         return tree_digest(base / env.files)
     if env.repository:
-        return "git:" + (_resolve_commit(base / env.repository.path, env.repository.commit) or "")
+        return "git:" + (resolve_commit(base / env.repository.path, env.repository.commit) or "")
     return ""
 
 

@@ -13,11 +13,7 @@ fix. The test patch is held back and applied only at grading.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -25,40 +21,19 @@ import yaml
 from pydantic import ValidationError
 
 from envforge.errors import Problem, SpecError
+from envforge.sources.candidate import slug
+from envforge.sources.gitrepo import materialize_repo, patch_applies, resolve_commit
+from envforge.sources.records import iter_records
 from envforge.sources.result import LoadResult
 from envforge.sources.specs import _pydantic_problems
 from envforge.task import Task, TaskSpec
 
 REQUIRED = ("repo", "instance_id", "base_commit", "patch", "test_patch", "problem_statement", "FAIL_TO_PASS",
             "PASS_TO_PASS")
-BUNDLE_CACHE = Path(tempfile.gettempdir()) / "envforge-bundles"
 
 
 def task_id_for(instance_id: str) -> str:
-    slug = re.sub(r"[^a-z0-9._-]+", "-", instance_id.lower()).strip("-._")
-    return slug[:80] or "instance"
-
-
-def materialize_repo(path: Path) -> Path:
-    """A git directory for a repository path or a .bundle file (cloned once, bare, cached by digest)."""
-    path = Path(path)
-    if path.is_file() and path.suffix == ".bundle":
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-        target = BUNDLE_CACHE / digest
-        if not (target / "HEAD").exists():
-            BUNDLE_CACHE.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(dir=BUNDLE_CACHE))
-            proc = subprocess.run(["git", "clone", "-q", "--bare", "--mirror", str(path), str(tmp / "repo")],
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise ValueError(f"cannot read bundle {path}: {proc.stderr.strip()}")
-            (tmp / "repo").rename(target)
-        return target
-    return path
-
-
-def _git(repo: Path, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, input=input)
+    return slug(instance_id) or "instance"
 
 
 def _ids(value: Any) -> list[str] | None:
@@ -70,17 +45,6 @@ def _ids(value: Any) -> list[str] | None:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return value
     return None
-
-
-def _patch_applies(repo: Path, commit: str, patch: str) -> str | None:
-    """None if the patch applies cleanly to the tree at commit; otherwise git's complaint."""
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = _git(repo, "archive", "--format=tar", commit)
-        if archive.returncode != 0:
-            return archive.stderr.decode(errors="replace").strip()
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-        proc = subprocess.run(["git", "apply", "--check", "-"], cwd=tmp, input=patch.encode(), capture_output=True)
-        return None if proc.returncode == 0 else proc.stderr.decode(errors="replace").strip()[:300]
 
 
 def _repo_map(jsonl: Path) -> dict[str, Path]:
@@ -114,13 +78,12 @@ def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, Path]
         raise SpecError(problems + [Problem(where, "repo", str(exc))]) from None
     if not git_dir.exists():
         raise SpecError(problems + [Problem(where, "repo", f"repository {repo_path} does not exist")])
-    commit = _git(git_dir, "rev-parse", "--verify", "--quiet", f"{rec['base_commit']}^{{commit}}")
-    if commit.returncode != 0:
+    sha = resolve_commit(git_dir, str(rec["base_commit"]))
+    if sha is None:
         raise SpecError(problems + [Problem(where, "base_commit", f"commit {rec['base_commit']!r} not found in "
                                                                  f"{repo_path}")])
-    sha = commit.stdout.decode().strip()
     for field in ("patch", "test_patch"):
-        complaint = _patch_applies(git_dir, sha, rec[field])
+        complaint = patch_applies(git_dir, sha, rec[field])
         if complaint:
             problems.append(Problem(where, field, f"does not apply to base_commit: {complaint}"))
     if problems:
@@ -151,18 +114,12 @@ def load_swebench(paths: Iterable[Path]) -> LoadResult:
         files = sorted(p.rglob("*.jsonl")) if p.is_dir() else [p]
         for f in files:
             repos = _repo_map(f)
-            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), start=1):
-                if not line.strip():
+            for where, rec in iter_records(f, "jsonl"):
+                if isinstance(rec, Problem):
+                    result.rejects.append(rec)
                     continue
-                where = f"{f}:{n}"
                 try:
-                    rec = json.loads(line)
-                    if not isinstance(rec, dict):
-                        raise ValueError("not a JSON object")
                     task = record_to_task(rec, where, f.parent, repos)
-                except ValueError as exc:
-                    result.rejects.append(Problem(where, "", f"not a JSON record: {exc}"))
-                    continue
                 except SpecError as exc:
                     result.rejects.extend(exc.problems)
                     continue

@@ -64,15 +64,13 @@ def test_command(check: TestCheckpoint, order: list[str]) -> tuple[str, bool]:
     return check.command or "", False
 
 
-def run_tests(sandbox: Sandbox, check: TestCheckpoint, shuffle_seed: int | None = None) -> tuple[dict[str, str], list[str]]:
-    """Run the required tests; statuses come from the report pipe (pytest, unittest) or stdout (tap, pattern).
+def _run_reported(sandbox: Sandbox, check: TestCheckpoint, order: list[str]) -> tuple[dict[str, str], list[str]]:
+    """(status per reported test id, infrastructure/report reasons) for one run of the given ids
+    (all tests the command collects when `order` is empty).
 
     Every sandbox process is killed afterwards, so nothing the tests started lives on into
     the shell checkpoints.
     """
-    order = list(check.ids)
-    if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(order)
     cmd, reports = test_command(check, order)
     res = sandbox.exec(cmd, timeout_s=check.timeout_s, env=CLEAN_ENV, report=reports)
     sandbox.kill_processes()
@@ -98,6 +96,15 @@ def run_tests(sandbox: Sandbox, check: TestCheckpoint, shuffle_seed: int | None 
     except ReportError:
         statuses = {}
         reasons.append("report_unreadable")
+    return statuses, reasons
+
+
+def run_tests(sandbox: Sandbox, check: TestCheckpoint, shuffle_seed: int | None = None) -> tuple[dict[str, str], list[str]]:
+    """Run the required tests; statuses come from the report pipe (pytest, unittest) or stdout (tap, pattern)."""
+    order = list(check.ids)
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(order)
+    statuses, reasons = _run_reported(sandbox, check, order)
     tests: dict[str, str] = {}
     for test_id in check.ids:
         status = statuses.get(test_id, "missing")
@@ -107,6 +114,11 @@ def run_tests(sandbox: Sandbox, check: TestCheckpoint, shuffle_seed: int | None 
         elif status != "passed":
             reasons.append(f"test_failed:{test_id}")
     return tests, reasons
+
+
+def run_suite(sandbox: Sandbox, check: TestCheckpoint) -> tuple[dict[str, str], list[str]]:
+    """Every test the check's command collects, with its status: how sources derive FAIL_TO_PASS."""
+    return _run_reported(sandbox, check, [])
 
 
 def run_shell_checkpoint(sandbox: Sandbox, check: ShellCheckpoint) -> CheckpointResult:

@@ -1,0 +1,120 @@
+"""Tasks mined from history whose tests are not known yet.
+
+A ticket's fix commit or a review's follow-up commit says *what changed*, not which tests
+prove it. A `Candidate` holds everything else a task needs (workspace commit, instruction,
+the source change as reference solution, the held-back test change); `envforge.sources.derive`
+runs the suite before and after the change in a sandbox and turns it into a `Task` with
+FAIL_TO_PASS / PASS_TO_PASS, or into a reject.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from envforge.errors import Problem, SpecError
+from envforge.sources.gitrepo import SplitChange
+from envforge.sources.specs import _pydantic_problems
+from envforge.task import Limits, Task, TaskSpec
+
+# Stands in for the test ids while a candidate's image is built: the image depends on the
+# environment and workspace only, never on the verification, so it is the task's real image.
+PENDING_TEST = "(derived by running the tests)"
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SuiteConfig(StrictModel):
+    """How a history source's repository runs its tests (the `tests:` block of its config)."""
+
+    framework: str = Field("pytest", pattern="^pytest$", description="suites are run whole; pytest only for now")
+    command: str = Field("python3 -m pytest", description="runs the whole suite from the repository root")
+    timeout_s: float = Field(300, gt=0, le=86400)
+
+
+class HistorySourceConfig(StrictModel):
+    """Settings every history source (tickets, reviews) shares; each adds its own fields."""
+
+    tests: SuiteConfig = Field(default_factory=SuiteConfig)
+    limits: Limits = Field(default_factory=Limits)
+    max_turns: int = Field(40, ge=1, le=1000)
+    tags: list[str] = Field(default_factory=list)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")[:80]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A task from a commit range whose verification is derived by running its tests."""
+
+    id: str
+    kind: str
+    origin: str
+    field: str  # the record field that names the change (rejects point at it)
+    instruction: str
+    git_dir: Path
+    workspace_commit: str
+    change: SplitChange
+    config: HistorySourceConfig
+    base_dir: Path
+    tags: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_task(self, fail_to_pass: list[str], pass_to_pass: list[str], extra_metadata: dict | None = None) -> Task:
+        data = {
+            "id": self.id, "source": self.kind, "instruction": self.instruction,
+            "environment": {"image": "base", "limits": self.config.limits.model_dump(),
+                            "repository": {"path": str(self.git_dir), "commit": self.workspace_commit}},
+            "verification": {"tests": {"framework": self.config.tests.framework, "command": self.config.tests.command,
+                                       "timeout_s": self.config.tests.timeout_s,
+                                       "fail_to_pass": fail_to_pass, "pass_to_pass": pass_to_pass}},
+            "reference_solution": {"patch": "<inline>"},
+            "max_turns": self.config.max_turns, "tags": sorted({*self.config.tags, *self.tags}),
+            "metadata": {**self.metadata, **(extra_metadata or {}), "source_files": self.change.source_files,
+                         "test_files": self.change.test_files},
+        }
+        try:
+            spec = TaskSpec.model_validate(data)
+        except ValidationError as err:
+            raise SpecError(_pydantic_problems(self.origin, err)) from None
+        task = Task(spec=spec, origin=self.origin, base_dir=str(self.base_dir),
+                    reference_patch=self.change.source_patch, test_patch=self.change.test_patch,
+                    workspace_digest=f"git:{self.workspace_commit}")
+        return task.model_copy(update={"content_hash": task.compute_content_hash()})
+
+    def provisional_task(self) -> Task:
+        """The task with a placeholder test id: enough to build its image and check the spec."""
+        return self.to_task([PENDING_TEST], [])
+
+
+def check_change(change: SplitChange, where: str, field: str, what: str) -> None:
+    """A change can become a task only if it has a source part to ask for and a test part to grade it."""
+    if not change.test_files:
+        raise SpecError([Problem(where, field, f"{what} changes no test files, so nothing can verify it "
+                                               f"(changed: {', '.join(change.source_files) or 'nothing'})")])
+    if not change.source_files:
+        raise SpecError([Problem(where, field, f"{what} changes only tests ({', '.join(change.test_files)}): "
+                                               f"there is no source change to ask for")])
+
+
+def load_config(path: Path, model: type[BaseModel]) -> BaseModel:
+    """A YAML config file validated into its model; problems name the file and dotted field."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError([Problem(str(path), "", f"cannot read config: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise SpecError([Problem(str(path), "", "config must be a YAML mapping")])
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_pydantic_problems(str(path), err)) from None

@@ -1,0 +1,195 @@
+"""Local git repositories as task sources: paths, bundles and patch series.
+
+Sources that point at history (SWE-bench instances, tickets with fix commits, review
+records) name a repository three ways: a git directory, a `.bundle` file, or a *patch
+series* directory (`patches/*.patch` from `git format-patch`, plus `repo.yaml` naming the
+committer) that is rebuilt with `git am` into the same commits every time. Bundles and
+series are materialized once into a cache keyed by their content digest.
+
+The helpers here are the only place sources run git, always with the user's and the
+system's git configuration switched off so a hook or alias can't change the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from envforge.verify.protect import TEST_GLOBS, matches, split_diff
+
+REPO_CACHE = Path(tempfile.gettempdir()) / "envforge-repos"
+# Files that belong to the test change of a fix: held back from the policy, applied at grading.
+TEST_CHANGE_GLOBS = TEST_GLOBS + ["**/conftest.py"]
+_GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+            "LC_ALL": "C"}
+
+
+def git(repo: Path, *args: str, input: bytes | None = None, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess:
+    """git -C repo ARGS with a neutral configuration; never raises on a non-zero exit."""
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, input=input,
+                          env={**os.environ, **_GIT_ENV, **(env or {})})
+
+
+def _stderr(proc: subprocess.CompletedProcess) -> str:
+    return proc.stderr.decode(errors="replace").strip()
+
+
+@dataclass(frozen=True)
+class SeriesConfig:
+    """`repo.yaml` of a patch-series project: who commits and on which branch (fixed, so SHAs are)."""
+
+    committer_name: str = "envforge"
+    committer_email: str = "envforge@localhost"
+    branch: str = "main"
+
+    @classmethod
+    def load(cls, project: Path) -> "SeriesConfig":
+        path = project / "repo.yaml"
+        if not path.exists():
+            return cls()
+        data = yaml.safe_load(path.read_text()) or {}
+        committer = data.get("committer") or {}
+        unknown = set(data) - {"committer", "branch"}
+        if unknown or not isinstance(committer, dict):
+            raise ValueError(f"{path}: unknown or malformed fields {sorted(unknown) or ['committer']} "
+                             f"(allowed: committer.name, committer.email, branch)")
+        return cls(committer.get("name", cls.committer_name), committer.get("email", cls.committer_email),
+                   data.get("branch", cls.branch))
+
+
+def is_patch_series(path: Path) -> bool:
+    return path.is_dir() and (path / "patches").is_dir() and any((path / "patches").glob("*.patch"))
+
+
+def series_digest(project: Path) -> str:
+    h = hashlib.sha256()
+    for f in [project / "repo.yaml", *sorted((project / "patches").glob("*.patch"))]:
+        if f.exists():
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def build_patch_series(project: Path, target: Path) -> Path:
+    """Rebuild a patch-series project's repository at target (a fresh directory); returns it.
+
+    The committer identity comes from repo.yaml and committer dates equal author dates, so
+    the same patches always give the same commit SHAs.
+    """
+    project, target = Path(project), Path(target)
+    cfg = SeriesConfig.load(project)
+    patches = sorted((project / "patches").glob("*.patch"))
+    if not patches:
+        raise ValueError(f"{project}: no patches/*.patch to build a repository from")
+    if target.exists() and any(target.iterdir()):
+        raise ValueError(f"{target} exists and is not empty")
+    target.mkdir(parents=True, exist_ok=True)
+    init = git(target, "init", "-q", "-b", cfg.branch)
+    if init.returncode != 0:
+        raise ValueError(f"git init {target}: {_stderr(init)}")
+    env = {"GIT_COMMITTER_NAME": cfg.committer_name, "GIT_COMMITTER_EMAIL": cfg.committer_email}
+    am = git(target, "-c", "commit.gpgsign=false", "am", "-q", "-k", "--keep-cr", "--committer-date-is-author-date",
+             *[str(p.resolve()) for p in patches], env=env)
+    if am.returncode != 0:
+        raise ValueError(f"{project}: `git am` failed: {_stderr(am)[:400]}")
+    return target
+
+
+def _cached(key: str, make) -> Path:
+    target = REPO_CACHE / key
+    if not (target / "HEAD").exists() and not (target / ".git" / "HEAD").exists():
+        REPO_CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=REPO_CACHE))
+        made = make(tmp / "repo")
+        try:
+            made.rename(target)
+        except OSError:  # another process materialized it first
+            pass
+    return target
+
+
+def materialize_repo(path: Path) -> Path:
+    """A git directory for a repository path, a .bundle file or a patch-series project."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".bundle":
+        def clone(dest: Path) -> Path:
+            proc = subprocess.run(["git", "clone", "-q", "--bare", "--mirror", str(path), str(dest)],
+                                  capture_output=True, env={**os.environ, **_GIT_ENV})
+            if proc.returncode != 0:
+                raise ValueError(f"cannot read bundle {path}: {_stderr(proc)}")
+            return dest
+        return _cached("bundle-" + hashlib.sha256(path.read_bytes()).hexdigest()[:16], clone)
+    if is_patch_series(path):
+        return _cached("series-" + series_digest(path), lambda dest: build_patch_series(path, dest))
+    return path
+
+
+def resolve_commit(repo: Path, rev: str) -> str | None:
+    """The full SHA of a commit-ish, or None when the repository has no such commit."""
+    if not rev or rev.startswith("-"):
+        return None
+    proc = git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    return proc.stdout.decode().strip() if proc.returncode == 0 else None
+
+
+def first_parent(repo: Path, sha: str) -> str | None:
+    return resolve_commit(repo, f"{sha}^")
+
+
+def is_ancestor(repo: Path, ancestor: str, descendant: str) -> bool:
+    return git(repo, "merge-base", "--is-ancestor", ancestor, descendant).returncode == 0
+
+
+def commit_subject(repo: Path, sha: str) -> str:
+    return git(repo, "log", "-1", "--format=%s", sha).stdout.decode(errors="replace").strip()
+
+
+def patch_applies(repo: Path, commit: str, patch: str) -> str | None:
+    """None if the patch applies cleanly to the tree at commit; otherwise git's complaint."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = git(repo, "archive", "--format=tar", commit)
+        if archive.returncode != 0:
+            return _stderr(archive)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        proc = subprocess.run(["git", "apply", "--check", "-"], cwd=tmp, input=patch.encode(), capture_output=True,
+                              env={**os.environ, **_GIT_ENV})
+        return None if proc.returncode == 0 else _stderr(proc)[:300]
+
+
+@dataclass(frozen=True)
+class SplitChange:
+    """A change between two commits, split into what a policy must write and what grades it."""
+
+    source_patch: str
+    test_patch: str
+    source_files: list[str]
+    test_files: list[str]
+
+
+def split_change(repo: Path, old: str, new: str) -> SplitChange:
+    """`git diff old new`, split per file into the source change and the test change.
+
+    Test files are the conventional test locations (tests/, test_*.py, *_test.py) and
+    conftest.py; test *configuration* (pytest.ini, pyproject.toml ...) stays in the source
+    change, since a fix that needs a config change needs the policy to make it.
+    """
+    proc = git(repo, "diff", "--binary", "--full-index", "--no-renames", old, new)
+    if proc.returncode != 0:
+        raise ValueError(f"git diff {old[:12]} {new[:12]}: {_stderr(proc)}")
+    source, tests, source_files, test_files = [], [], [], []
+    for section in split_diff(proc.stdout.decode(errors="surrogateescape")):
+        is_test = all(matches(p, TEST_CHANGE_GLOBS) for p in section.paths)
+        (tests if is_test else source).append(section.text)
+        (test_files if is_test else source_files).extend(section.paths)
+    return SplitChange("".join(source), "".join(tests), sorted(set(source_files)), sorted(set(test_files)))
+
+
+__all__ = ["REPO_CACHE", "SplitChange", "build_patch_series", "commit_subject", "first_parent",
+           "git", "is_ancestor", "is_patch_series", "materialize_repo", "patch_applies", "resolve_commit",
+           "split_change"]

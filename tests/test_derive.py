@@ -1,0 +1,111 @@
+"""Tickets and reviews in real sandboxes: FAIL_TO_PASS / PASS_TO_PASS derived by running the
+suite before and after the change, history scrubbed, and per-source loads in the catalog."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from envforge import pipeline
+from envforge.catalog import Catalog
+from envforge.sandbox.images import build_task_image
+from envforge.sources import derive
+from envforge.sources.derive import derive_tasks
+from envforge.sources.reviews import load_review_source
+from envforge.sources.tickets import load_ticket_source
+from tests.test_history_sources import make_calc_repo, write_review_source, write_ticket_source
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def calc(tmp_path):
+    repo = tmp_path / "calc"
+    return repo, make_calc_repo(repo)
+
+
+def test_tests_are_derived_by_running_them_and_graded_for_real(calc, tmp_path, settings, docker_client, grader):
+    repo, shas = calc
+    candidates = load_ticket_source(write_ticket_source(tmp_path / "t", repo, shas)).candidates
+    candidates += load_review_source(write_review_source(tmp_path / "r", repo, shas)).candidates
+    result = derive_tasks(settings, candidates, client=docker_client)
+    tasks = {t.id: t for t in result.tasks}
+    assert sorted(tasks) == ["calc-calc-1", "calc-review-pr-3-c1"]
+    ticket = tasks["calc-calc-1"].spec.verification.tests
+    assert ticket.fail_to_pass == ["tests/test_calc.py::test_add"]
+    assert ticket.pass_to_pass == ["tests/test_calc.py::test_mul"]
+    review = tasks["calc-review-pr-3-c1"].spec.verification.tests
+    assert review.fail_to_pass == ["tests/test_div.py::test_div_zero"]
+    assert set(review.pass_to_pass) == {"tests/test_calc.py::test_add", "tests/test_calc.py::test_mul",
+                                        "tests/test_calc.py::test_mul_zero"}
+    [reject] = result.rejects
+    assert reject.source.endswith("gh.csv:row 2") and reject.field == "closed_by_commit"
+    assert reject.reason.startswith("the change has no failing-then-passing test: 3 tests ran after the change, "
+                                    "3 already passed before")
+    from envforge.sandbox.images import build_base_image
+    base = build_base_image(docker_client, settings).tag
+    for task in tasks.values():
+        image = build_task_image(docker_client, task, base, settings).tag
+        assert grader.grade(task, image, task.reference_patch).resolved, task.id
+        empty = grader.grade(task, image, "")
+        assert not empty.resolved and empty.reward == 0, task.id
+
+    # Cached: the same candidates again need no sandbox at all.
+    def no_sandbox(*args, **kwargs):
+        raise AssertionError("derivation should come from the cache")
+    original = derive.run_before_after
+    derive.run_before_after = no_sandbox
+    try:
+        again = derive_tasks(settings, candidates, client=docker_client)
+    finally:
+        derive.run_before_after = original
+    assert [t.content_hash for t in again.tasks] == [t.content_hash for t in result.tasks]
+
+
+def test_the_fix_is_unreachable_from_the_task_workspace(calc, tmp_path, settings, docker_client, base_image):
+    from envforge.sandbox.container import Sandbox, SandboxOptions
+
+    repo, shas = calc
+    [cand] = [c for c in load_ticket_source(write_ticket_source(tmp_path / "t", repo, shas)).candidates
+              if c.id == "calc-calc-1"]
+    image = build_task_image(docker_client, cand.provisional_task(), base_image, settings).tag
+    with Sandbox.start(docker_client, image, SandboxOptions()) as sb:
+        probes = {
+            "commits": "git log --all --reflog --format=%H | sort -u | wc -l",
+            "fix_object": f"git cat-file -t {shas['fix']} 2>&1 || true",
+            "refs": "git for-each-ref --format='%(refname)' | wc -l",
+            "stash_tags_remotes": "git stash list | wc -l; git tag | wc -l; git remote | wc -l",
+            "unreachable": "git fsck --unreachable --no-reflogs --no-progress 2>&1 | grep -c unreachable || true",
+            "marker": "grep -rl SECRET-FIX-MARKER .git | wc -l; git log --all -p | grep -c 'a + b' || true",
+            "packs": "ls .git/objects/pack | wc -l",
+        }
+        out = {k: sb.exec(cmd).text().split() for k, cmd in probes.items()}
+    assert out["commits"] == ["1"]
+    assert "fatal" in " ".join(out["fix_object"]) or "Not a valid object" in " ".join(out["fix_object"]) \
+        or out["fix_object"][0] != "commit"
+    assert out["refs"] == ["1"]
+    assert out["stash_tags_remotes"] == ["0", "0", "0"]
+    assert out["unreachable"] == ["0"]
+    assert out["marker"] == ["0", "0"]
+
+
+def test_ingest_stores_each_source_as_its_latest_load(calc, tmp_path, settings, docker_client):
+    repo, shas = calc
+    cfg = write_ticket_source(tmp_path / "t", repo, shas)
+    report = pipeline.ingest(settings, [cfg], client=docker_client)
+    [source] = report.sources
+    assert source.kind == "ticket" and [t.id for t in source.result.tasks] == ["calc-calc-1"]
+    assert len(source.result.rejects) == 5  # 4 parse-time + 1 derived
+    catalog = Catalog(settings.catalog_path)
+    assert catalog.tasks()["task_id"].to_list() == ["calc-calc-1"]
+    assert catalog.current_rejects().height == 5
+    loads = catalog.source_loads()
+    assert loads["n_tasks"].to_list() == [1] and loads["n_rejects"].to_list() == [5]
+    # The ticket leaves the export: its task is no longer current, and old rejects are history.
+    jira = tmp_path / "t" / "jira.jsonl"
+    jira.write_text("\n".join(line for line in jira.read_text().splitlines() if "CALC-1" not in line) + "\n")
+    pipeline.ingest(settings, [cfg], client=docker_client)
+    assert catalog.tasks().height == 0
+    assert catalog.current_rejects().height == 5 and catalog.rejects().height == 10
+    assert json.loads(catalog.query("SELECT count(*) AS n FROM source_loads").write_json())[0]["n"] == 2
