@@ -5,12 +5,14 @@ import dagster as dg
 from assets.defs.environments import assets as environments_assets, checks as environments_checks
 from assets.defs.quality import assets as quality_assets, checks as quality_checks
 from assets.defs.resources import default_resources
+from assets.defs.rollouts import assets as rollouts_assets, checks as rollouts_checks
 from assets.defs.sources import assets as sources_assets, checks as sources_checks
 from assets.defs.sources.sensors import task_sources_sensor
 from assets.defs.verification import assets as verification_assets, checks as verification_checks
 
 main_job = dg.define_asset_job(
-    "main_job", selection=dg.AssetSelection.assets(sources_assets.candidate_tasks).downstream(),
+    "main_job", selection=dg.AssetSelection.assets(sources_assets.candidate_tasks).downstream()
+    - dg.AssetSelection.assets(rollouts_assets.rollout_batch),
     description="From the live tasks of every source's latest load: decontaminate and dedup them, build their "
                 "images, and put every task through the flakiness gate. Sources are ingested per partition "
                 "(the task_sources_sensor, or a backfill of the *_tasks assets).",
@@ -18,9 +20,11 @@ main_job = dg.define_asset_job(
 
 defs = dg.Definitions(
     assets=[*sources_assets.source_assets, sources_assets.candidate_tasks,
-            *dg.load_assets_from_modules([quality_assets, environments_assets, verification_assets])],
+            *dg.load_assets_from_modules([quality_assets, environments_assets, verification_assets,
+                                          rollouts_assets])],
     asset_checks=[*sources_checks.reject_rate_checks, sources_checks.candidate_tasks_schema,
-                  *dg.load_asset_checks_from_modules([quality_checks, environments_checks, verification_checks])],
+                  *dg.load_asset_checks_from_modules([quality_checks, environments_checks, verification_checks,
+                                                      rollouts_checks])],
     jobs=[main_job, *sources_assets.ingest_jobs],
     sensors=[task_sources_sensor],
     resources=default_resources(),

@@ -1,0 +1,87 @@
+"""A rollout batch end to end: sandboxes, grader, scheduler, store, metrics and catalog entry.
+
+The synchronous entry point the CLI, the Dagster asset and the benchmark share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import docker
+
+from envforge.catalog import Catalog
+from envforge.config import Settings
+from envforge.rollout.scheduler import BatchReport, Progress, RolloutConfig, RolloutScheduler
+from envforge.rollout.store import TrajectoryStore
+from envforge.rollout.tiers import pass_at_k
+from envforge.sandbox.engine import docker_client
+from envforge.sandbox.pool import SandboxPool
+from envforge.task import Task
+from envforge.verify.grader import Grader
+
+
+def default_batch_id(task_set_version: str, policy_id: str, seed: int) -> str:
+    policy = re.sub(r"[^A-Za-z0-9._-]+", "_", policy_id)[-40:]
+    return f"{task_set_version[:12] or 'tasks'}-{policy}-s{seed}"
+
+
+@dataclass
+class BatchResult:
+    report: BatchReport
+    store: TrajectoryStore
+    metrics: dict[str, float]
+    mlflow_run_id: str | None = None
+
+
+def batch_metrics(store: TrajectoryStore, report: BatchReport, k: int) -> dict[str, float]:
+    """pass@1, pass@k, turns, tokens, infra retries, dropped groups, pool hit rate, steps/s."""
+    frame = store.frame()
+    per_task = {}
+    for row in frame.iter_rows(named=True):
+        per_task.setdefault(row["task_id"], []).append(bool(row["resolved"]))
+    p1 = statistics.fmean(pass_at_k(len(v), sum(v), 1) for v in per_task.values()) if per_task else 0.0
+    kk = min(k, report.n_samples)
+    pk = statistics.fmean(pass_at_k(len(v), sum(v), kk) for v in per_task.values()) if per_task else 0.0
+    overhead = sorted(report.step_overhead_s)
+    return {
+        "trajectories": float(frame.height), "tasks": float(len(per_task)), "pass_at_1": round(p1, 6),
+        f"pass_at_{kk}": round(pk, 6), "mean_reward": float(frame["reward"].mean() or 0.0),
+        "mean_turns": float(frame["n_turns"].mean() or 0.0), "tokens": float(frame["n_tokens"].sum() or 0),
+        "infra_retries": float(report.infra_retries), "dropped_groups": float(len(report.dropped_groups)),
+        "pool_hit_rate": round(report.pool_hit_rate, 4), "steps_per_s": round(report.steps_per_s, 3),
+        "scheduler_overhead_ms_per_step": round(1000 * statistics.median(overhead), 3) if overhead else 0.0,
+        "malformed_turns": float(sum(sum(1 for turn in json.loads(t) if turn["parse_error"])
+                                     for t in frame["turns_json"])),
+    }
+
+
+def run_batch(settings: Settings, items: Sequence[tuple[Task, str]], policy: Any, config: RolloutConfig,
+              task_set_version: str = "", batch_id: str | None = None, root: str | None = None,
+              client: docker.DockerClient | None = None, progress: Progress | None = None,
+              pool: SandboxPool | None = None) -> BatchResult:
+    """Roll out every (task, image) n_samples times into the store; register the batch in the catalog."""
+    client = client or docker_client(settings)
+    batch_id = batch_id or default_batch_id(task_set_version, getattr(policy, "policy_id", "policy"), config.seed)
+    store = TrajectoryStore(root or str(settings.data_dir / "rollouts"), batch_id)
+    own_pool = pool is None
+    pool = pool or SandboxPool(client, max_idle_per_key=max(2, config.concurrency), max_starting=4)
+    try:
+        grader = Grader(client, pool)
+        scheduler = RolloutScheduler(pool, grader, policy, store, config, progress=progress)
+        report = asyncio.run(scheduler.run(items, task_set_version))
+    finally:
+        if own_pool:
+            pool.close()
+    metrics = batch_metrics(store, report, k=config.n_samples)
+    Catalog(settings.catalog_path).record_rollout_batch({
+        "batch_id": batch_id, "task_set_version": task_set_version, "policy_id": getattr(policy, "policy_id", "?"),
+        "location": f"{store.root}/{batch_id}", "n_tasks": len(items), "n_samples": config.n_samples,
+        "n_trajectories": int(metrics["trajectories"]), "n_dropped_groups": len(store.dropped()),
+        "pass_at_1": metrics["pass_at_1"], "metrics_json": json.dumps(metrics, sort_keys=True),
+    })
+    return BatchResult(report, store, metrics)

@@ -1,0 +1,1 @@
+"""Policies behind one interface (`envforge.rollout.policies.base.Policy`)."""

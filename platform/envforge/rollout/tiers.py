@@ -1,0 +1,129 @@
+"""Difficulty tiers from pass@k of a reference policy, with a static fallback, and splits.
+
+Tiers by the fraction of k samples solved (k = 8 by default):
+
+| tier | solved | why it matters |
+|---|---|---|
+| `unsolved` | 0/k | no learning signal, and possibly a broken verifier: kept for audit, not trained on |
+| `hard` | 1 .. 25% | the frontier: most GRPO signal per rollout |
+| `medium` | 25% .. 75% | |
+| `easy` | 75% .. below k/k | |
+| `trivial` | k/k | every group has equal rewards, hence zero GRPO advantage |
+
+Boundaries: `hard` is 0 < p <= 0.25, `medium` 0.25 < p < 0.75, `easy` 0.75 <= p < 1.
+
+Without a policy, a static score orders tasks by how much they ask for (lines and files the
+reference touches, tests to turn, checkpoints), cut into the same four solvable tiers by
+quartile, marked `static` so nobody mistakes it for measured difficulty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from envforge.task import Task
+from envforge.verify.protect import split_diff
+
+TIERS = ("unsolved", "hard", "medium", "easy", "trivial")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimator (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if n <= 0 or k <= 0:
+        return 0.0
+    k = min(k, n)
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def tier_for(solved: int, k: int) -> str:
+    if k <= 0:
+        raise ValueError("k must be positive")
+    p = solved / k
+    if solved == 0:
+        return "unsolved"
+    if solved == k:
+        return "trivial"
+    if p <= 0.25:
+        return "hard"
+    if p < 0.75:
+        return "medium"
+    return "easy"
+
+
+@dataclass(frozen=True)
+class TierRow:
+    task_id: str
+    content_hash: str
+    source: str
+    tier: str
+    method: str  # "pass@k" or "static"
+    solved: int
+    k: int
+    score: float  # pass rate, or the static difficulty score
+    split: str = ""
+
+
+def static_score(task: Task) -> float:
+    """How much the task asks for, from its reference and checks (higher = harder)."""
+    lines = files = 0
+    if task.reference_patch:
+        sections = split_diff(task.reference_patch)
+        files = len(sections)
+        lines = sum(1 for s in sections for line in s.text.splitlines()
+                    if line[:1] in "+-" and not line.startswith(("+++", "---")))
+    else:
+        cmds = task.spec.reference_solution.commands or []
+        lines = sum(len(c.splitlines()) for c in cmds)
+        files = len(cmds)
+    tests = task.spec.verification.tests
+    checks = (len(tests.fail_to_pass) if tests else 0) + len(task.spec.verification.checkpoints)
+    return math.log1p(lines) + 0.5 * files + 0.25 * checks
+
+
+def tiers_from_passes(tasks: Sequence[Task], solved: dict[str, tuple[int, int]]) -> list[TierRow]:
+    """Rows from measured (solved, k) per task id; tasks without a measurement get static tiers."""
+    measured = [t for t in tasks if t.id in solved]
+    rows = [TierRow(t.id, t.content_hash, t.spec.source, tier_for(*solved[t.id]), "pass@k", solved[t.id][0],
+                    solved[t.id][1], solved[t.id][0] / solved[t.id][1]) for t in measured]
+    rest = [t for t in tasks if t.id not in solved]
+    return rows + static_tiers(rest)
+
+
+def static_tiers(tasks: Sequence[Task]) -> list[TierRow]:
+    scored = sorted(((static_score(t), t.id, t) for t in tasks), key=lambda x: (x[0], x[1]))
+    rows = []
+    for i, (score, _, t) in enumerate(scored):
+        q = i / max(1, len(scored))
+        tier = "easy" if q < 0.25 else "medium" if q < 0.75 else "hard"
+        rows.append(TierRow(t.id, t.content_hash, t.spec.source, tier, "static", 0, 0, round(score, 4)))
+    return rows
+
+
+def stratified_split(rows: Iterable[TierRow], eval_fraction: float = 0.2, seed: int = 0) -> list[TierRow]:
+    """Train/eval split stratified by (tier, source); unsolved tasks go to `audit`.
+
+    Within each stratum tasks are ordered by a seeded hash of their id, and the first
+    round(n * eval_fraction) go to eval, at least one when a stratum has 3 or more tasks, so
+    every tier and source is represented on both sides when there is enough of it.
+    """
+    strata: dict[tuple[str, str], list[TierRow]] = defaultdict(list)
+    out = []
+    for r in rows:
+        if r.tier == "unsolved":
+            out.append(TierRow(**{**r.__dict__, "split": "audit"}))
+        else:
+            strata[(r.tier, r.source)].append(r)
+    for key in sorted(strata):
+        members = sorted(strata[key], key=lambda r: hashlib.sha256(f"{seed}:{r.task_id}".encode()).hexdigest())
+        n_eval = round(len(members) * eval_fraction)
+        if n_eval == 0 and len(members) >= 3 and eval_fraction > 0:
+            n_eval = 1
+        for i, r in enumerate(members):
+            out.append(TierRow(**{**r.__dict__, "split": "eval" if i < n_eval else "train"}))
+    return sorted(out, key=lambda r: r.task_id)
