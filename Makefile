@@ -8,7 +8,7 @@ export ENVFORGE_DATA_DIR ?= $(CURDIR)/.envforge
 export DAGSTER_HOME ?= $(ENVFORGE_DATA_DIR)/dagster
 PYTEST_ARGS ?=
 
-.PHONY: setup venv engine base-image demo test bench-sandbox bench-dedup ui mlflow-ui lock clean
+.PHONY: setup venv engine base-image demo test bench-sandbox bench-dedup bench-rollout ui mlflow-ui lock clean
 
 ## setup: venv + package, host packages, Docker engine, sandbox base image (idempotent)
 setup: venv engine base-image
@@ -37,6 +37,10 @@ test: setup
 ## bench-sandbox: sandbox runtime benchmark (JSON on stdout)
 bench-sandbox: setup
 	$(BIN)/python bench/sandbox.py
+
+## bench-rollout: rollout scheduler benchmark, replay policy at 1/8/16/32 concurrent vs sequential cold (JSON)
+bench-rollout: setup
+	$(BIN)/python bench/rollout.py
 
 ## bench-dedup: MinHash/LSH benchmark vs datasketch, and 100k x 1M decontamination (JSON on stdout)
 bench-dedup: venv

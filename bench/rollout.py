@@ -60,7 +60,7 @@ def measure(settings, items, concurrency: int, samples: int, client, pool=None, 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--samples", type=int, default=4, help="samples per task (8 tasks)")
+    ap.add_argument("--samples", type=int, default=8, help="samples per task (8 tasks); 8 is a typical GRPO group")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     base_settings = Settings.from_env()

@@ -153,3 +153,28 @@ def test_task_sources_sensor_requests_the_affected_partitions(tmp_path, monkeypa
     assert run.success
     [event] = run.get_asset_materialization_events()
     assert event.materialization.metadata["valid"].value == 1
+    # Rollouts: the tiered task set registers its version as a partition; one batch per (version, policy).
+    from assets.defs.rollouts.assets import rollout_batch, tiered_task_set
+    from assets.defs.rollouts.checks import rollout_infra_failure_rate, tiers_complete
+
+    tiered = dg.materialize([tiered_task_set, tiers_complete], resources=default_resources(settings),
+                            instance=instance)
+    assert tiered.success
+    tier_md = tiered.asset_materializations_for_node("tiered_task_set")[0].metadata
+    assert tier_md["tasks"].value == 8 and tier_md["method"].value == "static"
+    assert tier_md["histogram"].value.startswith("![tiers-")
+    assert [e.passed for e in tiered.get_asset_check_evaluations()] == [True]
+    key = tier_md["partition_key"].value
+    assert instance.get_dynamic_partitions("task_set_versions") == [key]
+    assert instance.get_dynamic_partitions("rollout_policies") == ["replay"]
+    batch = dg.materialize([rollout_batch, rollout_infra_failure_rate], resources=default_resources(settings),
+                           instance=instance, partition_key=dg.MultiPartitionKey({"task_set": key, "policy": "replay"}),
+                           run_config={"ops": {"rollout_batch": {"config": {"samples": 2, "concurrency": 4}}}})
+    assert batch.success
+    batch_md = batch.asset_materializations_for_node("rollout_batch")[0].metadata
+    assert batch_md["trajectories"].value == 16 and batch_md["pass_at_1"].value == 1.0
+    assert [e.passed for e in batch.get_asset_check_evaluations()] == [True]
+    tagged = mlflow.search_runs(experiment_names=[settings.mlflow_experiment], output_format="list",
+                                filter_string=f"tags.`dagster.run_id` = '{batch.run_id}'")
+    [rollout_run] = tagged
+    assert rollout_run.data.metrics["pass_at_1"] == 1.0 and "steps_per_s" in rollout_run.data.metrics

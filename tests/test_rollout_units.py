@@ -145,3 +145,39 @@ def test_group_stream_yields_complete_groups_and_skips_stale_ones():
     assert [s["task_id"] for s in stream.stale] == ["task-2", "task-3"]
     with pytest.raises(ValueError):
         GroupStream(max_staleness=-1)
+
+
+def test_pass_at_k_and_tiers():
+    from envforge.rollout.tiers import pass_at_k, tier_for
+
+    assert pass_at_k(8, 0, 1) == 0.0 and pass_at_k(8, 8, 1) == 1.0
+    assert pass_at_k(8, 2, 1) == pytest.approx(0.25)
+    assert pass_at_k(8, 2, 8) == 1.0 and pass_at_k(8, 1, 4) == pytest.approx(0.5)
+    assert [tier_for(c, 8) for c in range(9)] == ["unsolved", "hard", "hard", "medium", "medium", "medium",
+                                                  "easy", "easy", "trivial"]
+    with pytest.raises(ValueError):
+        tier_for(0, 0)
+
+
+def test_static_tiers_and_stratified_split_keep_every_stratum_on_both_sides():
+    from envforge.rollout.tiers import TierRow, static_tiers, stratified_split
+    from envforge.sources import load_sources
+    from tests.conftest import REPO
+
+    tasks = [t for r in load_sources([REPO / "task_sources" / "specs", REPO / "task_sources" / "runbooks"]).values()
+             for t in r.tasks]
+    rows = static_tiers(tasks)
+    assert {r.method for r in rows} == {"static"} and {r.tier for r in rows} <= {"easy", "medium", "hard"}
+    assert len(rows) == len(tasks) == 8
+    synthetic = [TierRow(f"t{i:02d}", "a" * 64, src, tier, "pass@k", 2, 8, 0.25)
+                 for i, (src, tier) in enumerate([(s, t) for s in ("spec", "ticket") for t in ("hard", "easy")
+                                                  for _ in range(5)])]
+    synthetic.append(TierRow("t99", "a" * 64, "spec", "unsolved", "pass@k", 0, 8, 0.0))
+    split = stratified_split(synthetic, eval_fraction=0.2, seed=3)
+    assert {r.split for r in split if r.tier == "unsolved"} == {"audit"}
+    for src in ("spec", "ticket"):
+        for tier in ("hard", "easy"):
+            members = [r for r in split if r.source == src and r.tier == tier]
+            assert sorted(r.split for r in members) == ["eval", "train", "train", "train", "train"]
+    assert split == stratified_split(synthetic, eval_fraction=0.2, seed=3)  # deterministic
+    assert split != stratified_split(synthetic, eval_fraction=0.2, seed=4)
