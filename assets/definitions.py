@@ -8,11 +8,12 @@ from assets.defs.resources import default_resources
 from assets.defs.rollouts import assets as rollouts_assets, checks as rollouts_checks
 from assets.defs.sources import assets as sources_assets, checks as sources_checks
 from assets.defs.sources.sensors import task_sources_sensor
+from assets.defs.training import assets as training_assets
 from assets.defs.verification import assets as verification_assets, checks as verification_checks
 
 main_job = dg.define_asset_job(
     "main_job", selection=dg.AssetSelection.assets(sources_assets.candidate_tasks).downstream()
-    - dg.AssetSelection.assets(rollouts_assets.rollout_batch),
+    - dg.AssetSelection.assets(rollouts_assets.rollout_batch) - dg.AssetSelection.groups("training"),
     description="From the live tasks of every source's latest load: decontaminate and dedup them, build their "
                 "images, and put every task through the flakiness gate. Sources are ingested per partition "
                 "(the task_sources_sensor, or a backfill of the *_tasks assets).",
@@ -21,7 +22,7 @@ main_job = dg.define_asset_job(
 defs = dg.Definitions(
     assets=[*sources_assets.source_assets, sources_assets.candidate_tasks,
             *dg.load_assets_from_modules([quality_assets, environments_assets, verification_assets,
-                                          rollouts_assets])],
+                                          rollouts_assets, training_assets])],
     asset_checks=[*sources_checks.reject_rate_checks, sources_checks.candidate_tasks_schema,
                   *dg.load_asset_checks_from_modules([quality_checks, environments_checks, verification_checks,
                                                       rollouts_checks])],

@@ -100,6 +100,48 @@ def test_materialize_first_assets_in_process(settings, docker_client):
         tagged = mlflow.search_runs(experiment_names=[settings.mlflow_experiment], output_format="list",
                                     filter_string=f"tags.`dagster.run_id` = '{source_run.run_id}'")
         assert [r.data.tags["envforge.stage"] for r in tagged] == ["ingest"]
+    # Rollouts: the tiered task set registers its version as a partition; one batch per (version, policy).
+    from assets.defs.rollouts.assets import rollout_batch, tiered_task_set
+    from assets.defs.rollouts.checks import rollout_infra_failure_rate, tiers_complete
+
+    tiered = dg.materialize([tiered_task_set, tiers_complete], resources=default_resources(settings),
+                            instance=instance)
+    assert tiered.success
+    tier_md = tiered.asset_materializations_for_node("tiered_task_set")[0].metadata
+    assert tier_md["tasks"].value == 8 and tier_md["method"].value == "static"
+    assert tier_md["histogram"].value.startswith("![tiers-")
+    assert [e.passed for e in tiered.get_asset_check_evaluations()] == [True]
+    key = tier_md["partition_key"].value
+    assert instance.get_dynamic_partitions("task_set_versions") == [key]
+    assert instance.get_dynamic_partitions("rollout_policies") == ["replay"]
+    batch = dg.materialize([rollout_batch, rollout_infra_failure_rate], resources=default_resources(settings),
+                           instance=instance, partition_key=dg.MultiPartitionKey({"task_set": key, "policy": "replay"}),
+                           run_config={"ops": {"rollout_batch": {"config": {"samples": 2, "concurrency": 4}}}})
+    assert batch.success
+    batch_md = batch.asset_materializations_for_node("rollout_batch")[0].metadata
+    assert batch_md["trajectories"].value == 16 and batch_md["pass_at_1"].value == 1.0
+    assert [e.passed for e in batch.get_asset_check_evaluations()] == [True]
+    tagged = mlflow.search_runs(experiment_names=[settings.mlflow_experiment], output_format="list",
+                                filter_string=f"tags.`dagster.run_id` = '{batch.run_id}'")
+    [rollout_run] = tagged
+    assert rollout_run.data.metrics["pass_at_1"] == 1.0 and "steps_per_s" in rollout_run.data.metrics
+    # Training on the tiered set: SFT -> GRPO -> evaluation, each a tracked, registered checkpoint.
+    from assets.defs.training.assets import evaluation_report, rl_checkpoint, sft_checkpoint
+
+    trained = dg.materialize(
+        [sft_checkpoint, rl_checkpoint, evaluation_report], resources=default_resources(settings), instance=instance,
+        run_config={"ops": {"sft_checkpoint": {"config": {"epochs": 2}},
+                            "rl_checkpoint": {"config": {"rounds": 1, "group_size": 2}}}})
+    assert trained.success
+    sft_md = trained.asset_materializations_for_node("sft_checkpoint")[0].metadata
+    assert sft_md["steps"].value > 0 and sft_md["final_loss"].value < sft_md["first_loss"].value
+    rl_md = trained.asset_materializations_for_node("rl_checkpoint")[0].metadata
+    assert rl_md["rounds"].value == 1 and (settings.data_dir / "checkpoints").is_dir()
+    eval_md = trained.asset_materializations_for_node("evaluation_report")[0].metadata
+    assert set(eval_md["pass_at_1"].value) == {"before", "after SFT", "after RL"}
+    assert eval_md["by_tier"].value.startswith("![evaluation-by_tier")
+    versions = mlflow.MlflowClient().search_model_versions("name='envforge-policy'")
+    assert versions and mlflow.MlflowClient().get_model_version_by_alias("envforge-policy", "best")
 
 
 def test_task_sources_sensor_requests_the_affected_partitions(tmp_path, monkeypatch):
@@ -153,28 +195,3 @@ def test_task_sources_sensor_requests_the_affected_partitions(tmp_path, monkeypa
     assert run.success
     [event] = run.get_asset_materialization_events()
     assert event.materialization.metadata["valid"].value == 1
-    # Rollouts: the tiered task set registers its version as a partition; one batch per (version, policy).
-    from assets.defs.rollouts.assets import rollout_batch, tiered_task_set
-    from assets.defs.rollouts.checks import rollout_infra_failure_rate, tiers_complete
-
-    tiered = dg.materialize([tiered_task_set, tiers_complete], resources=default_resources(settings),
-                            instance=instance)
-    assert tiered.success
-    tier_md = tiered.asset_materializations_for_node("tiered_task_set")[0].metadata
-    assert tier_md["tasks"].value == 8 and tier_md["method"].value == "static"
-    assert tier_md["histogram"].value.startswith("![tiers-")
-    assert [e.passed for e in tiered.get_asset_check_evaluations()] == [True]
-    key = tier_md["partition_key"].value
-    assert instance.get_dynamic_partitions("task_set_versions") == [key]
-    assert instance.get_dynamic_partitions("rollout_policies") == ["replay"]
-    batch = dg.materialize([rollout_batch, rollout_infra_failure_rate], resources=default_resources(settings),
-                           instance=instance, partition_key=dg.MultiPartitionKey({"task_set": key, "policy": "replay"}),
-                           run_config={"ops": {"rollout_batch": {"config": {"samples": 2, "concurrency": 4}}}})
-    assert batch.success
-    batch_md = batch.asset_materializations_for_node("rollout_batch")[0].metadata
-    assert batch_md["trajectories"].value == 16 and batch_md["pass_at_1"].value == 1.0
-    assert [e.passed for e in batch.get_asset_check_evaluations()] == [True]
-    tagged = mlflow.search_runs(experiment_names=[settings.mlflow_experiment], output_format="list",
-                                filter_string=f"tags.`dagster.run_id` = '{batch.run_id}'")
-    [rollout_run] = tagged
-    assert rollout_run.data.metrics["pass_at_1"] == 1.0 and "steps_per_s" in rollout_run.data.metrics

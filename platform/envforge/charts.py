@@ -85,3 +85,58 @@ def tier_histogram(rows: list[dict], path: Path, title: str = "Difficulty tiers 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def learning_curve(sft_losses: list[tuple[int, float]], sft_eval: list[tuple[int, float]],
+                   grpo_rewards: list[float], pass_at_1: list[tuple[str, float]], path: Path,
+                   title: str = "Learning demo") -> Path:
+    """Three panels: SFT loss (train and held-out eval), GRPO mean reward per round, held-out pass@1 per phase."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    ax = axes[0]
+    if sft_losses:
+        ax.plot([s for s, _ in sft_losses], [v for _, v in sft_losses], color="#264653", label="train")
+    if sft_eval:
+        ax.plot([s for s, _ in sft_eval], [v for _, v in sft_eval], "o-", color="#e76f51", label="held-out eval")
+    ax.set_title("SFT loss (completion tokens)")
+    ax.set_xlabel("step")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    ax.plot(range(1, len(grpo_rewards) + 1), grpo_rewards, "o-", color="#2a9d8f")
+    ax.set_title("GRPO: mean reward of the round's rollouts")
+    ax.set_xlabel("round")
+    ax.set_ylim(-0.05, 1.05)
+    ax = axes[2]
+    ax.bar([p for p, _ in pass_at_1], [v for _, v in pass_at_1], color="#457b9d")
+    for x, (_, v) in enumerate(pass_at_1):
+        ax.text(x, v + 0.02, f"{v:.2f}", ha="center", fontsize=9)
+    ax.set_ylim(0, 1.1)
+    ax.set_title("held-out pass@1 (sandbox verifier)")
+    ax.tick_params(axis="x", labelsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def pass_rate_bars(groups: dict[str, dict[str, float]], path: Path, title: str) -> Path:
+    """Grouped bars: for each bucket (tier or source), pass@1 of each phase (before, after SFT, after RL)."""
+    phases = list(groups)
+    buckets = sorted({b for g in groups.values() for b in g})
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(buckets) + 2), 3.8))
+    width = 0.8 / max(1, len(phases))
+    colors = ["#8d99ae", "#2a9d8f", "#e76f51", "#264653"]
+    for i, phase in enumerate(phases):
+        xs = [x + (i - (len(phases) - 1) / 2) * width for x in range(len(buckets))]
+        ax.bar(xs, [groups[phase].get(b, 0.0) for b in buckets], width=width, label=phase, color=colors[i % 4])
+    ax.set_xticks(list(range(len(buckets))), buckets)
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("pass@1")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -26,6 +26,8 @@ app.add_typer(dedup_app, name="dedup")
 app.add_typer(taskset_app, name="taskset")
 policy_app = typer.Typer(help="Policies: serve a local model over an OpenAI-compatible API.", no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
+train_app = typer.Typer(help="Training: SFT and GRPO, and the CPU learning demo.", no_args_is_help=True)
+app.add_typer(train_app, name="train")
 sources_app = typer.Typer(help="Task sources on disk: what is found, and bundled repositories.", no_args_is_help=True)
 app.add_typer(sources_app, name="sources")
 
@@ -379,6 +381,39 @@ def rollout_export(batch_id: str = typer.Argument(...), path: Path = typer.Argum
         _fail(EnvforgeError(f"no rollout batch {batch_id!r} under {store.root}"))
     n = store.export_verl(path) if fmt == "verl" else store.export_jsonl(path)
     out.print(f"{n} trajectories -> {path}")
+
+
+@train_app.command("demo")
+def train_demo(quick: bool = typer.Option(False, help="a shortened run (fewer tasks, steps and rounds)"),
+               seed: int = typer.Option(0), rounds: Optional[int] = typer.Option(None, help="GRPO rounds"),
+               as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """The CPU learning demo: a small model, SFT on demonstrations, then GRPO rounds, with held-out pass@1
+    measured before, after SFT and after GRPO by the sandbox verifier (learning_demo.json, curve PNG, MLflow)."""
+    from dataclasses import replace
+
+    from envforge.progress import rich_progress
+    from envforge.train.learning_demo import LearningDemoConfig, run_learning_demo
+
+    settings = _settings(data_dir)
+    settings.ensure_dirs()
+    cfg = LearningDemoConfig(seed=seed)
+    if quick:
+        cfg = replace(cfg, train_per_chore=2, held_out_per_chore=1, sft_epochs=10, grpo_rounds=1, group_size=2,
+                      eval_samples=2)
+    if rounds is not None:
+        cfg = replace(cfg, grpo_rounds=rounds)
+    try:
+        with rich_progress(console) as progress:
+            doc = run_learning_demo(settings, cfg, progress=progress)
+    except EnvforgeError as exc:
+        _fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(doc, default=str) + "\n")
+        return
+    out.print(f"held-out pass@1 ({doc['held_out_tasks']} tasks): before {doc['pass_at_1_before']:.2f}, after SFT "
+              f"{doc['pass_at_1_after_sft']:.2f}, after GRPO {doc['pass_at_1_after_grpo']:.2f}")
+    out.print(f"learning curve: {doc['chart']}\nfigures: {settings.data_dir / 'learning_demo.json'}\n"
+              f"checkpoint: {doc['checkpoint']} (MLflow run {doc['mlflow_run_id']})")
 
 
 @policy_app.command("serve")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from envforge import pipeline, track
 from envforge.catalog import Catalog, IngestSummary
@@ -185,3 +185,109 @@ def tier_task_set(settings: Settings, version: str, policy_spec: str | None = No
             track.log_metrics({f"tier_{tier}": sum(1 for r in rows if r.tier == tier)})
         track.log_metrics({"train": sum(r.split == "train" for r in rows), "eval": sum(r.split == "eval" for r in rows)})
         return dicts, chart, run.info.run_id
+
+
+def _split_items(settings: Settings, version: str, split: str, progress: Progress = _no_progress):
+    catalog = Catalog(settings.catalog_path)
+    version = catalog.resolve_task_set(version)
+    tiers = catalog.tiers(version)
+    wanted = set(tiers.filter(tiers["split"] == split)["task_id"])
+    tasks = [t for t in catalog.load_task_set(version) if t.id in wanted]
+    images = pipeline.build_images(settings, tasks, progress=progress).image_for()
+    tier_of = dict(zip(tiers["task_id"], tiers["tier"]))
+    return version, [(t, images[t.content_hash]) for t in tasks if t.content_hash in images], tier_of
+
+
+def checkpoint_dir(settings: Settings, kind: str, version: str) -> Path:
+    return settings.data_dir / "checkpoints" / f"{kind}-{version[:12]}"
+
+
+def sft_stage(settings: Settings, version: str = "latest", base_model: str = "tiny", epochs: int = 20,
+              lr: float = 3e-3, seed: int = 0, dagster_run_id: str | None = None, progress: Progress = _no_progress):
+    """SFT on the teacher's demonstrations of the task set's train split; eval loss on the eval split."""
+    from envforge.charts import learning_curve
+    from envforge.train.checkpoint import log_checkpoint, save_checkpoint
+    from envforge.train.loop import demonstrations, load_model
+    from envforge.train.sft import SFTConfig, train_sft
+
+    version, train_items, _ = _split_items(settings, version, "train", progress)
+    _, eval_items, _ = _split_items(settings, version, "eval", progress)
+    params = {"task_set_version": version, "base_model": base_model, "epochs": epochs, "lr": lr, "seed": seed,
+              "train_tasks": len(train_items), "eval_tasks": len(eval_items)}
+    with track.mlflow_run(settings, "sft", "sft", params, dagster_run_id) as run:
+        model, tokenizer = load_model(base_model, seed)
+        train = demonstrations(settings, train_items, tokenizer, f"sft-{version[:12]}-teacher-train", 4, version)
+        evals = demonstrations(settings, eval_items, tokenizer, f"sft-{version[:12]}-teacher-eval", 4, version)
+        result = train_sft(model, train, evals, SFTConfig(lr=lr, epochs=epochs, seed=seed, eval_every=20,
+                                                          pad_id=tokenizer.pad_token_id or 0),
+                           tokenizer=tokenizer,
+                           on_metrics=lambda s, m: track.log_metrics({f"sft_{k}": v for k, v in m.items()}, step=s))
+        path = save_checkpoint(checkpoint_dir(settings, "sft", version), model, tokenizer, step=result.total_steps,
+                               extra={"base_model": base_model, "task_set_version": version})
+        log_checkpoint(path, {"eval_loss": result.eval_losses[-1][1] if result.eval_losses else 0.0},
+                       "envforge-policy-sft")
+        chart = learning_curve(list(zip(result.steps, result.losses)), result.eval_losses, [], [],
+                               settings.data_dir / "charts" / f"sft-{version[:12]}.png", title="SFT")
+        track.log_png(chart)
+        return path, result, chart, run.info.run_id
+
+
+def rl_stage(settings: Settings, version: str = "latest", rounds: int = 3, group_size: int = 4, lr: float = 1e-4,
+             seed: int = 0, dagster_run_id: str | None = None, progress: Progress = _no_progress):
+    """GRPO rounds from the SFT checkpoint on the train split; the result is registered with alias `best`."""
+    from envforge.train.checkpoint import log_checkpoint
+    from envforge.train.grpo import GRPOConfig
+    from envforge.train.loop import GRPORounds, grpo_rounds, load_model
+
+    version, train_items, _ = _split_items(settings, version, "train", progress)
+    sft_dir = checkpoint_dir(settings, "sft", version)
+    params = {"task_set_version": version, "from": str(sft_dir), "rounds": rounds, "group_size": group_size,
+              "lr": lr, "seed": seed}
+    with track.mlflow_run(settings, "grpo", "rl", params, dagster_run_id) as run:
+        model, tokenizer = load_model(str(sft_dir), seed)
+        cfg = GRPORounds(rounds=rounds, group_size=group_size, seed=seed,
+                         grpo=GRPOConfig(lr=lr, seed=seed, pad_id=tokenizer.pad_token_id or 0))
+        trainer, history = grpo_rounds(settings, model, tokenizer, train_items, cfg, f"rl-{version[:12]}",
+                                       on_round=lambda r, m: track.log_metrics(m, step=r), task_set_version=version)
+        path = trainer.save(checkpoint_dir(settings, "rl", version))
+        log_checkpoint(path, history[-1] if history else {}, "envforge-policy", alias="best", is_best=True)
+        return path, history, run.info.run_id
+
+
+def evaluation_stage(settings: Settings, version: str = "latest", base_model: str = "tiny", seed: int = 0,
+                     dagster_run_id: str | None = None, progress: Progress = _no_progress):
+    """Eval-split pass@1 of the base model, the SFT checkpoint and the RL checkpoint, per tier and per source."""
+    from envforge.charts import pass_rate_bars
+    from envforge.train.loop import evaluate, load_model, pass_at_1_by
+
+    version, eval_items, tier_of = _split_items(settings, version, "eval", progress)
+    tasks = [t for t, _ in eval_items]
+    phases = {"before": base_model, "after SFT": str(checkpoint_dir(settings, "sft", version)),
+              "after RL": str(checkpoint_dir(settings, "rl", version))}
+    report: dict[str, Any] = {"task_set_version": version, "eval_tasks": len(tasks), "phases": {}}
+    with track.mlflow_run(settings, "evaluation", "evaluation", {"task_set_version": version, **phases},
+                          dagster_run_id) as run:
+        for label, source in phases.items():
+            model, tokenizer = load_model(source, seed)
+            result = evaluate(settings, model, tokenizer, eval_items, f"eval-{version[:12]}-{label.replace(' ', '-')}",
+                              label, task_set_version=version)
+            report["phases"][label] = {
+                "pass_at_1": result.metrics["pass_at_1"],
+                "by_tier": pass_at_1_by(result, tasks, lambda t: tier_of.get(t.id, "?")),
+                "by_source": pass_at_1_by(result, tasks, lambda t: t.spec.source)}
+            track.log_metrics({f"pass_at_1_{label.replace(' ', '_')}": result.metrics["pass_at_1"]})
+        charts = {}
+        for key in ("by_tier", "by_source"):
+            charts[key] = pass_rate_bars({p: v[key] for p, v in report["phases"].items()},
+                                         settings.data_dir / "charts" / f"evaluation-{key}-{version[:12]}.png",
+                                         f"eval-split pass@1 {key.replace('_', ' ')}")
+            track.log_png(charts[key])
+        track.log_json(report, "evaluation_report.json")
+        return report, charts, run.info.run_id
+
+
+def publish_task_set(settings: Settings, name: str, tasks: Sequence[Task], params: dict,
+                     dagster_run_id: str | None = None) -> tuple[str, Path]:
+    """A task-set version from the given tasks (content-addressed: unchanged tasks give the same version), logged."""
+    with track.mlflow_run(settings, "task_set", "task_set", {"name": name, "n_tasks": len(tasks)}, dagster_run_id):
+        return create_task_set(settings, name, tasks, params)

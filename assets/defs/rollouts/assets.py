@@ -36,7 +36,7 @@ def tiered_task_set(context: dg.AssetExecutionContext, config: TierConfig, catal
     tasks = cat.accepted_tasks()
     if not tasks:
         raise dg.Failure("no accepted tasks: materialize validated_tasks first")
-    version, _ = stages.create_task_set(settings, "main", tasks, {"source": "dagster"})
+    version, _ = stages.publish_task_set(settings, "main", tasks, {"source": "dagster"}, context.run.run_id)
     rows, chart, run_id = stages.tier_task_set(settings, version, config.policy or None, config.k,
                                                config.eval_fraction, config.seed, dagster_run_id=context.run.run_id)
     key = version[:12]

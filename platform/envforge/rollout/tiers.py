@@ -108,9 +108,10 @@ def static_tiers(tasks: Sequence[Task]) -> list[TierRow]:
 def stratified_split(rows: Iterable[TierRow], eval_fraction: float = 0.2, seed: int = 0) -> list[TierRow]:
     """Train/eval split stratified by (tier, source); unsolved tasks go to `audit`.
 
-    Within each stratum tasks are ordered by a seeded hash of their id, and the first
-    round(n * eval_fraction) go to eval, at least one when a stratum has 3 or more tasks, so
-    every tier and source is represented on both sides when there is enough of it.
+    The eval set gets round(n * eval_fraction) tasks overall (at least one when there are two
+    or more solvable tasks), allotted to strata by largest remainder, so every stratum gets
+    its share and small strata are not all rounded away; a stratum of two or more always
+    keeps a training task. Within a stratum, tasks are ordered by a seeded hash of their id.
     """
     strata: dict[tuple[str, str], list[TierRow]] = defaultdict(list)
     out = []
@@ -119,11 +120,22 @@ def stratified_split(rows: Iterable[TierRow], eval_fraction: float = 0.2, seed: 
             out.append(TierRow(**{**r.__dict__, "split": "audit"}))
         else:
             strata[(r.tier, r.source)].append(r)
+    total = sum(len(v) for v in strata.values())
+    target = round(total * eval_fraction) if eval_fraction > 0 else 0
+    if eval_fraction > 0 and total >= 2:
+        target = max(1, target)
+    cap = {k: len(v) - 1 if len(v) >= 2 else len(v) for k, v in strata.items()}
+    quota = {k: min(cap[k], int(len(v) * eval_fraction)) for k, v in strata.items()}
+    by_remainder = sorted(strata, key=lambda k: (-(len(strata[k]) * eval_fraction - int(len(strata[k]) * eval_fraction)),
+                                                 -len(strata[k]), k))
+    while sum(quota.values()) < target and any(quota[k] < cap[k] for k in strata):
+        for k in by_remainder:
+            if sum(quota.values()) >= target:
+                break
+            if quota[k] < cap[k]:
+                quota[k] += 1
     for key in sorted(strata):
         members = sorted(strata[key], key=lambda r: hashlib.sha256(f"{seed}:{r.task_id}".encode()).hexdigest())
-        n_eval = round(len(members) * eval_fraction)
-        if n_eval == 0 and len(members) >= 3 and eval_fraction > 0:
-            n_eval = 1
         for i, r in enumerate(members):
-            out.append(TierRow(**{**r.__dict__, "split": "eval" if i < n_eval else "train"}))
+            out.append(TierRow(**{**r.__dict__, "split": "eval" if i < quota[key] else "train"}))
     return sorted(out, key=lambda r: r.task_id)
