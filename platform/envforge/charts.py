@@ -10,6 +10,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 
 
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def flake_chart(rows: list[dict], path: Path, title: str = "Flakiness gate: verifier agreement per task") -> Path:
     """Per task: share of reference runs that passed and of empty runs that failed; quarantined in red.
 
@@ -32,11 +40,7 @@ def flake_chart(rows: list[dict], path: Path, title: str = "Flakiness gate: veri
     ax.set_ylabel(f"share of {rows[0]['runs'] if rows else 0} runs")
     ax.set_title(title)
     ax.legend(loc="upper center", ncol=2, fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def similarity_histogram(corpus_sims: list[float], task_sims: list[float], threshold: float, path: Path,
@@ -52,11 +56,7 @@ def similarity_histogram(corpus_sims: list[float], task_sims: list[float], thres
     ax.set_ylabel("tasks")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def tier_histogram(rows: list[dict], path: Path, title: str = "Difficulty tiers by source") -> Path:
@@ -80,11 +80,7 @@ def tier_histogram(rows: list[dict], path: Path, title: str = "Difficulty tiers 
     ax.set_ylabel("tasks")
     ax.set_title(f"{title} ({', '.join(methods) or 'no tasks'})")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def learning_curve(sft_losses: list[tuple[int, float]], sft_eval: list[tuple[int, float]],
@@ -113,11 +109,7 @@ def learning_curve(sft_losses: list[tuple[int, float]], sft_eval: list[tuple[int
     ax.set_title("held-out pass@1 (sandbox verifier)")
     ax.tick_params(axis="x", labelsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def pass_rate_bars(groups: dict[str, dict[str, float]], path: Path, title: str) -> Path:
@@ -135,8 +127,4 @@ def pass_rate_bars(groups: dict[str, dict[str, float]], path: Path, title: str) 
     ax.set_ylabel("pass@1")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
