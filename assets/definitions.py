@@ -6,6 +6,7 @@ from assets.defs.environments import assets as environments_assets, checks as en
 from assets.defs.quality import assets as quality_assets, checks as quality_checks
 from assets.defs.resources import default_resources
 from assets.defs.rollouts import assets as rollouts_assets, checks as rollouts_checks
+from assets.defs.schedules import nightly_refresh, nightly_refresh_job
 from assets.defs.sources import assets as sources_assets, checks as sources_checks
 from assets.defs.sources.sensors import task_sources_sensor
 from assets.defs.training import assets as training_assets
@@ -26,7 +27,8 @@ defs = dg.Definitions(
     asset_checks=[*sources_checks.reject_rate_checks, sources_checks.candidate_tasks_schema,
                   *dg.load_asset_checks_from_modules([quality_checks, environments_checks, verification_checks,
                                                       rollouts_checks])],
-    jobs=[main_job, *sources_assets.ingest_jobs],
+    jobs=[main_job, nightly_refresh_job, *sources_assets.ingest_jobs],
+    schedules=[nightly_refresh],
     sensors=[task_sources_sensor],
     resources=default_resources(),
 )

@@ -195,3 +195,23 @@ def test_task_sources_sensor_requests_the_affected_partitions(tmp_path, monkeypa
     assert run.success
     [event] = run.get_asset_materialization_events()
     assert event.materialization.metadata["valid"].value == 1
+
+
+def test_nightly_schedule_requests_a_full_refresh_with_a_valid_run_config():
+    """The schedule is on by default, fires at 02:00 UTC, and asks for the refresh job with reingest on."""
+    from datetime import datetime, timezone
+
+    from assets.definitions import defs
+
+    schedule = defs.resolve_schedule_def("nightly_refresh")
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING and schedule.cron_schedule == "0 2 * * *"
+    context = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc))
+    [request] = schedule.evaluate_tick(context).run_requests
+    assert request.run_config == {"ops": {"candidate_tasks": {"config": {"reingest": True}}}}
+    job = defs.resolve_job_def(request.job_name or schedule.job_name)
+    assert job.name == "nightly_refresh_job"
+    keys = {k.to_user_string() for k in job.asset_layer.executable_asset_keys}
+    assert {"candidate_tasks", "decontaminated_tasks", "environment_images", "validated_tasks",
+            "tiered_task_set"} <= keys
+    assert not keys & {"rollout_batch", "sft_checkpoint", "spec_tasks"}
+    assert dg.validate_run_config(job, request.run_config)

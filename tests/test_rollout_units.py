@@ -181,3 +181,9 @@ def test_static_tiers_and_stratified_split_keep_every_stratum_on_both_sides():
             assert sorted(r.split for r in members) == ["eval", "train", "train", "train", "train"]
     assert split == stratified_split(synthetic, eval_fraction=0.2, seed=3)  # deterministic
     assert split != stratified_split(synthetic, eval_fraction=0.2, seed=4)
+
+
+def test_opening_a_missing_batch_creates_nothing(tmp_path):
+    store = TrajectoryStore(tmp_path / "rollouts", "no-such-batch")
+    assert store.manifest() is None and store.frame().height == 0 and store.pending() == []
+    assert not (tmp_path / "rollouts").exists()

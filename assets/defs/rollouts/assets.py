@@ -36,7 +36,10 @@ def tiered_task_set(context: dg.AssetExecutionContext, config: TierConfig, catal
     tasks = cat.accepted_tasks()
     if not tasks:
         raise dg.Failure("no accepted tasks: materialize validated_tasks first")
+    previous = cat.task_sets()
     version, _ = stages.publish_task_set(settings, "main", tasks, {"source": "dagster"}, context.run.run_id)
+    changed = version not in set(previous["version"])
+    context.log.info(f"task set {version[:12]}: {'new version' if changed else 'unchanged, same version'}")
     rows, chart, run_id = stages.tier_task_set(settings, version, config.policy or None, config.k,
                                                config.eval_fraction, config.seed, dagster_run_id=context.run.run_id)
     key = version[:12]
@@ -46,7 +49,7 @@ def tiered_task_set(context: dg.AssetExecutionContext, config: TierConfig, catal
     counts = {t: sum(1 for r in rows if r["tier"] == t) for t in ("unsolved", "hard", "medium", "easy", "trivial")}
     splits = {s: sum(1 for r in rows if r["split"] == s) for s in ("train", "eval", "audit")}
     return dg.MaterializeResult(metadata={
-        "version": version, "partition_key": key, "tasks": len(rows), "method": rows[0]["method"] if rows else "",
+        "version": version, "new_version": changed, "partition_key": key, "tasks": len(rows), "method": rows[0]["method"] if rows else "",
         "tiers": dg.MetadataValue.json(counts), "splits": dg.MetadataValue.json(splits),
         "histogram": png(chart), "mlflow_run": mlflow_run(run_id),
     })

@@ -60,18 +60,37 @@ ingest_jobs = [dg.define_asset_job(f"ingest_{kind}_sources", selection=[f"{kind}
                for kind in KINDS]
 
 
+class CandidateConfig(dg.Config):
+    """`reingest`: ingest every source under task_sources/ first (what the nightly refresh does), registering
+    new sources as partitions; otherwise merge what the per-source runs stored."""
+
+    reingest: bool = False
+
+
 @dg.asset(
     group_name="sources", kinds={"duckdb"}, owners=["team:envforge"], deps=[a.key for a in source_assets],
     description="Every live task from every source's latest load: the input of decontamination. Sources that "
                 "no longer exist under task_sources/ are retired here, so their tasks stop flowing downstream.",
 )
-def candidate_tasks(context: dg.AssetExecutionContext, catalog: CatalogResource, docker: DockerResource,
-                    mlflow: MlflowResource) -> dg.MaterializeResult:
+def candidate_tasks(context: dg.AssetExecutionContext, config: CandidateConfig, catalog: CatalogResource,
+                    docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
     from envforge.sources import discover_sources
 
     settings = settings_from(catalog, docker, mlflow)
     cat = catalog.catalog()
     refs, _ = discover_sources(settings.bundled_sources())
+    if config.reingest:
+        def progress(stage: str, detail: str, done: int, total: int) -> None:
+            context.log.info(f"[{stage}] {done}/{total} {detail}")
+
+        tracked = stages.ingest(settings, settings.bundled_sources(), dagster_run_id=context.run.run_id,
+                                progress=progress)
+        context.log.info(f"re-ingested {len(tracked.sources)} sources: {len(tracked.result.tasks)} valid, "
+                         f"{len(tracked.result.rejects)} rejected, {tracked.summary.added} new task versions")
+        for kind in KINDS:
+            keys = [r.key(settings.task_sources_dir) for r in refs if r.kind == kind]
+            known = set(context.instance.get_dynamic_partitions(PARTITIONS[kind].name))
+            context.instance.add_dynamic_partitions(PARTITIONS[kind].name, [k for k in keys if k not in known])
     retired = cat.retire_missing_sources({r.key(settings.task_sources_dir) for r in refs},
                                          settings.task_sources_dir, under=settings.bundled_sources())
     if retired:

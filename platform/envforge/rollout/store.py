@@ -74,13 +74,12 @@ class TrajectoryStore:
         self.root = str(root).rstrip("/")
         self.batch_id = batch_id
         self.fs, base = fsspec.core.url_to_fs(self.root)
-        self.dir = f"{base}/{_safe(batch_id)}"
-        for sub in ("", "/pending", "/dropped"):
-            self.fs.makedirs(self.dir + sub, exist_ok=True)
+        self.dir = f"{base}/{_safe(batch_id)}"  # folders appear with the first write
 
     # -- atomic files ----------------------------------------------------------------------
 
     def _write(self, path: str, data: bytes) -> None:
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         with self.fs.open(tmp, "wb") as fh:
             fh.write(data)
