@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envforge.errors import Problem, SpecError
-from envforge.sources.gitrepo import SplitChange
+from envforge.sources.gitrepo import SplitChange, materialize_repo, resolve_commit
 from envforge.sources.specs import _pydantic_problems
 from envforge.task import Limits, Task, TaskSpec
 
@@ -104,6 +104,19 @@ def check_change(change: SplitChange, where: str, field: str, what: str) -> None
     if not change.source_files:
         raise SpecError([Problem(where, field, f"{what} changes only tests ({', '.join(change.test_files)}): "
                                                f"there is no source change to ask for")])
+
+
+def open_repository(config_path: Path, field: str, rel: str) -> Path:
+    """The git directory a history source's config names (path, bundle or patch series, relative to
+    the config), or SpecError naming the config file and field."""
+    where = config_path.parent / rel
+    try:
+        git_dir = materialize_repo(where.resolve())
+    except ValueError as exc:
+        raise SpecError([Problem(str(config_path), field, str(exc))]) from None
+    if resolve_commit(git_dir, "HEAD") is None:
+        raise SpecError([Problem(str(config_path), field, f"{where} is not a git repository with commits")])
+    return git_dir
 
 
 def load_config(path: Path, model: type[BaseModel]) -> BaseModel:

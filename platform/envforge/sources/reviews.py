@@ -28,8 +28,9 @@ from typing import Any
 from pydantic import Field
 
 from envforge.errors import Problem, SpecError
-from envforge.sources.candidate import Candidate, HistorySourceConfig, check_change, load_config, slug
-from envforge.sources.gitrepo import git, is_ancestor, materialize_repo, resolve_commit, split_change
+from envforge.sources.candidate import (Candidate, HistorySourceConfig, check_change, load_config, open_repository,
+                                       slug)
+from envforge.sources.gitrepo import git, is_ancestor, resolve_commit, split_change
 from envforge.sources.records import blank, iter_records
 from envforge.sources.result import LoadResult
 
@@ -114,15 +115,9 @@ def load_review_source(config_path: Path) -> LoadResult:
     repos: dict[str, Path] = {}
     for name, rel in cfg.repos.items():
         try:
-            git_dir = materialize_repo((base_dir / rel).resolve())
-        except ValueError as exc:
-            result.rejects.append(Problem(str(config_path), f"repos.{name}", str(exc)))
-            continue
-        if resolve_commit(git_dir, "HEAD") is None:
-            result.rejects.append(Problem(str(config_path), f"repos.{name}", f"{base_dir / rel} is not a git "
-                                                                              f"repository with commits"))
-            continue
-        repos[name] = git_dir
+            repos[name] = open_repository(config_path, f"repos.{name}", rel)
+        except SpecError as exc:
+            result.rejects.extend(exc.problems)
     files = [base_dir / f for f in cfg.files] if cfg.files is not None else sorted(base_dir.glob("*.jsonl"))
     seen: dict[str, str] = {}
     for i, path in enumerate(files):

@@ -25,8 +25,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from envforge.errors import Problem, SpecError
-from envforge.sources.candidate import Candidate, HistorySourceConfig, StrictModel, check_change, load_config, slug
-from envforge.sources.gitrepo import first_parent, materialize_repo, resolve_commit, split_change
+from envforge.sources.candidate import (Candidate, HistorySourceConfig, StrictModel, check_change, load_config,
+                                       open_repository, slug)
+from envforge.sources.gitrepo import first_parent, resolve_commit, split_change
 from envforge.sources.records import blank, get_path, iter_records
 from envforge.sources.result import LoadResult
 
@@ -118,16 +119,12 @@ def load_ticket_source(config_path: Path) -> LoadResult:
         result.rejects.extend(exc.problems)
         return result
     base_dir = config_path.parent
-    repo_path = (base_dir / cfg.repository).resolve()
     try:
-        git_dir = materialize_repo(repo_path)
-    except ValueError as exc:
-        result.rejects.append(Problem(str(config_path), "repository", str(exc)))
+        git_dir = open_repository(config_path, "repository", cfg.repository)
+    except SpecError as exc:
+        result.rejects.extend(exc.problems)
         return result
-    if resolve_commit(git_dir, "HEAD") is None:
-        result.rejects.append(Problem(str(config_path), "repository", f"{repo_path} is not a git repository "
-                                                                      f"with commits"))
-        return result
+    repo_path = (base_dir / cfg.repository).resolve()
     project = cfg.project or repo_path.name
     seen: dict[str, str] = {}
     for i, export in enumerate(cfg.exports):
