@@ -24,3 +24,13 @@ def problems_table(problems: Iterable[Problem]) -> dg.MetadataValue:
 
 def mlflow_run(run_id: str) -> dg.MetadataValue:
     return dg.MetadataValue.text(f"MLflow run {run_id} (make mlflow-ui, then search runs by this id)")
+
+
+def log_progress(context: dg.AssetExecutionContext):
+    """A library progress callback that writes Dagster log lines (about every tenth of a stage, and its end)."""
+
+    def progress(stage: str, detail: str, done: int, total: int) -> None:
+        if total <= 10 or done == total or done % max(1, total // 10) == 0:
+            context.log.info(f"[{stage}] {done}/{total} {detail}")
+
+    return progress

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from assets.defs.metadata import mlflow_run, problems_table
+from assets.defs.metadata import log_progress, mlflow_run, problems_table
 from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
 from envforge import stages
 
@@ -17,8 +17,7 @@ def environment_images(context: dg.AssetExecutionContext, catalog: CatalogResour
     settings = settings_from(catalog, docker, mlflow)
     tasks = catalog.catalog().clean_tasks()
 
-    def progress(stage: str, detail: str, done: int, total: int) -> None:
-        context.log.info(f"[{stage}] {done}/{total} {detail}")
+    progress = log_progress(context)
 
     report, run_id = stages.build_images(settings, tasks, dagster_run_id=context.run.run_id, progress=progress)
     if report.failures:

@@ -3,7 +3,7 @@
 import dagster as dg
 import polars as pl
 
-from assets.defs.metadata import mlflow_run, png
+from assets.defs.metadata import log_progress, mlflow_run, png
 from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
 from envforge import stages
 
@@ -85,9 +85,7 @@ def rollout_batch(context: dg.AssetExecutionContext, config: RolloutRunConfig, c
         wanted = set(cat.tiers(version).filter(pl.col("split") == config.split)["task_id"])
         tasks = [t for t in tasks if t.id in wanted]
 
-    def progress(stage: str, detail: str, done: int, total: int) -> None:
-        if total and (done == total or done % max(1, total // 10) == 0):
-            context.log.info(f"[{stage}] {done}/{total} {detail}")
+    progress = log_progress(context)
 
     rc = RolloutConfig(n_samples=config.samples, concurrency=config.concurrency, seed=config.seed,
                        temperature=config.temperature, max_tokens=config.max_tokens,

@@ -7,7 +7,7 @@ sources appear and requests runs for the ones that changed.
 
 import dagster as dg
 
-from assets.defs.metadata import mlflow_run, problems_table
+from assets.defs.metadata import log_progress, mlflow_run, problems_table
 from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
 from envforge import stages
 from envforge.sources import KINDS
@@ -36,8 +36,7 @@ def _source_asset(kind: str) -> dg.AssetsDefinition:
         settings = settings_from(catalog, docker, mlflow)
         path = settings.source_path(context.partition_key)
 
-        def progress(stage: str, detail: str, done: int, total: int) -> None:
-            context.log.info(f"[{stage}] {done}/{total} {detail}")
+        progress = log_progress(context)
 
         tracked = stages.ingest(settings, [path], dagster_run_id=context.run.run_id, progress=progress)
         res, summ = tracked.result, tracked.summary
@@ -80,8 +79,7 @@ def candidate_tasks(context: dg.AssetExecutionContext, config: CandidateConfig, 
     cat = catalog.catalog()
     refs, _ = discover_sources(settings.bundled_sources())
     if config.reingest:
-        def progress(stage: str, detail: str, done: int, total: int) -> None:
-            context.log.info(f"[{stage}] {done}/{total} {detail}")
+        progress = log_progress(context)
 
         tracked = stages.ingest(settings, settings.bundled_sources(), dagster_run_id=context.run.run_id,
                                 progress=progress)

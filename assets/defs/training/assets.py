@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from assets.defs.metadata import mlflow_run, png
+from assets.defs.metadata import log_progress, mlflow_run, png
 from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
 from envforge import stages
 
@@ -16,12 +16,6 @@ class SFTRunConfig(dg.Config):
     seed: int = 0
 
 
-def _log(context: dg.AssetExecutionContext):
-    def progress(stage: str, detail: str, done: int, total: int) -> None:
-        context.log.info(f"[{stage}] {done}/{total} {detail}")
-    return progress
-
-
 @dg.asset(
     group_name="training", kinds={"pytorch", "mlflow"}, owners=["team:envforge"], deps=["tiered_task_set"],
     description="Supervised fine-tuning on the teacher's demonstrations (reference solutions rendered through the "
@@ -33,7 +27,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTRunConfig, cata
                    docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
     settings = settings_from(catalog, docker, mlflow)
     path, result, chart, run_id = stages.sft_stage(settings, "latest", config.base_model, config.epochs, config.lr,
-                                                   config.seed, context.run.run_id, _log(context))
+                                                   config.seed, context.run.run_id, log_progress(context))
     return dg.MaterializeResult(metadata={
         "checkpoint": str(path), "steps": result.total_steps, "first_loss": result.losses[0] if result.losses else 0.0,
         "final_loss": result.losses[-1] if result.losses else 0.0,
@@ -60,7 +54,7 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLRunConfig, catalo
                   docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
     settings = settings_from(catalog, docker, mlflow)
     path, history, run_id = stages.rl_stage(settings, "latest", config.rounds, config.group_size, config.lr,
-                                            config.seed, context.run.run_id, _log(context))
+                                            config.seed, context.run.run_id, log_progress(context))
     return dg.MaterializeResult(metadata={
         "checkpoint": str(path), "rounds": len(history),
         "rollout_mean_reward": dg.MetadataValue.json([m["rollout_mean_reward"] for m in history]),
@@ -83,7 +77,7 @@ def evaluation_report(context: dg.AssetExecutionContext, config: EvalRunConfig, 
                       docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
     settings = settings_from(catalog, docker, mlflow)
     report, charts, run_id = stages.evaluation_stage(settings, "latest", config.base_model, config.seed,
-                                                     context.run.run_id, _log(context))
+                                                     context.run.run_id, log_progress(context))
     return dg.MaterializeResult(metadata={
         "eval_tasks": report["eval_tasks"],
         "pass_at_1": dg.MetadataValue.json({p: v["pass_at_1"] for p, v in report["phases"].items()}),

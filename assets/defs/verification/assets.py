@@ -4,7 +4,7 @@ import os
 
 import dagster as dg
 
-from assets.defs.metadata import mlflow_run, png, problems_table
+from assets.defs.metadata import log_progress, mlflow_run, png, problems_table
 from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
 from envforge import stages
 from envforge.verify.gate import GateConfig
@@ -29,8 +29,7 @@ def validated_tasks(context: dg.AssetExecutionContext, config: GateRunConfig, ca
     cat = catalog.catalog()
     tasks = cat.clean_tasks()
 
-    def progress(stage: str, detail: str, done: int, total: int) -> None:
-        context.log.info(f"[{stage}] {done}/{total} {detail}")
+    progress = log_progress(context)
 
     report, run_id, chart = stages.validate(settings, tasks, cat.latest_images(),
                                             GateConfig(config.runs, config.shuffle, config.probes),

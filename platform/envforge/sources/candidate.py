@@ -12,15 +12,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envforge.errors import Problem, SpecError
 from envforge.sources.gitrepo import SplitChange, materialize_repo, resolve_commit
+from envforge.sources.records import iter_records
 from envforge.sources.specs import _pydantic_problems
 from envforge.task import Limits, Task, TaskSpec
+
+if TYPE_CHECKING:
+    from envforge.sources.result import LoadResult
 
 # Stands in for the test ids while a candidate's image is built: the image depends on the
 # environment and workspace only, never on the verification, so it is the task's real image.
@@ -117,6 +121,26 @@ def open_repository(config_path: Path, field: str, rel: str) -> Path:
     if resolve_commit(git_dir, "HEAD") is None:
         raise SpecError([Problem(str(config_path), field, f"{where} is not a git repository with commits")])
     return git_dir
+
+
+def add_candidates(result: "LoadResult", config_path: Path, field: str, path: Path, fmt: str | None,
+                   to_candidate: Callable[[dict, str], "Candidate"], seen: dict[str, str], id_field: str = "id") -> None:
+    """Every record of one record file as a candidate (spec checked before any sandbox time), into result;
+    a missing file, an unreadable record or an invalid one becomes a reject and the rest still load."""
+    if not path.is_file():
+        result.rejects.append(Problem(str(config_path), field, f"{path} does not exist"))
+        return
+    for where, rec in iter_records(path, fmt):
+        if isinstance(rec, Problem):
+            result.rejects.append(rec)
+            continue
+        try:
+            cand = to_candidate(rec, where)
+            cand.provisional_task()
+        except SpecError as exc:
+            result.rejects.extend(exc.problems)
+            continue
+        result.add_unique_candidate(cand, seen, id_field)
 
 
 def load_config(path: Path, model: type[BaseModel]) -> BaseModel:

@@ -28,10 +28,10 @@ from typing import Any
 from pydantic import Field
 
 from envforge.errors import Problem, SpecError
-from envforge.sources.candidate import (Candidate, HistorySourceConfig, check_change, load_config, open_repository,
-                                       slug)
+from envforge.sources.candidate import (Candidate, HistorySourceConfig, add_candidates, check_change, load_config,
+                                       open_repository, slug)
 from envforge.sources.gitrepo import git, is_ancestor, resolve_commit, split_change
-from envforge.sources.records import blank, iter_records
+from envforge.sources.records import blank
 from envforge.sources.result import LoadResult
 
 CONFIG_NAME = "reviews.yaml"
@@ -121,18 +121,6 @@ def load_review_source(config_path: Path) -> LoadResult:
     files = [base_dir / f for f in cfg.files] if cfg.files is not None else sorted(base_dir.glob("*.jsonl"))
     seen: dict[str, str] = {}
     for i, path in enumerate(files):
-        if not path.is_file():
-            result.rejects.append(Problem(str(config_path), f"files[{i}]", f"{path} does not exist"))
-            continue
-        for where, rec in iter_records(path, "jsonl"):
-            if isinstance(rec, Problem):
-                result.rejects.append(rec)
-                continue
-            try:
-                cand = review_to_candidate(rec, where, cfg, repos, base_dir)
-                cand.provisional_task()
-            except SpecError as exc:
-                result.rejects.extend(exc.problems)
-                continue
-            result.add_unique_candidate(cand, seen)
+        add_candidates(result, config_path, f"files[{i}]", path, "jsonl",
+                       lambda rec, where: review_to_candidate(rec, where, cfg, repos, base_dir), seen)
     return result

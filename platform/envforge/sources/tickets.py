@@ -25,10 +25,10 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from envforge.errors import Problem, SpecError
-from envforge.sources.candidate import (Candidate, HistorySourceConfig, StrictModel, check_change, load_config,
-                                       open_repository, slug)
+from envforge.sources.candidate import (Candidate, HistorySourceConfig, StrictModel, add_candidates, check_change,
+                                       load_config, open_repository, slug)
 from envforge.sources.gitrepo import first_parent, resolve_commit, split_change
-from envforge.sources.records import blank, get_path, iter_records
+from envforge.sources.records import blank, get_path
 from envforge.sources.result import LoadResult
 
 CONFIG_NAME = "tickets.yaml"
@@ -128,19 +128,8 @@ def load_ticket_source(config_path: Path) -> LoadResult:
     project = cfg.project or repo_path.name
     seen: dict[str, str] = {}
     for i, export in enumerate(cfg.exports):
-        path = base_dir / export.file
-        if not path.is_file():
-            result.rejects.append(Problem(str(config_path), f"exports[{i}].file", f"{path} does not exist"))
-            continue
-        for where, rec in iter_records(path, export.format):
-            if isinstance(rec, Problem):
-                result.rejects.append(rec)
-                continue
-            try:
-                cand = ticket_to_candidate(rec, where, export, cfg, git_dir, project, base_dir)
-                cand.provisional_task()  # the spec must validate before any sandbox time is spent
-            except SpecError as exc:
-                result.rejects.extend(exc.problems)
-                continue
-            result.add_unique_candidate(cand, seen, export.field_map()["id"])
+        add_candidates(result, config_path, f"exports[{i}].file", base_dir / export.file, export.format,
+                       lambda rec, where, export=export: ticket_to_candidate(rec, where, export, cfg, git_dir, project,
+                                                                             base_dir),
+                       seen, export.field_map()["id"])
     return result
