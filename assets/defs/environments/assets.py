@@ -3,12 +3,13 @@
 import dagster as dg
 
 from assets.defs.metadata import log_progress, mlflow_run, problems_table
-from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
+from assets.defs.resources import SANDBOX_POOL, CatalogResource, DockerResource, MlflowResource, settings_from
 from envforge import stages
 
 
 @dg.asset(
     group_name="environments", kinds={"docker"}, owners=["team:envforge"], deps=["decontaminated_tasks"],
+    pool=SANDBOX_POOL,  # image builds (debootstrap, docker build) load the same engine sandboxes run on
     description="The debootstrapped sandbox base image and each clean task's image (base + workspace + "
                 "setup + initial commit). Tags are content hashes: unchanged tasks are cache hits.",
 )

@@ -8,7 +8,7 @@ sources appear and requests runs for the ones that changed.
 import dagster as dg
 
 from assets.defs.metadata import log_progress, mlflow_run, problems_table
-from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
+from assets.defs.resources import SANDBOX_POOL, CatalogResource, DockerResource, MlflowResource, settings_from
 from envforge import stages
 from envforge.sources import KINDS
 
@@ -22,12 +22,13 @@ DESCRIPTIONS = {
               "changed, derived the same way.",
 }
 PARTITIONS = {kind: dg.DynamicPartitionsDefinition(name=f"{kind}_sources") for kind in KINDS}
+SANDBOX_KINDS = ("ticket", "review")  # their tests are derived by running the suite in sandboxes
 
 
 def _source_asset(kind: str) -> dg.AssetsDefinition:
     @dg.asset(
         name=f"{kind}_tasks", partitions_def=PARTITIONS[kind], group_name="sources", kinds={"python", "duckdb"},
-        owners=["team:envforge"],
+        owners=["team:envforge"], pool=SANDBOX_POOL if kind in SANDBOX_KINDS else None,
         description=f"{DESCRIPTIONS[kind]} One partition per source file under task_sources/; each run stores "
                     f"the source's tasks and rejects (file, record, field, reason) as its latest load.",
     )
@@ -68,6 +69,7 @@ class CandidateConfig(dg.Config):
 
 @dg.asset(
     group_name="sources", kinds={"duckdb"}, owners=["team:envforge"], deps=[a.key for a in source_assets],
+    pool=SANDBOX_POOL,  # with `reingest` it derives ticket/review tests in sandboxes
     description="Every live task from every source's latest load: the input of decontamination. Sources that "
                 "no longer exist under task_sources/ are retired here, so their tasks stop flowing downstream.",
 )

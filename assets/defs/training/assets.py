@@ -3,7 +3,7 @@
 import dagster as dg
 
 from assets.defs.metadata import log_progress, mlflow_run, png
-from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
+from assets.defs.resources import SANDBOX_POOL, CatalogResource, DockerResource, MlflowResource, settings_from
 from envforge import stages
 
 
@@ -21,7 +21,7 @@ class SFTRunConfig(dg.Config):
     description="Supervised fine-tuning on the teacher's demonstrations (reference solutions rendered through the "
                 "tools, tokenized as the policy sees them) of the newest task set's train split; eval loss on the "
                 "eval split. A Hugging Face checkpoint, registered in the MLflow model registry.",
-    op_tags={"envforge/sandbox-heavy": "true"},
+    op_tags={"envforge/sandbox-heavy": "true"}, pool=SANDBOX_POOL,
 )
 def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTRunConfig, catalog: CatalogResource,
                    docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
@@ -48,7 +48,7 @@ class RLRunConfig(dg.Config):
     description="GRPO from the SFT checkpoint: rounds of on-policy rollouts on the train split (complete groups "
                 "only), group-normalized advantages, clipped ratio against the recorded behaviour log-probs. The "
                 "checkpoint is registered with the alias `best`.",
-    op_tags={"envforge/sandbox-heavy": "true"},
+    op_tags={"envforge/sandbox-heavy": "true"}, pool=SANDBOX_POOL,
 )
 def rl_checkpoint(context: dg.AssetExecutionContext, config: RLRunConfig, catalog: CatalogResource,
                   docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
@@ -71,7 +71,7 @@ class EvalRunConfig(dg.Config):
     group_name="training", kinds={"mlflow"}, owners=["team:envforge"], deps=[rl_checkpoint],
     description="Eval-split pass@1 before training (the base model), after SFT and after RL, per tier and per "
                 "source, graded by the sandbox verifier, with PNG charts.",
-    op_tags={"envforge/sandbox-heavy": "true"},
+    op_tags={"envforge/sandbox-heavy": "true"}, pool=SANDBOX_POOL,
 )
 def evaluation_report(context: dg.AssetExecutionContext, config: EvalRunConfig, catalog: CatalogResource,
                       docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:

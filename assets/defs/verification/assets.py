@@ -5,7 +5,7 @@ import os
 import dagster as dg
 
 from assets.defs.metadata import log_progress, mlflow_run, png, problems_table
-from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
+from assets.defs.resources import SANDBOX_POOL, CatalogResource, DockerResource, MlflowResource, settings_from
 from envforge import stages
 from envforge.verify.gate import GateConfig
 
@@ -21,7 +21,7 @@ class GateRunConfig(dg.Config):
     description="Every current task through the flakiness gate: empty and reference solutions graded N times on "
                 "pristine copies, once more shuffled, and every standard reward-hacking probe. Tasks that disagree "
                 "are quarantined with the exact disagreement.",
-    op_tags={"envforge/sandbox-heavy": "true"},
+    op_tags={"envforge/sandbox-heavy": "true"}, pool=SANDBOX_POOL,
 )
 def validated_tasks(context: dg.AssetExecutionContext, config: GateRunConfig, catalog: CatalogResource,
                     docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
