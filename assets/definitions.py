@@ -4,6 +4,7 @@ import dagster as dg
 
 from assets.defs.environments import assets as environments_assets, checks as environments_checks
 from assets.defs.quality import assets as quality_assets, checks as quality_checks
+from assets.defs.reporting import assets as reporting_assets
 from assets.defs.resources import default_resources
 from assets.defs.rollouts import assets as rollouts_assets, checks as rollouts_checks
 from assets.defs.schedules import nightly_refresh, nightly_refresh_job
@@ -23,7 +24,7 @@ main_job = dg.define_asset_job(
 defs = dg.Definitions(
     assets=[*sources_assets.source_assets, sources_assets.candidate_tasks,
             *dg.load_assets_from_modules([quality_assets, environments_assets, verification_assets,
-                                          rollouts_assets, training_assets])],
+                                          rollouts_assets, training_assets, reporting_assets])],
     asset_checks=[*sources_checks.reject_rate_checks, sources_checks.candidate_tasks_schema,
                   *dg.load_asset_checks_from_modules([quality_checks, environments_checks, verification_checks,
                                                       rollouts_checks])],

@@ -383,6 +383,26 @@ def rollout_export(batch_id: str = typer.Argument(...), path: Path = typer.Argum
     out.print(f"{n} trajectories -> {path}")
 
 
+@app.command()
+def report(task_set: str = typer.Option("latest", help="task-set version (prefix) or 'latest'"),
+           open_path: bool = typer.Option(False, "--open-path", help="print a file:// URL to open in a browser "
+                                                                     "instead of the plain path"),
+           data_dir: Optional[Path] = DataDir) -> None:
+    """Write the run report of a task set: one self-contained HTML page (card, gates, rollouts, training, charts)
+    under <data dir>/reports, logged to MLflow; stages that have not run are shown as 'not run yet'."""
+    from envforge.report import build_run_report
+
+    try:
+        result = build_run_report(_settings(data_dir), task_set)
+    except ValueError as exc:
+        _fail(EnvforgeError(str(exc)))
+    not_run = [k for k, ran in result.sections.items() if not ran]
+    if not_run:
+        console.print(f"not run yet: {', '.join(not_run)}")
+    console.print(f"MLflow run {result.mlflow_run_id}; also {result.latest}")
+    sys.stdout.write((result.path.resolve().as_uri() if open_path else str(result.path)) + "\n")
+
+
 @train_app.command("demo")
 def train_demo(quick: bool = typer.Option(False, help="a shortened run (fewer tasks, steps and rounds)"),
                seed: int = typer.Option(0), rounds: Optional[int] = typer.Option(None, help="GRPO rounds"),
