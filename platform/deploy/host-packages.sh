@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Install the host packages envforge needs besides Python ones: debootstrap (to build the
-# sandbox base image without a registry). Idempotent; quick when everything is present.
+# sandbox base image without a registry) and Debian's Chromium with its chromedriver (for the
+# headless-browser test of the Dagster UI; no browser downloads). Idempotent; quick when present.
 set -euo pipefail
 say() { printf '[host-packages] %s\n' "$*" >&2; }
 
 missing=()
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" != 0 ]; then
