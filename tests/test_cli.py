@@ -51,18 +51,6 @@ def test_ingest_json_reports_valid_and_rejects(tmp_path):
     assert {r["task_id"] for r in listing} == {"inventory-median-even", "ops-service-config", "orders-daily-summary"}
 
 
-@pytest.mark.docker
-def test_demo_runs_the_main_job(tmp_path, docker_client):
-    data = tmp_path / "data"
-    proc = run(["demo"], data)
-    assert "26/26 tasks verified" in proc.stdout  # 3 specs, 5 runbooks, 12 tickets, 3 reviews, 3 SWE-bench
-    assert str(data / "catalog.duckdb") in proc.stdout.replace("\n", "")
-    listing = json.loads(run(["catalog", "list", "--json"], data).stdout)
-    assert all(r["verdict"] == "accepted" and r["reference_passed"] == "5/5" for r in listing)
-    assert (data / "charts" / "flake_report.png").stat().st_size > 1000
-    assert list((data / "task_sets").glob("bundled-examples-*.parquet"))
-
-
 def test_dedup_run_and_index_with_a_user_corpus(tmp_path):
     data = tmp_path / "data"
     run(["ingest", str(BUNDLED_SPECS)], data)

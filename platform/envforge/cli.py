@@ -50,45 +50,25 @@ def _fail(exc: Exception) -> None:
 
 @app.command()
 def demo(data_dir: Optional[Path] = DataDir,
-         concurrency: int = typer.Option(2, help="sandboxes run at once")) -> None:
-    """Run the main job on the bundled examples and print where to look."""
-    from envforge.demo import run_demo
-    from envforge.progress import rich_progress
-    from envforge.track import ui_command
+         quick: bool = typer.Option(False, help="shortened stages (fewer gate runs, samples, training steps)"),
+         json_path: Optional[Path] = typer.Option(None, "--json", help="also write the summary as JSON here")) -> None:
+    """Materialize the whole asset graph on the bundled examples (the main job end to end) in the Dagster
+    instance `make ui` shows, and print what went through each stage and where to look."""
+    import os
+    import subprocess
 
+    from envforge.config import checkout_root
+
+    root = checkout_root()
+    if not (root / "assets" / "definitions.py").is_file():
+        _fail(EnvforgeError(f"the demo drives the Dagster code location in a checkout; {root} has no "
+                            "assets/definitions.py (run it from the envforge repository)"))
     settings = _settings(data_dir)
-    try:
-        with rich_progress(console) as progress:
-            summary = run_demo(settings, concurrency=concurrency, progress=progress)
-    except EnvforgeError as exc:
-        _fail(exc)
-    table = Table(title="Bundled tasks through the flakiness gate")
-    for col in ("task", "image", "verdict", "reference passed", "empty failed", "probes scored 0", "why"):
-        table.add_column(col)
-    by = {r["task_id"]: r for r in summary.results}
-    for tid, (tag, hit) in sorted(summary.images.items()):
-        r = by.get(tid)
-        if r is None:
-            table.add_row(tid, tag.split(":")[-1], "[red]not validated[/red]", "", "", "", "")
-            continue
-        verdict = "[green]accepted[/green]" if r["verdict"] == "accepted" else "[red]quarantined[/red]"
-        table.add_row(tid, f"{tag.split(':')[-1]}{' (cached)' if hit else ''}", verdict,
-                      f"{r['reference_passes']}/{r['runs']}", f"{r['empty_fails']}/{r['runs']}",
-                      f"{r['probes_caught']}/{r['probes']}" if r["probes"] else "-", "; ".join(r["disagreements"][:2]))
-    out.print(table)
-    for p in summary.rejects + summary.problems:
-        out.print(f"[yellow]problem:[/yellow] {p}")
-
-    out.print(f"\n[bold]{len(summary.verified)}/{summary.tasks_ingested}[/bold] tasks verified; "
-              f"task set {summary.task_set_version[:12] if summary.task_set_version else '-'}")
-    out.print("Where to look:")
-    out.print(f"  catalog (DuckDB): {settings.catalog_path}")
-    out.print(f"  task set parquet: {summary.task_set_parquet}")
-    out.print(f"  flake report:     {summary.chart}")
-    out.print(f"  MLflow run {summary.mlflow_run_id}: make mlflow-ui  (or: {ui_command(settings)})")
-    out.print("  Dagster UI:       make ui  (then open http://127.0.0.1:3000)")
-    if not summary.ok:
-        raise typer.Exit(1)
+    env = {**os.environ, "ENVFORGE_DATA_DIR": str(settings.data_dir)}
+    env.setdefault("DAGSTER_HOME", str(settings.data_dir / "dagster"))
+    cmd = [sys.executable, "-m", "assets.demo"] + (["--quick"] if quick else []) \
+        + (["--json", str(json_path.resolve())] if json_path else [])
+    raise typer.Exit(subprocess.run(cmd, cwd=root, env=env).returncode)
 
 
 @app.command()

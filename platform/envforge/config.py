@@ -15,7 +15,8 @@ from typing import Mapping
 _CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _default_root() -> Path:
+def checkout_root() -> Path:
+    """The repository checkout envforge runs from (or the working directory for an installed package)."""
     return _CHECKOUT_ROOT if (_CHECKOUT_ROOT / "sandboxes").is_dir() else Path.cwd()
 
 
@@ -33,7 +34,7 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if environ is None else environ
-        root = _default_root()
+        root = checkout_root()
         data_dir = Path(env.get("ENVFORGE_DATA_DIR") or root / ".envforge").resolve()
         return cls(
             data_dir=data_dir,

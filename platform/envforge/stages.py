@@ -202,13 +202,13 @@ def checkpoint_dir(settings: Settings, kind: str, version: str) -> Path:
     return settings.data_dir / "checkpoints" / f"{kind}-{version[:12]}"
 
 
-def sft_stage(settings: Settings, version: str = "latest", base_model: str = "tiny", epochs: int = 20,
+def sft_stage(settings: Settings, version: str = "latest", base_model: str = "tiny", epochs: int = 5,
               lr: float = 3e-3, seed: int = 0, dagster_run_id: str | None = None, progress: Progress = _no_progress):
     """SFT on the teacher's demonstrations of the task set's train split; eval loss on the eval split."""
     from envforge.charts import learning_curve
     from envforge.train.checkpoint import log_checkpoint, save_checkpoint
     from envforge.train.loop import demonstrations, load_model
-    from envforge.train.sft import SFTConfig, train_sft
+    from envforge.train.sft import SFTConfig, steps_per_epoch, train_sft
 
     version, train_items, _ = _split_items(settings, version, "train", progress)
     _, eval_items, _ = _split_items(settings, version, "eval", progress)
@@ -216,12 +216,16 @@ def sft_stage(settings: Settings, version: str = "latest", base_model: str = "ti
               "train_tasks": len(train_items), "eval_tasks": len(eval_items)}
     with track.mlflow_run(settings, "sft", "sft", params, dagster_run_id) as run:
         model, tokenizer = load_model(base_model, seed)
+
+        def on_metrics(step: int, metrics: dict) -> None:
+            track.log_metrics({f"sft_{k}": v for k, v in metrics.items()}, step=step)
+            progress("sft", f"step {step}: loss {metrics.get('loss', float('nan')):.4f}", step, total_steps)
+
         train = demonstrations(settings, train_items, tokenizer, f"sft-{version[:12]}-teacher-train", 4, version)
         evals = demonstrations(settings, eval_items, tokenizer, f"sft-{version[:12]}-teacher-eval", 4, version)
-        result = train_sft(model, train, evals, SFTConfig(lr=lr, epochs=epochs, seed=seed, eval_every=20,
-                                                          pad_id=tokenizer.pad_token_id or 0),
-                           tokenizer=tokenizer,
-                           on_metrics=lambda s, m: track.log_metrics({f"sft_{k}": v for k, v in m.items()}, step=s))
+        sft_config = SFTConfig(lr=lr, epochs=epochs, seed=seed, eval_every=20, pad_id=tokenizer.pad_token_id or 0)
+        total_steps = steps_per_epoch(len(train), sft_config, train) * epochs
+        result = train_sft(model, train, evals, sft_config, tokenizer=tokenizer, on_metrics=on_metrics)
         path = save_checkpoint(checkpoint_dir(settings, "sft", version), model, tokenizer, step=result.total_steps,
                                extra={"base_model": base_model, "task_set_version": version})
         log_checkpoint(path, {"eval_loss": result.eval_losses[-1][1] if result.eval_losses else 0.0},
@@ -232,7 +236,7 @@ def sft_stage(settings: Settings, version: str = "latest", base_model: str = "ti
         return path, result, chart, run.info.run_id
 
 
-def rl_stage(settings: Settings, version: str = "latest", rounds: int = 3, group_size: int = 4, lr: float = 1e-4,
+def rl_stage(settings: Settings, version: str = "latest", rounds: int = 2, group_size: int = 4, lr: float = 1e-4,
              seed: int = 0, dagster_run_id: str | None = None, progress: Progress = _no_progress):
     """GRPO rounds from the SFT checkpoint on the train split; the result is registered with alias `best`."""
     from envforge.train.checkpoint import log_checkpoint
@@ -247,8 +251,13 @@ def rl_stage(settings: Settings, version: str = "latest", rounds: int = 3, group
         model, tokenizer = load_model(str(sft_dir), seed)
         cfg = GRPORounds(rounds=rounds, group_size=group_size, seed=seed,
                          grpo=GRPOConfig(lr=lr, seed=seed, pad_id=tokenizer.pad_token_id or 0))
+
+        def on_round(r: int, metrics: dict) -> None:
+            track.log_metrics(metrics, step=r)
+            progress("grpo", f"round {r}: rollout reward {metrics['rollout_mean_reward']:.3f}", r + 1, rounds)
+
         trainer, history = grpo_rounds(settings, model, tokenizer, train_items, cfg, f"rl-{version[:12]}",
-                                       on_round=lambda r, m: track.log_metrics(m, step=r), task_set_version=version)
+                                       on_round=on_round, task_set_version=version, progress=progress)
         path = trainer.save(checkpoint_dir(settings, "rl", version))
         log_checkpoint(path, history[-1] if history else {}, "envforge-policy", alias="best", is_best=True)
         return path, history, run.info.run_id
@@ -270,7 +279,7 @@ def evaluation_stage(settings: Settings, version: str = "latest", base_model: st
         for label, source in phases.items():
             model, tokenizer = load_model(source, seed)
             result = evaluate(settings, model, tokenizer, eval_items, f"eval-{version[:12]}-{label.replace(' ', '-')}",
-                              label, task_set_version=version)
+                              label, task_set_version=version, progress=progress)
             report["phases"][label] = {
                 "pass_at_1": result.metrics["pass_at_1"],
                 "by_tier": pass_at_1_by(result, tasks, lambda t: tier_of.get(t.id, "?")),

@@ -8,7 +8,7 @@ from envforge.report import build_run_report
 
 
 @dg.asset(
-    group_name="reporting", kinds={"html", "mlflow"}, owners=["team:envforge"], deps=["evaluation_report"],
+    group_name="reporting", kinds={"html", "mlflow"}, owners=["team:envforge"], deps=["evaluation_report", "rollout_batch"],
     description="A static HTML report of the newest task set: its card (sources, tiers, splits), the gates "
                 "(ingest rejects, decontamination, images, flakiness gate), its rollout batches, and training "
                 "(SFT loss, GRPO reward per round, pass@1 before / after SFT / after RL per tier and source), with "

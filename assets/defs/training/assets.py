@@ -11,7 +11,7 @@ class SFTRunConfig(dg.Config):
     """`base_model`: `tiny`, `tiny:<hidden>x<layers>`, or a local Hugging Face directory (nothing is downloaded)."""
 
     base_model: str = "tiny"
-    epochs: int = 20
+    epochs: int = 5
     lr: float = 3e-3
     seed: int = 0
 
@@ -37,7 +37,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTRunConfig, cata
 
 
 class RLRunConfig(dg.Config):
-    rounds: int = 3
+    rounds: int = 2
     group_size: int = 4
     lr: float = 1e-4
     seed: int = 0

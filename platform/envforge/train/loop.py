@@ -18,7 +18,7 @@ from envforge.config import Settings
 from envforge.rollout.batch import BatchResult, run_batch
 from envforge.rollout.policies.hf import HFPolicy
 from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model
-from envforge.rollout.scheduler import RolloutConfig
+from envforge.rollout.scheduler import Progress, RolloutConfig
 from envforge.task import Task
 from envforge.train.data import TeacherPolicy, rl_groups, turn_samples
 from envforge.train.grpo import GRPOConfig, GRPOTrainer
@@ -52,12 +52,13 @@ def demonstrations(settings: Settings, items: Items, tokenizer: Any, batch_id: s
 
 
 def evaluate(settings: Settings, model: Any, tokenizer: Any, items: Items, batch_id: str, label: str,
-             concurrency: int = 4, max_tokens: int = 64, task_set_version: str = "") -> BatchResult:
+             concurrency: int = 4, max_tokens: int = 64, task_set_version: str = "",
+             progress: Progress | None = None) -> BatchResult:
     """One greedy rollout per task, graded by the sandbox verifier: pass@1."""
     policy = HFPolicy((model, tokenizer), policy_id=f"eval@{label}")
     return run_batch(settings, items, policy, RolloutConfig(n_samples=1, concurrency=concurrency, temperature=0.0,
                                                             max_tokens=max_tokens), task_set_version,
-                     batch_id=batch_id)
+                     batch_id=batch_id, progress=progress)
 
 
 @dataclass
@@ -75,7 +76,8 @@ class GRPORounds:
 
 def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cfg: GRPORounds, batch_prefix: str,
                 on_round: Callable[[int, dict[str, float]], None] | None = None,
-                task_set_version: str = "") -> tuple[GRPOTrainer, list[dict[str, float]]]:
+                task_set_version: str = "", progress: Progress | None = None,
+                ) -> tuple[GRPOTrainer, list[dict[str, float]]]:
     """Each round rolls out the current weights (on-policy: staleness 0), then updates on complete groups."""
     trainer = GRPOTrainer(model, cfg.grpo, tokenizer=tokenizer)
     history = []
@@ -84,7 +86,7 @@ def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cf
         batch = run_batch(settings, items, policy,
                           RolloutConfig(n_samples=cfg.group_size, concurrency=cfg.concurrency,
                                         temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed + r),
-                          task_set_version, batch_id=f"{batch_prefix}-round-{r}")
+                          task_set_version, batch_id=f"{batch_prefix}-round-{r}", progress=progress)
         groups = rl_groups(batch.store.trajectories())
         samples = [s for members in groups.values() for _, turns in members for s in turns]
         metrics = trainer.step(samples) if samples else {"skipped_groups": float(len(groups))}
