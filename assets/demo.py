@@ -142,8 +142,9 @@ def run_demo(settings: Settings, config: DemoConfig, instance: dg.DagsterInstanc
         return demo
     version_key = demo.last("tiered_task_set").get("partition_key")
     partition = dg.MultiPartitionKey({"task_set": version_key, "policy": config.rollout_policy})
-    execute("rollout_job", f"rollout_job: {config.rollout_samples} samples per task, policy "
-                           f"{config.rollout_policy}, task set {version_key}", partition_key=partition,
+    samples = config.rollout_samples or "the default number of"
+    execute("rollout_job", f"rollout_job: {samples} samples per task, policy {config.rollout_policy}, "
+                           f"task set {version_key}", partition_key=partition,
             run_config=config.rollout_run_config())
     execute("report_job", "report_job: the HTML run report", run_config=quiet)
     return demo

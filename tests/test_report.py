@@ -146,6 +146,6 @@ def test_run_report_asset(settings):
     assert path.is_file() and path.parent == settings.data_dir / "reports"
     assert meta["task_set_version"].value == "" and meta["sections_run"].value == 0
     assert result.run_id in path.read_text()  # the Dagster run id, on the page and on the MLflow run
-    run_id = re.search(r"MLflow run (\w+)", meta["mlflow_run"].value).group(1)
+    run_id = re.search(r"/runs/(\w+)$", meta["mlflow_run"].value).group(1)
     run = mlflow.MlflowClient(tracking_uri=settings.mlflow_tracking_uri).get_run(run_id)
     assert run.data.tags[track.DAGSTER_RUN_TAG] == result.run_id

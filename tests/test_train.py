@@ -298,3 +298,15 @@ def test_bench_smoke_prints_json():
         assert {"tokens_per_s", "step_time_s", "peak_memory_bytes", "mfu"} <= set(r)
         assert r["tokens_per_s"] > 0
     assert doc["results"]["sft"]["loss"] == pytest.approx(doc["results"]["baseline"]["loss"], rel=1e-4)
+
+
+def test_round_items_samples_a_seeded_batch_per_round():
+    from envforge.train.loop import GRPORounds, round_items
+
+    items = [(f"task-{i}", "image") for i in range(10)]
+    assert round_items(items, GRPORounds(), 0) == items  # no cap: every task every round
+    cfg = GRPORounds(tasks_per_round=4, seed=7)
+    first, second = round_items(items, cfg, 0), round_items(items, cfg, 1)
+    assert len(first) == len(second) == 4 and len(set(first)) == 4 and set(first) <= set(items)
+    assert first == round_items(items, cfg, 0) and first != second  # reproducible, and rounds differ
+    assert round_items(items, GRPORounds(tasks_per_round=50), 0) == items

@@ -6,6 +6,8 @@ from typing import Iterable
 
 import dagster as dg
 
+from envforge import track
+from envforge.config import Settings
 from envforge.errors import Problem
 
 
@@ -22,8 +24,9 @@ def problems_table(problems: Iterable[Problem]) -> dg.MetadataValue:
     return dg.MetadataValue.md("\n".join(rows) if len(rows) > 2 else "no problems")
 
 
-def mlflow_run(run_id: str) -> dg.MetadataValue:
-    return dg.MetadataValue.text(f"MLflow run {run_id} (make mlflow-ui, then search runs by this id)")
+def mlflow_run(settings: Settings, run_id: str) -> dg.MetadataValue:
+    """A link to the run's page in the MLflow UI (the UI shows it as a clickable URL)."""
+    return dg.MetadataValue.url(track.run_url(settings, run_id)) if run_id else dg.MetadataValue.text("no MLflow run")
 
 
 def log_progress(context: dg.AssetExecutionContext):

@@ -237,7 +237,8 @@ def sft_stage(settings: Settings, version: str = "latest", base_model: str = "ti
 
 
 def rl_stage(settings: Settings, version: str = "latest", rounds: int = 2, group_size: int = 4, lr: float = 1e-4,
-             seed: int = 0, dagster_run_id: str | None = None, progress: Progress = _no_progress):
+             seed: int = 0, dagster_run_id: str | None = None, progress: Progress = _no_progress,
+             tasks_per_round: int | None = 4):
     """GRPO rounds from the SFT checkpoint on the train split; the result is registered with alias `best`."""
     from envforge.train.checkpoint import log_checkpoint
     from envforge.train.grpo import GRPOConfig
@@ -246,10 +247,10 @@ def rl_stage(settings: Settings, version: str = "latest", rounds: int = 2, group
     version, train_items, _ = _split_items(settings, version, "train", progress)
     sft_dir = checkpoint_dir(settings, "sft", version)
     params = {"task_set_version": version, "from": str(sft_dir), "rounds": rounds, "group_size": group_size,
-              "lr": lr, "seed": seed}
+              "tasks_per_round": tasks_per_round, "lr": lr, "seed": seed}
     with track.mlflow_run(settings, "grpo", "rl", params, dagster_run_id) as run:
         model, tokenizer = load_model(str(sft_dir), seed)
-        cfg = GRPORounds(rounds=rounds, group_size=group_size, seed=seed,
+        cfg = GRPORounds(rounds=rounds, group_size=group_size, seed=seed, tasks_per_round=tasks_per_round,
                          grpo=GRPOConfig(lr=lr, seed=seed, pad_id=tokenizer.pad_token_id or 0))
 
         def on_round(r: int, metrics: dict) -> None:

@@ -105,6 +105,15 @@ def log_png(path: Path, artifact_dir: str = "charts") -> None:
     _mlflow().log_artifact(str(path), artifact_path=artifact_dir)
 
 
+def run_url(settings: Settings, run_id: str) -> str:
+    """The run's page in the MLflow UI: on the tracking server itself when it is http(s), otherwise at
+    ENVFORGE_MLFLOW_UI_URL (default: where `make mlflow-ui` serves the local store)."""
+    uri = settings.mlflow_tracking_uri
+    base = uri if uri.startswith(("http://", "https://")) else os.environ.get("ENVFORGE_MLFLOW_UI_URL",
+                                                                              "http://127.0.0.1:5000")
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id(settings)}/runs/{run_id}"
+
+
 def ui_command(settings: Settings) -> str:
     return (f"mlflow ui --backend-store-uri {settings.mlflow_tracking_uri} "
             f"--default-artifact-root {settings.mlflow_artifacts_dir.as_uri()} --host 127.0.0.1 --port 5000")

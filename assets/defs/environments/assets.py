@@ -27,5 +27,5 @@ def environment_images(context: dg.AssetExecutionContext, catalog: CatalogResour
         "base_image": report.base.tag, "base_cache_hit": report.base.cache_hit,
         "images": dg.MetadataValue.json({t.id: b.tag for t, b in report.builds}),
         "built": sum(not b.cache_hit for _, b in report.builds), "cache_hits": report.cache_hits,
-        "failures": problems_table(report.failures), "mlflow_run": mlflow_run(run_id),
+        "failures": problems_table(report.failures), "mlflow_run": mlflow_run(settings, run_id),
     })

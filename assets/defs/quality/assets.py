@@ -31,7 +31,7 @@ def decontaminated_tasks(context: dg.AssetExecutionContext, config: DedupRunConf
     return dg.MaterializeResult(metadata={
         "tasks": len(tasks), "clean": statuses.count("clean"), "contaminated": statuses.count("contaminated"),
         "duplicates": statuses.count("duplicate"), "duplicate_pairs": len(report.pairs),
-        "index_docs_added": report.sync.added_docs, "chart": png(chart), "mlflow_run": mlflow_run(run_id),
+        "index_docs_added": report.sync.added_docs, "chart": png(chart), "mlflow_run": mlflow_run(settings, run_id),
     })
 
 

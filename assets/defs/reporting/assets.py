@@ -17,12 +17,13 @@ from envforge.report import build_run_report
 )
 def run_report(context: dg.AssetExecutionContext, catalog: CatalogResource, docker: DockerResource,
                mlflow: MlflowResource) -> dg.MaterializeResult:
-    report = build_run_report(settings_from(catalog, docker, mlflow), "latest", dagster_run_id=context.run.run_id)
+    settings = settings_from(catalog, docker, mlflow)
+    report = build_run_report(settings, "latest", dagster_run_id=context.run.run_id)
     not_run = sorted(k for k, ran in report.sections.items() if not ran)
     if not_run:
         context.log.info(f"sections not run yet: {', '.join(not_run)}")
     return dg.MaterializeResult(metadata={
         "path": dg.MetadataValue.path(str(report.path)), "latest": dg.MetadataValue.path(str(report.latest)),
         "task_set_version": report.task_set_version or "", "sections": dg.MetadataValue.json(report.sections),
-        **report.counts, "mlflow_run": mlflow_run(report.mlflow_run_id),
+        **report.counts, "mlflow_run": mlflow_run(settings, report.mlflow_run_id),
     })

@@ -54,7 +54,7 @@ def tiered_task_set(context: dg.AssetExecutionContext, config: TierConfig, catal
     return dg.MaterializeResult(metadata={
         "version": version, "new_version": changed, "partition_key": key, "tasks": len(rows), "method": rows[0]["method"] if rows else "",
         "tiers": dg.MetadataValue.json(counts), "splits": dg.MetadataValue.json(splits),
-        "histogram": png(chart), "mlflow_run": mlflow_run(run_id),
+        "histogram": png(chart), "mlflow_run": mlflow_run(settings, run_id),
     })
 
 
@@ -102,6 +102,6 @@ def rollout_batch(context: dg.AssetExecutionContext, config: RolloutRunConfig, c
         "dropped_groups": dg.MetadataValue.json([g.to_json() for g in result.report.dropped_groups]),
         "infra_retries": int(m["infra_retries"]), "steps_per_s": m["steps_per_s"],
         "pool_hit_rate": m["pool_hit_rate"], "metrics": dg.MetadataValue.json(m),
-        "mlflow_run": mlflow_run(result.mlflow_run_id or ""),
+        "mlflow_run": mlflow_run(settings, result.mlflow_run_id or ""),
     })
 

@@ -48,7 +48,7 @@ def _source_asset(kind: str) -> dg.AssetsDefinition:
             "valid": len(res.tasks), "rejected": len(res.rejects), "added": summ.added,
             "unchanged": summ.unchanged, "reject_rate": round(len(res.rejects) / total, 4) if total else 0.0,
             "batch_id": summ.batch_id, "tasks": dg.MetadataValue.json(sorted(t.id for t in res.tasks)),
-            "rejects": problems_table(res.rejects), "mlflow_run": mlflow_run(tracked.mlflow_run_id),
+            "rejects": problems_table(res.rejects), "mlflow_run": mlflow_run(settings, tracked.mlflow_run_id),
         })
 
     return _asset

@@ -32,13 +32,17 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTRunConfig, cata
         "checkpoint": str(path), "steps": result.total_steps, "first_loss": result.losses[0] if result.losses else 0.0,
         "final_loss": result.losses[-1] if result.losses else 0.0,
         "eval_loss": result.eval_losses[-1][1] if result.eval_losses else 0.0,
-        "tokens_per_s": round(result.tokens_per_s, 1), "loss_curve": png(chart), "mlflow_run": mlflow_run(run_id),
+        "tokens_per_s": round(result.tokens_per_s, 1), "loss_curve": png(chart), "mlflow_run": mlflow_run(settings, run_id),
     })
 
 
 class RLRunConfig(dg.Config):
+    """`tasks_per_round`: train-split tasks sampled (seeded) per round, each rolled out `group_size` times;
+    0 means every task every round."""
+
     rounds: int = 2
     group_size: int = 4
+    tasks_per_round: int = 4
     lr: float = 1e-4
     seed: int = 0
 
@@ -54,11 +58,12 @@ def rl_checkpoint(context: dg.AssetExecutionContext, config: RLRunConfig, catalo
                   docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
     settings = settings_from(catalog, docker, mlflow)
     path, history, run_id = stages.rl_stage(settings, "latest", config.rounds, config.group_size, config.lr,
-                                            config.seed, context.run.run_id, log_progress(context))
+                                            config.seed, context.run.run_id, log_progress(context),
+                                            tasks_per_round=config.tasks_per_round or None)
     return dg.MaterializeResult(metadata={
         "checkpoint": str(path), "rounds": len(history),
         "rollout_mean_reward": dg.MetadataValue.json([m["rollout_mean_reward"] for m in history]),
-        "history": dg.MetadataValue.json(history), "mlflow_run": mlflow_run(run_id),
+        "history": dg.MetadataValue.json(history), "mlflow_run": mlflow_run(settings, run_id),
     })
 
 
@@ -82,5 +87,5 @@ def evaluation_report(context: dg.AssetExecutionContext, config: EvalRunConfig, 
         "eval_tasks": report["eval_tasks"],
         "pass_at_1": dg.MetadataValue.json({p: v["pass_at_1"] for p, v in report["phases"].items()}),
         "report": dg.MetadataValue.json(report), "by_tier": png(charts["by_tier"]),
-        "by_source": png(charts["by_source"]), "mlflow_run": mlflow_run(run_id),
+        "by_source": png(charts["by_source"]), "mlflow_run": mlflow_run(settings, run_id),
     })

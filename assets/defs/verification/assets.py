@@ -40,5 +40,5 @@ def validated_tasks(context: dg.AssetExecutionContext, config: GateRunConfig, ca
         "tasks": len(tasks), "accepted": len(rows) - len(quarantined), "quarantined": len(quarantined),
         "quarantine_rate": len(quarantined) / max(1, len(rows)),
         "flake_report": dg.MetadataValue.json(rows), "infra_failures": problems_table(report.infra_failures),
-        "chart": png(chart), "mlflow_run": mlflow_run(run_id),
+        "chart": png(chart), "mlflow_run": mlflow_run(settings, run_id),
     })

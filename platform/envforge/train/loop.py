@@ -6,6 +6,7 @@ with the tokenizer built locally) or a local Hugging Face directory. Nothing is 
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,16 @@ class GRPORounds:
     concurrency: int = 4
     seed: int = 0
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    # Tasks sampled per round (the prompt batch); None: every task every round. Sampling keeps a round's
+    # cost fixed as the task set grows, and a different seeded sample per round still covers the split.
+    tasks_per_round: int | None = None
+
+
+def round_items(items: Items, cfg: GRPORounds, round_index: int) -> Items:
+    """The tasks of one round: all of them, or a seeded sample of `tasks_per_round`."""
+    if cfg.tasks_per_round is None or cfg.tasks_per_round >= len(items):
+        return list(items)
+    return random.Random(cfg.seed * 1_000_003 + round_index).sample(list(items), cfg.tasks_per_round)
 
 
 def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cfg: GRPORounds, batch_prefix: str,
@@ -83,7 +94,7 @@ def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cf
     history = []
     for r in range(cfg.rounds):
         policy = HFPolicy((model, tokenizer), policy_id=f"{batch_prefix}@round-{r}", version=r)
-        batch = run_batch(settings, items, policy,
+        batch = run_batch(settings, round_items(items, cfg, r), policy,
                           RolloutConfig(n_samples=cfg.group_size, concurrency=cfg.concurrency,
                                         temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed + r),
                           task_set_version, batch_id=f"{batch_prefix}-round-{r}", progress=progress)
