@@ -78,10 +78,9 @@ def _run_config(ops: dict[str, dict[str, Any]], log_level: str = "INFO") -> dict
 
 @dataclass
 class DemoRun:
-    """What the demo's runs produced: per-asset materialization metadata and check outcomes."""
+    """What the demo's runs produced: per-asset materialization metadata (check outcomes: graph_status)."""
 
     metadata: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    checks: dict[str, bool] = field(default_factory=dict)
     runs: list[tuple[str, str, bool, float]] = field(default_factory=list)  # job, run id, success, seconds
 
     def record(self, job: str, result: dg.ExecuteInProcessResult, seconds: float) -> None:
@@ -90,9 +89,6 @@ class DemoRun:
             mat = event.materialization
             values = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
             self.metadata.setdefault(mat.asset_key.to_user_string(), []).append(values)
-        for ev in result.get_asset_check_evaluations():
-            key = f"{ev.asset_key.to_user_string()}:{ev.check_name}"
-            self.checks[key] = self.checks.get(key, True) and ev.passed
 
     def last(self, asset: str) -> dict[str, Any]:
         return (self.metadata.get(asset) or [{}])[-1]
@@ -115,6 +111,7 @@ def ensure_instance(settings: Settings) -> dg.DagsterInstance:
 def run_demo(settings: Settings, config: DemoConfig, instance: dg.DagsterInstance,
              step: Callable[[str], None] = lambda _: None) -> DemoRun:
     from assets.definitions import defs
+    from assets.defs.sources.assets import register_source_partitions
 
     demo = DemoRun()
 
@@ -129,10 +126,7 @@ def run_demo(settings: Settings, config: DemoConfig, instance: dg.DagsterInstanc
         return result
 
     refs, _ = discover_sources(settings.bundled_sources())
-    keys = [(ref.kind, ref.key(settings.task_sources_dir)) for ref in refs]
-    for kind in sorted({k for k, _ in keys}):
-        known = set(instance.get_dynamic_partitions(f"{kind}_sources"))
-        instance.add_dynamic_partitions(f"{kind}_sources", [key for k, key in keys if k == kind and key not in known])
+    keys = register_source_partitions(instance, refs, settings.task_sources_dir)
     quiet = _run_config({}, "WARNING")
     for i, (kind, key) in enumerate(keys, 1):
         execute(f"ingest_{kind}_sources", f"ingest {i}/{len(keys)}: {key}", partition_key=key, run_config=quiet)
@@ -169,7 +163,7 @@ def graph_status(instance: dg.DagsterInstance) -> dict[str, dict[str, str]]:
     return {"assets": assets, "checks": checks}
 
 
-def summary(demo: DemoRun, settings: Settings) -> dict[str, Any]:
+def summary(demo: DemoRun, settings: Settings, instance: dg.DagsterInstance) -> dict[str, Any]:
     """The figures a user wants after the demo, from the materializations the UI also shows."""
     from envforge.catalog import Catalog
 
@@ -205,10 +199,9 @@ def summary(demo: DemoRun, settings: Settings) -> dict[str, Any]:
                          "rl_mean_reward_by_round": rl.get("rollout_mean_reward"),
                          "eval_tasks": evaluation.get("eval_tasks"), "pass_at_1": evaluation.get("pass_at_1", {})},
         },
-        "checks": demo.checks,
-        "graph": graph_status(dg.DagsterInstance.get()),
+        "graph": graph_status(instance),
         "report": demo.last("run_report").get("path"),
-        "dagster_home": str(dg.DagsterInstance.get().root_directory),
+        "dagster_home": str(instance.root_directory),
         "catalog": str(settings.catalog_path),
     }
 
@@ -286,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         console.rule(f"[bold]{label}[/bold] [dim]({time.perf_counter() - start:.0f} s)[/dim]", align="left")
 
     demo = run_demo(settings, config, instance, step)
-    doc = summary(demo, settings)
+    doc = summary(demo, settings, instance)
     doc["wall_seconds"] = round(time.perf_counter() - start, 1)
     doc["ok"] = doc["ok"] and all(v == "materialized" for v in doc["graph"]["assets"].values())
     (settings.data_dir / "demo_summary.json").write_text(json.dumps(doc, indent=2, default=str))

@@ -1,20 +1,19 @@
 """Helpers that turn library results into Dagster metadata people can read in the UI."""
 
-import base64
 from pathlib import Path
 from typing import Iterable
 
 import dagster as dg
 
 from envforge import track
+from envforge.charts import png_data_uri
 from envforge.config import Settings
 from envforge.errors import Problem
 
 
 def png(path: Path) -> dg.MetadataValue:
     """An inline PNG (rendered by the UI's markdown viewer)."""
-    data = base64.b64encode(Path(path).read_bytes()).decode()
-    return dg.MetadataValue.md(f"![{Path(path).name}](data:image/png;base64,{data})")
+    return dg.MetadataValue.md(f"![{Path(path).name}]({png_data_uri(path)})")
 
 
 def problems_table(problems: Iterable[Problem]) -> dg.MetadataValue:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
+
+
+def png_data_uri(path: Path) -> str:
+    """A PNG inlined as a data URI, so a page (the run report, Dagster's markdown) needs no other file."""
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
 
 def _save(fig, path: Path) -> Path:

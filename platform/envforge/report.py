@@ -14,7 +14,6 @@ run tagged with the stage `report` (and the Dagster run id when there is one).
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import tempfile
@@ -119,7 +118,9 @@ class _Charts:
 
     @staticmethod
     def _uri(path: Path) -> str:
-        return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+        from envforge.charts import png_data_uri
+
+        return png_data_uri(path)
 
 
 # -- sections ------------------------------------------------------------------------------------

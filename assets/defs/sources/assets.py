@@ -60,6 +60,15 @@ ingest_jobs = [dg.define_asset_job(f"ingest_{kind}_sources", selection=[f"{kind}
                for kind in KINDS]
 
 
+def register_source_partitions(instance: dg.DagsterInstance, refs, root) -> list[tuple[str, str]]:
+    """Add each discovered source as a partition of its kind's asset (if new); returns (kind, key) per source."""
+    keys = [(ref.kind, ref.key(root)) for ref in refs]
+    for kind in KINDS:
+        known = set(instance.get_dynamic_partitions(PARTITIONS[kind].name))
+        instance.add_dynamic_partitions(PARTITIONS[kind].name, [k for kd, k in keys if kd == kind and k not in known])
+    return keys
+
+
 class CandidateConfig(dg.Config):
     """`reingest`: ingest every source under task_sources/ first (what the nightly refresh does), registering
     new sources as partitions; otherwise merge what the per-source runs stored."""
@@ -87,10 +96,7 @@ def candidate_tasks(context: dg.AssetExecutionContext, config: CandidateConfig, 
                                 progress=progress)
         context.log.info(f"re-ingested {len(tracked.sources)} sources: {len(tracked.result.tasks)} valid, "
                          f"{len(tracked.result.rejects)} rejected, {tracked.summary.added} new task versions")
-        for kind in KINDS:
-            keys = [r.key(settings.task_sources_dir) for r in refs if r.kind == kind]
-            known = set(context.instance.get_dynamic_partitions(PARTITIONS[kind].name))
-            context.instance.add_dynamic_partitions(PARTITIONS[kind].name, [k for k in keys if k not in known])
+        register_source_partitions(context.instance, refs, settings.task_sources_dir)
     retired = cat.retire_missing_sources({r.key(settings.task_sources_dir) for r in refs},
                                          settings.task_sources_dir, under=settings.bundled_sources())
     if retired:
