@@ -94,21 +94,26 @@ def test_concurrent_async_use_caps_starts(docker_client, task_image):
 
 
 def test_orphans_of_dead_owners_are_removed(docker_client, task_image):
-    orphan = docker_client.containers.run(task_image, ["sleep", "600"], detach=True, network_mode="none",
-                                          labels={MANAGED_LABEL: "1", OWNER_LABEL: "some-other-host-or:999999"})
-    dead_owner = docker_client.containers.run(
-        task_image, ["sleep", "600"], detach=True, network_mode="none",
-        labels={MANAGED_LABEL: "1", OWNER_LABEL: f"{__import__('socket').gethostname()}:999999"})
-    exited = docker_client.containers.run(task_image, ["true"], detach=True, network_mode="none",
-                                          labels={MANAGED_LABEL: "1"})
-    exited.wait()
+    host = __import__("socket").gethostname()
+    run = lambda labels, cmd=("sleep", "600"): docker_client.containers.run(  # noqa: E731
+        task_image, list(cmd), detach=True, network_mode="none", labels={MANAGED_LABEL: "1", **labels})
+    other_host = run({OWNER_LABEL: "some-other-host-or:999999"})
+    dead_owner = run({OWNER_LABEL: f"{host}:999999"})
+    dead_owner_exited = run({OWNER_LABEL: f"{host}:999999"}, ("true",))
+    live_owner_exited = run({OWNER_LABEL: f"{host}:{__import__('os').getpid()}"}, ("true",))
+    build_container = run({})  # image builds inherit the managed label but carry no owner
+    for c in (dead_owner_exited, live_owner_exited):
+        c.wait()
     try:
         remove_orphans(docker_client)
         remaining = {c.id for c in docker_client.containers.list(all=True, filters={"label": MANAGED_LABEL})}
-        assert dead_owner.id not in remaining and exited.id not in remaining
-        assert orphan.id in remaining  # another host's container is not ours to judge
+        assert dead_owner.id not in remaining and dead_owner_exited.id not in remaining
+        assert other_host.id in remaining  # another host's container is not ours to judge
+        assert live_owner_exited.id in remaining  # a live process's containers are its own, in any state
+        assert build_container.id in remaining  # never a build's container
     finally:
-        orphan.remove(force=True)
+        for c in (other_host, live_owner_exited, build_container):
+            c.remove(force=True)
 
 
 def test_pool_survives_a_dockerd_restart(docker_client, task_image):

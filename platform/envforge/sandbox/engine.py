@@ -50,18 +50,27 @@ def _owner_alive(owner: str) -> bool:
 
 
 def remove_orphans(client: docker.DockerClient) -> int:
-    """Remove envforge containers that have exited or whose owning process is gone.
+    """Remove envforge containers whose owning process is gone.
 
     A killed dockerd leaves containers behind as 'Exited (137)', and a killed envforge
-    process leaves running sandboxes nobody will release; both are found by label.
+    process leaves running sandboxes nobody will release; both are found by label. Only
+    containers that carry an owner label are candidates: image-build containers inherit the
+    managed label from the base image but have no owner, and a live process's containers
+    (running, created or exited) are its own business, whatever their state. Containers that
+    vanish while we look (other processes churn them) are skipped.
     """
     removed = 0
-    for c in client.containers.list(all=True, filters={"label": MANAGED_LABEL}):
-        owner = c.labels.get(OWNER_LABEL, "")
-        if c.status != "running" or (owner and not _owner_alive(owner)):
-            try:
-                c.remove(force=True, v=True)
-                removed += 1
-            except DockerException:
-                pass
+    try:
+        listed = client.containers.list(all=True, sparse=True, filters={"label": OWNER_LABEL})
+    except DockerException:
+        return 0
+    for c in listed:
+        owner = (c.attrs.get("Labels") or {}).get(OWNER_LABEL, "")
+        if not owner or _owner_alive(owner):
+            continue
+        try:
+            c.remove(force=True, v=True)
+            removed += 1
+        except DockerException:
+            pass
     return removed
