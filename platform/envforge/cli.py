@@ -128,6 +128,8 @@ def images_base(data_dir: Optional[Path] = DataDir) -> None:
 
 @images_app.command("build")
 def images_build(task: List[str] = typer.Option([], "--task", "-t", help="only these task ids"),
+                 rebuild: bool = typer.Option(False, "--rebuild", help="build tasks recorded on another base or env "
+                                                                      "image on the current ones"),
                  data_dir: Optional[Path] = DataDir) -> None:
     """Build the base image and the images of the catalog's current tasks (cache hits are instant)."""
     from envforge import stages
@@ -140,12 +142,17 @@ def images_build(task: List[str] = typer.Option([], "--task", "-t", help="only t
         _fail(EnvforgeError(f"unknown task id(s): {sorted(set(task) - {t.id for t in tasks})}"))
     try:
         with rich_progress(console) as progress:
-            report, _ = stages.build_images(settings, tasks, progress=progress)
+            report, _ = stages.build_images(settings, tasks, progress=progress, rebuild=rebuild)
     except EnvforgeError as exc:
         _fail(exc)
     out.print(f"base: {report.base.tag}{' (cached)' if report.base.cache_hit else ''}")
     for t, b in report.builds:
-        out.print(f"{t.id}: {b.tag}{' (cached)' if b.cache_hit else f' built in {b.seconds:.1f}s'}")
+        env = ""
+        if b.env is not None:
+            env = f" on {b.env.tag} ({'cached' if b.env.cache_hit else f'built in {b.env.seconds:.1f}s, '}" + \
+                  (f"{b.env.from_cache} packages from the pip cache, {b.env.downloaded} downloaded)"
+                   if not b.env.cache_hit else ")")
+        out.print(f"{t.id}: {b.tag}{' (cached)' if b.cache_hit else f' built in {b.seconds:.1f}s'}{env}")
     for p in report.failures:
         out.print(f"[red]failed[/red] {p}")
     if report.failures:
@@ -235,6 +242,8 @@ def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these
              runs: int = typer.Option(5, help="grades of the empty and of the reference solution, each"),
              shuffle: bool = typer.Option(True, help="one more reference run with the test order shuffled"),
              probes: bool = typer.Option(True, help="run the standard reward-hacking probes"),
+             rebuild: bool = typer.Option(False, "--rebuild", help="build tasks recorded on another base or env image "
+                                                                  "on the current ones"),
              as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
     """The flakiness gate on the catalog's current tasks: accept or quarantine each, with the reason."""
     from envforge import stages
@@ -246,7 +255,7 @@ def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these
     cat = Catalog(settings.catalog_path)
     tasks = cat.load_tasks(task or None)
     try:
-        images, _ = stages.build_images(settings, tasks)
+        images, _ = stages.build_images(settings, tasks, rebuild=rebuild)
         with rich_progress(console) as progress:
             report, _, chart = stages.validate(settings, tasks, images.image_for(), GateConfig(runs, shuffle, probes),
                                                progress=progress)
@@ -255,14 +264,17 @@ def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these
     if as_json:
         sys.stdout.write(json.dumps({"tasks": report.rows(), "chart": str(chart),
                                      "probes": {r.task_id: r.probe_results for r in report.reports},
-                                     "infra_failures": [str(p) for p in report.infra_failures]}) + "\n")
+                                     "infra_failures": [str(p) for p in report.infra_failures],
+                                     "image_failures": [str(p) for p in images.failures]}) + "\n")
     else:
         for r in report.rows():
             out.print(f"{r['task_id']}: {r['verdict']} (reference {r['reference_passes']}/{r['runs']}, "
                       f"empty failed {r['empty_fails']}/{r['runs']}, probes {r['probes_caught']}/{r['probes']})"
                       + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else ""))
         out.print(f"flake report: {chart}")
-    if report.infra_failures:
+    for p in images.failures:
+        console.print(f"[red]not validated[/red] {p}")
+    if report.infra_failures or images.failures:
         raise typer.Exit(2)
 
 

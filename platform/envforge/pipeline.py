@@ -137,8 +137,15 @@ def ingest(settings: Settings, paths: Sequence[Path], strict: bool = False, clie
 
 
 def build_images(settings: Settings, tasks: Sequence[Task], client: docker.DockerClient | None = None,
-                 progress: Progress = _no_progress, log: Callable[[str], None] = lambda _: None) -> ImagesReport:
-    """Make sure the base image and every task's image exist; a failing task does not stop the rest."""
+                 progress: Progress = _no_progress, log: Callable[[str], None] = lambda _: None,
+                 rebuild: bool = False) -> ImagesReport:
+    """Make sure the base image and every task's image exist; a failing task does not stop the rest.
+
+    A task recorded as built on other base/env images is a failure with the reason unless `rebuild`.
+    A build killed from outside is retried once.
+    """
+    from envforge.sources.derive import with_retry
+
     client = client or docker_client(settings)
     total = len(tasks) + 1
     progress("images", "base image (first build takes 1-2 minutes)", 0, total)
@@ -147,9 +154,12 @@ def build_images(settings: Settings, tasks: Sequence[Task], client: docker.Docke
     for i, task in enumerate(tasks, start=1):
         progress("images", task.id, i, total)
         try:
-            report.builds.append((task, build_task_image(client, task, base.tag, settings, log=log)))
+            report.builds.append((task, with_retry(lambda: build_task_image(client, task, base.tag, settings, log=log,
+                                                                             rebuild=rebuild))))
         except ImageBuildError as exc:
             report.failures.append(Problem(task.origin, "environment", str(exc)))
+        except InfraError as exc:
+            report.failures.append(Problem(task.origin, "environment", f"infra: {exc}"))
     progress("images", "done", total, total)
     if report.builds:
         Catalog(settings.catalog_path).record_images(report.builds)

@@ -67,15 +67,18 @@ def decontaminate(settings: Settings, tasks: Sequence[Task], config: DedupConfig
 
 
 def build_images(settings: Settings, tasks: Sequence[Task], dagster_run_id: str | None = None,
-                 nested: bool = False, progress: Progress = _no_progress) -> tuple[ImagesReport, str]:
+                 nested: bool = False, progress: Progress = _no_progress,
+                 rebuild: bool = False) -> tuple[ImagesReport, str]:
     with track.mlflow_run(settings, "images", "images", {"n_tasks": len(tasks)}, dagster_run_id, nested) as run:
-        report = pipeline.build_images(settings, tasks, progress=progress)
+        report = pipeline.build_images(settings, tasks, progress=progress, rebuild=rebuild)
         built = [b for _, b in report.builds]
         track.log_metrics({
             "images_built": sum(not b.cache_hit for b in built), "images_cache_hits": report.cache_hits,
             "image_failures": len(report.failures), "base_build_s": report.base.seconds,
             "base_cache_hit": float(report.base.cache_hit),
             "task_build_s_total": sum(b.seconds for b in built),
+            "env_layers": len({b.env.tag for b in built if b.env}),
+            "env_layers_built": len({b.env.tag for b in built if b.env and not b.env.cache_hit}),
         })
         track.log_json({"base": report.base.tag, "images": {t.id: b.tag for t, b in report.builds},
                         "failures": [str(p) for p in report.failures]}, "images.json")

@@ -29,7 +29,7 @@ from pydantic import Field
 
 from envforge.errors import Problem, SpecError
 from envforge.sources.candidate import (Candidate, HistorySourceConfig, add_candidates, check_change, load_config,
-                                       open_repository, slug)
+                                       open_repository, relative_to_source, slug)
 from envforge.sources.gitrepo import git, is_ancestor, resolve_commit, split_change
 from envforge.sources.records import blank
 from envforge.sources.result import LoadResult
@@ -100,6 +100,7 @@ def review_to_candidate(rec: dict[str, Any], where: str, cfg: ReviewSourceConfig
         config=cfg, base_dir=base_dir, tags=["review"],
         metadata={"review": str(rec["id"]), "repo": rec["repository"], "base_commit": base, "change_commit": change,
                   "follow_up_commit": follow_up},
+        repository=relative_to_source(cfg.repos[rec["repository"]], base_dir),
     )
 
 

@@ -21,7 +21,8 @@ import yaml
 from pydantic import ValidationError
 
 from envforge.errors import Problem, SpecError
-from envforge.sources.candidate import slug
+from envforge.sources.candidate import relative_to_source, slug
+from envforge.sources.environment import HistoryEnvironment, check_dockerfile, resolve_environment
 from envforge.sources.gitrepo import materialize_repo, patch_applies, resolve_commit
 from envforge.sources.records import iter_records
 from envforge.sources.result import LoadResult
@@ -47,15 +48,29 @@ def _ids(value: Any) -> list[str] | None:
     return None
 
 
-def _repo_map(jsonl: Path) -> dict[str, Path]:
+def _repo_map(jsonl: Path) -> dict[str, str]:
     sidecar = jsonl.with_name("swebench.yaml")
     if not sidecar.exists():
         return {}
     data = yaml.safe_load(sidecar.read_text()) or {}
-    return {name: (sidecar.parent / p).resolve() for name, p in (data.get("repos") or {}).items()}
+    return {name: str(p) for name, p in (data.get("repos") or {}).items()}
 
 
-def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, Path]) -> Task:
+def _environment(jsonl: Path) -> HistoryEnvironment:
+    """The `environment:` section of swebench.yaml (SpecError naming the file and field)."""
+    sidecar = jsonl.with_name("swebench.yaml")
+    data = (yaml.safe_load(sidecar.read_text()) or {}) if sidecar.exists() else {}
+    try:
+        section = HistoryEnvironment.model_validate(data.get("environment") or {})
+    except ValidationError as err:
+        raise SpecError([Problem(p.source, f"environment.{p.field}", p.reason)
+                         for p in _pydantic_problems(str(sidecar), err)]) from None
+    check_dockerfile(section, sidecar)
+    return section
+
+
+def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, str],
+                   environment: HistoryEnvironment | None = None) -> Task:
     """One instance -> Task, or SpecError naming the record and field."""
     missing = [f for f in REQUIRED if rec.get(f) in (None, "")]
     if missing:
@@ -88,12 +103,14 @@ def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, Path]
             problems.append(Problem(where, field, f"does not apply to base_commit: {complaint}"))
     if problems:
         raise SpecError(problems)
+    env = resolve_environment(environment or HistoryEnvironment(), git_dir, sha, where)
     data = {
         "id": task_id_for(rec["instance_id"]), "source": "swebench", "instruction": rec["problem_statement"],
-        "environment": {"image": "base", "repository": {"path": str(git_dir), "commit": sha}},
+        "environment": {**env.fields, "repository": {"path": relative_to_source(str(repo_ref), base_dir),
+                                                     "commit": sha}},
         "verification": {"tests": {"framework": "pytest", "fail_to_pass": f2p, "pass_to_pass": p2p}},
         "reference_solution": {"patch": "<inline>"},
-        "metadata": {"instance_id": rec["instance_id"], "repo": rec["repo"],
+        "metadata": {"instance_id": rec["instance_id"], "repo": rec["repo"], **env.metadata,
                      **{k: rec[k] for k in ("version", "environment_setup_commit") if rec.get(k)}},
     }
     try:
@@ -114,12 +131,17 @@ def load_swebench(paths: Iterable[Path]) -> LoadResult:
         files = sorted(p.rglob("*.jsonl")) if p.is_dir() else [p]
         for f in files:
             repos = _repo_map(f)
+            try:
+                environment = _environment(f)
+            except SpecError as exc:
+                result.rejects.extend(exc.problems)
+                continue
             for where, rec in iter_records(f, "jsonl"):
                 if isinstance(rec, Problem):
                     result.rejects.append(rec)
                     continue
                 try:
-                    task = record_to_task(rec, where, f.parent, repos)
+                    task = record_to_task(rec, where, f.parent, repos, environment)
                 except SpecError as exc:
                     result.rejects.extend(exc.problems)
                     continue

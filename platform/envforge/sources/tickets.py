@@ -26,7 +26,7 @@ from pydantic import Field, field_validator
 
 from envforge.errors import Problem, SpecError
 from envforge.sources.candidate import (Candidate, HistorySourceConfig, StrictModel, add_candidates, check_change,
-                                       load_config, open_repository, slug)
+                                       load_config, open_repository, relative_to_source, slug)
 from envforge.sources.gitrepo import first_parent, resolve_commit, split_change
 from envforge.sources.records import blank, get_path
 from envforge.sources.result import LoadResult
@@ -106,7 +106,9 @@ def ticket_to_candidate(rec: dict[str, Any], where: str, export: TicketExport, c
         id=slug(f"{project}-{ticket_id}"), kind="ticket", origin=where, field=fix_field,
         instruction=f"Ticket {ticket_id}: {instruction}", git_dir=git_dir, workspace_commit=parent, change=change,
         config=cfg, base_dir=base_dir, tags=["ticket", *_labels(values.get("labels"))],
-        metadata={"ticket": ticket_id, "fix_commit": fix, "base_commit": parent, "export": export.file},
+        metadata={"ticket": ticket_id, "repo": project, "fix_commit": fix, "base_commit": parent,
+                  "export": export.file},
+        repository=relative_to_source(cfg.repository, base_dir),
     )
 
 

@@ -71,7 +71,8 @@ def _with_retries(fn: Callable[[], VerificationResult], report: GateReport) -> V
 def probe_diff(grader: Grader, task: Task, image: str, probe: Probe) -> str:
     sandbox: Sandbox = grader.pool.acquire(image, options_for(task))
     try:
-        sandbox.exec(probe.script(task), timeout_s=120)
+        env = task.spec.environment
+        sandbox.exec(probe.script(task), timeout_s=120, env=env.command_env(), workdir=env.command_workdir())
         return sandbox.diff()
     finally:
         grader.pool.release(sandbox)

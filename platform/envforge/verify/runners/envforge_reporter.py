@@ -6,6 +6,13 @@ and closes fd 3, so code under test finds no report path in argv and no fd 3 to 
 forged report to. It writes one JSON line per test outcome and, only if the session ends
 normally, a final `{"finished": true, ...}` line: a run cut short (os._exit, a crash, a
 kill) has no trailer and counts as a failure.
+
+When ENVFORGE_SELECT names a JSON list of test ids (a root-owned file the grader installs),
+only those tests run, in that order: the command line carries just the files that hold them
+(files that do not exist are left out), and each id is selected on its own after
+collection. An unknown id is therefore missing from the report, never the reason the whole
+run stops, as it would be if it were passed to pytest directly ("ERROR: not found").
+Collection errors are reported with their message, so a missing dependency can be named.
 """
 
 import fcntl
@@ -17,6 +24,46 @@ _fd = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, random.randint(300, 900))
 os.close(3)
 _out = os.fdopen(_fd, "w", buffering=1)
 _outcomes: dict = {}
+_collect_errors: dict = {}
+_wanted: list = []
+
+
+def _load_selection():
+    path = os.environ.get("ENVFORGE_SELECT")
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as fh:
+        ids = json.load(fh)
+    return [str(i) for i in ids]
+
+
+def pytest_configure(config):
+    ids = _load_selection()
+    if ids is None:
+        return
+    _wanted[:] = ids
+    files = []
+    for test_id in ids:
+        path = os.path.join(str(config.rootpath), test_id.split("::", 1)[0])
+        if path not in files and os.path.exists(path):
+            files.append(path)
+    config.args[:] = files or [os.devnull]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if not _wanted:
+        return
+    rank = {test_id: i for i, test_id in enumerate(_wanted)}
+    keep = sorted((item for item in items if item.nodeid in rank), key=lambda item: rank[item.nodeid])
+    dropped = [item for item in items if item.nodeid not in rank]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _collect_errors[report.nodeid] = str(getattr(report, "longreprtext", "") or report.longrepr)[-4000:]
 
 
 def _status(report):
@@ -44,6 +91,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    for nodeid, message in sorted(_collect_errors.items()):
+        _out.write(json.dumps({"collect_error": nodeid, "message": message}) + "\n")
     for nodeid, status in sorted(_outcomes.items()):
         _out.write(json.dumps({"id": nodeid, "status": status}) + "\n")
     _out.write(json.dumps({"finished": True, "exitstatus": int(exitstatus)}) + "\n")
