@@ -108,6 +108,12 @@ def run_project(project: str, data_root: Path, client, runs: int, cold: bool) ->
     images = pipeline.build_images(settings, tasks, client=client)
     validation = pipeline.validate(settings, tasks, images.image_for(), GateConfig(runs=runs), client=client,
                                    progress=_progress)
+    retried = [t for t in tasks if t.origin in {p.source for p in validation.infra_failures}]
+    if retried:  # what a user does after an infrastructure fault: validate those tasks again
+        log(f"{project}: {len(retried)} infra failures, validating them again")
+        again = pipeline.validate(settings, retried, images.image_for(), GateConfig(runs=runs), client=client)
+        validation.reports += again.reports
+        validation.infra_failures = again.infra_failures
     gate_s = time.perf_counter() - started
     accepted = {r.task_id for r in validation.reports if r.accepted}
     env_tags = [t.spec.metadata.get("images", {}).get("env") for t in tasks]
@@ -125,6 +131,7 @@ def run_project(project: str, data_root: Path, client, runs: int, cold: bool) ->
         "rejects": [f"{p.record or p.source}: {p.field}: {p.reason[:300]}" for p in report.result.rejects],
         "quarantined": {r.task_id: r.disagreements[:3] for r in validation.reports if not r.accepted},
         "image_failures": [str(p)[:300] for p in images.failures],
+        "infra_failures": [str(p)[:300] for p in validation.infra_failures], "gate_retried": len(retried),
         "f2p_mismatches": mismatches,
         "naive_env_install": _naive_env_builds(client, settings, tasks[-1]) if tasks else {},
     }
@@ -140,7 +147,11 @@ def main() -> None:
     args = ap.parse_args()
     client = docker_client(Settings.from_env())
     data_root = args.data_dir or Path(tempfile.mkdtemp(prefix="envforge-bench-real-"))
-    results = {p: run_project(p, data_root, client, args.runs, args.cold) for p in (args.project or PROJECTS)}
+    results = {}
+    for project in args.project or PROJECTS:
+        results[project] = run_project(project, data_root, client, args.runs, args.cold)
+        if args.out:  # a long run keeps what it has measured so far
+            args.out.with_suffix(".partial.json").write_text(json.dumps(results, indent=1) + "\n")
     tickets = sum(r["tickets"] for r in results.values())
     good = sum(r["gate_and_f2p_equal"] for r in results.values())
     naive = [r["naive_env_install"] for r in results.values() if r["naive_env_install"]]

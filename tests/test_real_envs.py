@@ -279,3 +279,25 @@ def test_a_build_killed_from_outside_is_retried_as_an_infra_fault(tmp_path, dock
     result = derive_tasks(settings, [cand], client=docker_client)
     thread.join()
     assert len(killed) == 2 and [t.id for t in result.tasks] == ["calc-1"], result.rejects
+
+
+def test_a_real_fix_commit_of_a_bundled_repository(tmp_path, docker_client, grader, base_image):
+    """The short form of bench/real_repos.py: one parse ticket, environment inferred, derived
+    FAIL_TO_PASS equal to the hand-checked list, and the task grades."""
+    import yaml
+
+    project = REPO / "task_sources" / "examples" / "real-repos" / "parse"
+    [record] = [line for line in (project / "jira-export.jsonl").read_text().splitlines() if '"PARSE-92"' in line]
+    (tmp_path / "one.jsonl").write_text(record + "\n")
+    (tmp_path / "tickets.yaml").write_text(
+        (project / "tickets.yaml").read_text().replace("repository: parse.bundle", f"repository: {project}/parse.bundle")
+        .replace("file: jira-export.jsonl", "file: one.jsonl"))
+    settings = Settings.from_env().with_data_dir(tmp_path / "data")
+    settings.ensure_dirs()
+    [task] = derive_tasks(settings, load_ticket_source(tmp_path / "tickets.yaml").candidates, client=docker_client).tasks
+    expected = yaml.safe_load((project / "expected.yaml").read_text())["tickets"]["PARSE-92"]["fail_to_pass"]
+    assert task.spec.verification.tests.fail_to_pass == expected
+    assert task.spec.metadata["environment"]["declared"] is False and task.spec.environment.install == "editable"
+    image = build_task_image(docker_client, task, base_image, settings).tag
+    assert grader.grade(task, image, task.reference_patch).resolved
+    assert not grader.grade(task, image, "").resolved

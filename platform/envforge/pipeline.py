@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import docker
+from requests.exceptions import RequestException
 
 from envforge.catalog import Catalog, IngestSummary
 from envforge.config import Settings
@@ -187,8 +188,9 @@ def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], 
                 task = futures[fut]
                 try:
                     report.reports.append(fut.result())
-                except InfraError as exc:
-                    report.infra_failures.append(Problem(task.origin, "verification", str(exc)))
+                except (InfraError, docker.errors.DockerException, RequestException) as exc:
+                    # a raw client error is the engine going away (a restarted daemon): infra, not a verdict
+                    report.infra_failures.append(Problem(task.origin, "verification", str(exc)[:500]))
                 progress("validate", task.id, done, len(todo))
     report.reports.sort(key=lambda r: r.task_id)
     if report.reports:

@@ -37,9 +37,11 @@ def ingest(settings: Settings, paths: Sequence[Path], strict: bool = False, dags
         report = pipeline.ingest(settings, paths, strict=strict, progress=progress)
         result, summary = report.result, report.summary
         total = len(result.tasks) + len(result.rejects)
+        env_layers = {(t.spec.metadata.get("images") or {}).get("env") for t in result.tasks} - {None}
         track.log_metrics({"tasks_valid": len(result.tasks), "tasks_added": summary.added,
                            "tasks_unchanged": summary.unchanged, "records_rejected": summary.rejected,
-                           "reject_rate": len(result.rejects) / total if total else 0.0})
+                           "reject_rate": len(result.rejects) / total if total else 0.0,
+                           "env_layers": len(env_layers)})
         track.log_json([{"source": p.source, "field": p.field, "reason": p.reason} for p in result.rejects],
                        "rejects.json")
         track.log_json(report.rows(), "sources.json")
