@@ -13,7 +13,7 @@ from datetime import datetime
 import pandera.polars as pa
 import polars as pl
 
-from envforge.rollout.tiers import TIERS
+from envforge.rollout.tiers import SPLITS, TIERS
 from envforge.task import TASK_ID_PATTERN as TASK_ID
 
 SHA256 = r"^[0-9a-f]{64}$"
@@ -226,7 +226,7 @@ class TaskTierRow(_Table):
     solved: int = pa.Field(ge=0)
     k: int = pa.Field(ge=0)
     score: float
-    split: str = pa.Field(isin=["train", "eval", "audit"])
+    split: str = pa.Field(isin=list(SPLITS))
     policy_id: str
 
 
