@@ -27,10 +27,6 @@ class SourceIngest:
     result: LoadResult
     summary: IngestSummary | None = None
 
-    def as_lineage(self) -> dict[str, str]:
-        """How a task set names the sources it came from."""
-        return {"key": self.key, "kind": self.kind, "fingerprint": self.fingerprint}
-
 
 @dataclass
 class IngestResult(StageResult):
