@@ -8,9 +8,9 @@ from assets.defs.metadata import mlflow_run, png, stage_context, upstream
 from assets.defs.resources import (SANDBOX_POOL, CatalogResource, DockerResource, MlflowResource, PolicyResource,
                                    settings_from)
 from envforge.rollout.config import RolloutConfig
+from envforge.stages.configs import TaskSetConfig, TierConfig
 from envforge.stages.images import ImageSet
 from envforge.stages.rollout import rollout
-from envforge.stages.configs import TaskSetConfig, TierConfig
 from envforge.stages.task_set import Lineage, publish_task_set
 from envforge.stages.tiers import tier_task_set
 
