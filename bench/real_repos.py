@@ -35,12 +35,16 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "platform"))
 
-from envforge import pipeline  # noqa: E402
 from envforge.config import Settings  # noqa: E402
 from envforge.sandbox.engine import docker_client  # noqa: E402
 from envforge.sandbox.envlayer import build_env_image, env_recipe  # noqa: E402
 from envforge.sandbox.images import build_base_image, env_image_name, workspace_file  # noqa: E402
-from envforge.verify.gate import GateConfig  # noqa: E402
+from envforge.stages.base import StageContext  # noqa: E402
+from envforge.stages.configs import ImagesConfig, IngestConfig  # noqa: E402
+from envforge.stages.gate import gate  # noqa: E402
+from envforge.stages.images import build_images  # noqa: E402
+from envforge.stages.ingest import ingest  # noqa: E402
+from envforge.verify.config import GateConfig  # noqa: E402
 
 EXAMPLES = REPO / "task_sources" / "examples" / "real-repos"
 PROJECTS = ("humanize", "parse", "marshmallow")
@@ -93,11 +97,12 @@ def run_project(project: str, data_root: Path, client, runs: int, cold: bool) ->
         log(f"{project}: removed {_remove_project_images(client, project)} images")
     log(f"{project}: ingest")
     started = time.perf_counter()
-    report = pipeline.ingest(settings, [source], client=client, progress=_progress)
+    context = StageContext(progress=_progress)
+    report = ingest(settings, IngestConfig(), [source], context=context, client=client)
     infra = [p for p in report.result.rejects if p.reason.startswith("infra:")]
     if infra:  # what a user does after an infrastructure fault: ingest again (derivations done are cached)
         log(f"{project}: {len(infra)} infra rejects, ingesting again")
-        report = pipeline.ingest(settings, [source], client=client, progress=_progress)
+        report = ingest(settings, IngestConfig(), [source], context=context, client=client)
     ingest_s = time.perf_counter() - started
     tasks = report.result.tasks
     by_ticket = {t.spec.metadata.get("ticket"): t for t in tasks}
@@ -109,22 +114,22 @@ def run_project(project: str, data_root: Path, client, runs: int, cold: bool) ->
             mismatches[ticket] = {"derived": got, "expected": sorted(want["fail_to_pass"])}
     log(f"{project}: images and the gate on {len(tasks)} tasks")
     started = time.perf_counter()
-    images = pipeline.build_images(settings, tasks, client=client)
-    validation = pipeline.validate(settings, tasks, images.image_for(), GateConfig(runs=runs), client=client,
-                                   progress=_progress)
-    retried = [t for t in tasks if t.origin in {p.source for p in validation.infra_failures}]
+    images = build_images(settings, ImagesConfig(), tasks, client=client)
+    validation = gate(settings, GateConfig(runs=runs), tasks, images.image_set, context=context, client=client)
+    retried = [t for t, _ in validation.ungated]
     if retried:  # what a user does after an infrastructure fault: validate those tasks again
         log(f"{project}: {len(retried)} infra failures, validating them again")
-        again = pipeline.validate(settings, retried, images.image_for(), GateConfig(runs=runs), client=client)
+        again = gate(settings, GateConfig(runs=runs), retried, images.image_set, client=client)
         validation.reports += again.reports
-        validation.infra_failures = again.infra_failures
+        validation.ungated = again.ungated
     gate_s = time.perf_counter() - started
     accepted = {r.task_id for r in validation.reports if r.accepted}
     env_tags = [t.spec.metadata.get("images", {}).get("env") for t in tasks]
     layers = sorted({t for t in env_tags if t})
     both = [t for t in tasks if t.id in accepted and t.spec.metadata.get("ticket") not in mismatches]
     return {
-        "tickets": len(expected), "accepted_by_ingest": len(tasks), "ingest_retried_infra": len(infra), "accepted_by_gate": len(accepted),
+        "tickets": len(expected), "accepted_by_ingest": len(tasks), "ingest_retried_infra": len(infra),
+        "accepted_by_gate": len(accepted),
         "gate_and_f2p_equal": len(both), "f2p_equal": len(expected) - len(mismatches),
         "environment": "declared" if tasks and tasks[0].spec.metadata["environment"]["declared"] else "inferred",
         "ingest_s": round(ingest_s, 1), "gate_s": round(gate_s, 1),

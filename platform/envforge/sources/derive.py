@@ -41,6 +41,7 @@ from requests.exceptions import RequestException
 from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError, Problem, SpecError
 from envforge.hashing import digest_parts
+from envforge.progress import Progress, no_progress
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import build_base_image, build_task_image
 from envforge.sandbox.pool import SandboxPool
@@ -52,7 +53,6 @@ from envforge.verify.checkpoints import SuiteRun, install_verifier_files, run_su
 from envforge.verify.grader import PURGE_CACHES, Grader, options_for
 from envforge.verify.parsers import error_summary
 
-Progress = Callable[[str, str, int, int], None]
 CACHE_VERSION = "derive-v5"
 GRADER_CHECKS = 2
 T = TypeVar("T")
@@ -288,12 +288,8 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
     return candidate.to_task(f2p, p2p, metadata)
 
 
-def _no_progress(stage: str, detail: str, done: int, total: int) -> None:
-    return None
-
-
 def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: docker.DockerClient | None = None,
-                 concurrency: int = 2, progress: Progress = _no_progress) -> LoadResult:
+                 concurrency: int = 2, progress: Progress = no_progress) -> LoadResult:
     """Run every candidate's suite before and after its change; derived tasks or rejects with reasons."""
     result = LoadResult()
     if not candidates:
