@@ -140,6 +140,28 @@ def test_env_recipe_tags_follow_the_manifests_content():
         env_recipe("demo", "b", PythonEnvironment(pip=["-r missing.txt"]), files.get)
 
 
+def test_images_result_reports_each_env_layer_once_with_its_build():
+    from types import SimpleNamespace
+
+    from envforge.sandbox.envlayer import EnvBuild
+    from envforge.sandbox.images import ImageBuild
+    from envforge.stages.images import ImagesResult
+
+    built = EnvBuild("envforge/env-demo:a", cache_hit=False, seconds=12.345, freeze=[], downloaded=3, from_cache=9)
+    found = EnvBuild("envforge/env-demo:a", cache_hit=True, seconds=0.01, freeze=[])
+    other = EnvBuild("envforge/env-calc:b", cache_hit=True, seconds=0.01, freeze=[])
+    builds = [ImageBuild("t1", False, 1.0, env=built), ImageBuild("t2", False, 1.0, env=found),
+              ImageBuild("t3", True, 0.0, env=other), ImageBuild("t4", True, 0.0)]
+    result = ImagesResult(base=ImageBuild("envforge/base:x", True, 0.0),
+                          builds=[(SimpleNamespace(id=b.tag), b) for b in builds])
+    assert result.env_layers() == {
+        "envforge/env-demo:a": {"built": True, "seconds": 12.35, "from_cache": 9, "downloaded": 3, "tasks": 2},
+        "envforge/env-calc:b": {"built": False, "seconds": 0.0, "from_cache": 0, "downloaded": 0, "tasks": 1}}
+    metrics = result.metrics()
+    assert (metrics["env_layers"], metrics["env_layers_built"], metrics["env_build_s_total"]) == (2, 1, 12.35)
+    assert result.artifacts()["images.json"]["env_layers"] == result.env_layers()
+
+
 def _run(statuses: dict[str, str], **kw) -> Run:
     return Run(statuses, **kw)
 

@@ -30,9 +30,7 @@ def environment_images(context: dg.AssetExecutionContext, config: ImagesRunConfi
         "base_image": result.base.tag, "base_cache_hit": result.base.cache_hit,
         "images": dg.MetadataValue.json({t.id: b.tag for t, b in result.builds}),
         "built": sum(not b.cache_hit for _, b in result.builds), "cache_hits": result.cache_hits,
-        "env_layers": dg.MetadataValue.json({b.env.tag: {"cache_hit": b.env.cache_hit,
-                                                         "seconds": round(b.env.seconds, 1)}
-                                             for _, b in result.builds if b.env}),
+        "env_layers": dg.MetadataValue.json(result.env_layers()),
         "failures": problems_table(result.failures), "mlflow_run": mlflow_run(settings, result.mlflow_run_id),
         "image_set": dg.MetadataValue.json(result.image_set.to_json()),
     })
