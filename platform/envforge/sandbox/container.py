@@ -36,6 +36,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import LogConfig
 from docker.utils.socket import STDERR, STDOUT, frames_iter
+from requests.exceptions import RequestException
 
 from envforge.errors import InfraError
 from envforge.sandbox.channel import AgentChannel, AgentDead, AgentTimeout
@@ -250,8 +251,8 @@ class Sandbox:
             self._network = None
         try:
             self.container.remove(force=True, v=True)
-        except (NotFound, APIError, DockerException):
-            pass
+        except (NotFound, APIError, DockerException, RequestException):
+            pass  # the engine is gone (restarted): orphan cleanup removes the container once this process ends
 
     release = close
 
