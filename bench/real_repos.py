@@ -16,7 +16,9 @@ document with, per project and in total:
   cache hit.
 
 `--cold` removes this project's env and task images first (images envforge built for these
-sources only), so the env layers are built inside the measured ingest.
+sources only), so the env layers are built inside the measured ingest. `--combine FILE ...`
+prints the document for the projects measured by earlier runs (their `--out` files, or the
+`.partial.json` a run keeps as it goes), e.g. runs of one project each.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "platform"))
 
 from envforge.config import Settings  # noqa: E402
+from envforge.errors import EnvforgeError  # noqa: E402
 from envforge.sandbox.engine import docker_client  # noqa: E402
 from envforge.sandbox.envlayer import build_env_image, env_recipe  # noqa: E402
 from envforge.sandbox.images import build_base_image, env_image_name, workspace_file  # noqa: E402
@@ -70,7 +73,17 @@ def _remove_project_images(client, project: str) -> int:
 
 
 def _naive_env_builds(client, settings: Settings, task) -> dict:
-    """One of the project's env layers again: with the shared pip cache, and with an empty one."""
+    """One of the project's env layers again: with the shared pip cache, and with an empty one.
+
+    An infrastructure fault here (the engine's bridge gone) is recorded instead of losing the
+    project's other figures."""
+    try:
+        return _naive_env_builds_or_raise(client, settings, task)
+    except EnvforgeError as exc:
+        return {"error": str(exc)[:300]}
+
+
+def _naive_env_builds_or_raise(client, settings: Settings, task) -> dict:
     env = task.spec.environment
     if not env.needs_env_layer:
         return {}
@@ -80,11 +93,14 @@ def _naive_env_builds(client, settings: Settings, task) -> dict:
     for label, volume in (("warm_pip_cache", None), ("empty_pip_cache", f"envforge-bench-{uuid.uuid4().hex[:8]}")):
         tag = f"envforge/env-bench:{uuid.uuid4().hex[:12]}"
         kwargs = {"cache_volume": volume} if volume else {}
-        build = build_env_image(client, recipe, tag=tag, **kwargs)
-        out[label] = {"seconds": round(build.seconds, 2), "downloaded": build.downloaded, "from_cache": build.from_cache}
-        client.images.remove(tag, force=True)
-        if volume:
-            client.volumes.get(volume).remove(force=True)
+        try:
+            build = build_env_image(client, recipe, tag=tag, **kwargs)
+            out[label] = {"seconds": round(build.seconds, 2), "downloaded": build.downloaded,
+                          "from_cache": build.from_cache}
+            client.images.remove(tag, force=True)
+        finally:
+            if volume and client.volumes.list(filters={"name": volume}):
+                client.volumes.get(volume).remove(force=True)
     return out
 
 
@@ -146,24 +162,11 @@ def run_project(project: str, data_root: Path, client, runs: int, cold: bool) ->
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--project", action="append", choices=PROJECTS)
-    ap.add_argument("--cold", action="store_true", help="remove the projects' env and task images first")
-    ap.add_argument("--runs", type=int, default=5, help="gate runs of the empty and the reference solution")
-    ap.add_argument("--data-dir", type=Path, default=None, help="default: a fresh temporary directory")
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
-    client = docker_client(Settings.from_env())
-    data_root = args.data_dir or Path(tempfile.mkdtemp(prefix="envforge-bench-real-"))
-    results = {}
-    for project in args.project or PROJECTS:
-        results[project] = run_project(project, data_root, client, args.runs, args.cold)
-        if args.out:  # a long run keeps what it has measured so far
-            args.out.with_suffix(".partial.json").write_text(json.dumps(results, indent=1) + "\n")
+def summarize(results: dict[str, dict]) -> dict:
+    """The benchmark's document: per-project results and the totals over them."""
     tickets = sum(r["tickets"] for r in results.values())
     good = sum(r["gate_and_f2p_equal"] for r in results.values())
-    naive = [r["naive_env_install"] for r in results.values() if r["naive_env_install"]]
+    naive = [r["naive_env_install"] for r in results.values() if "warm_pip_cache" in r["naive_env_install"]]
     doc = {
         "projects": results,
         "total": {
@@ -184,11 +187,36 @@ def main() -> None:
         empty = statistics.median(n["empty_pip_cache"]["seconds"] for n in naive)
         doc["total"]["naive_env_install_s_median"] = {"warm_pip_cache": warm, "empty_pip_cache": empty}
         doc["total"]["ratio_empty_vs_warm_pip_cache"] = round(empty / max(warm, 1e-9), 2)
-    text = json.dumps(doc, indent=1)
+    return doc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--project", action="append", choices=PROJECTS)
+    ap.add_argument("--cold", action="store_true", help="remove the projects' env and task images first")
+    ap.add_argument("--runs", type=int, default=5, help="gate runs of the empty and the reference solution")
+    ap.add_argument("--data-dir", type=Path, default=None, help="default: a fresh temporary directory")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--combine", type=Path, nargs="+", default=None,
+                    help="summarize the projects of earlier runs' output files instead of running")
+    args = ap.parse_args()
+    results: dict[str, dict] = {}
+    if args.combine:
+        for path in args.combine:
+            doc = json.loads(path.read_text())
+            results.update(doc.get("projects", doc))  # a full document, or a run's partial file
+    else:
+        client = docker_client(Settings.from_env())
+        data_root = args.data_dir or Path(tempfile.mkdtemp(prefix="envforge-bench-real-"))
+        for project in args.project or PROJECTS:
+            results[project] = run_project(project, data_root, client, args.runs, args.cold)
+            if args.out:  # a long run keeps what it has measured so far
+                args.out.with_suffix(".partial.json").write_text(json.dumps(results, indent=1) + "\n")
+        log(f"data: {data_root}")
+    text = json.dumps(summarize(results), indent=1)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
-    log(f"data: {data_root}")
 
 
 if __name__ == "__main__":
