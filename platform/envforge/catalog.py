@@ -81,6 +81,11 @@ CREATE TABLE IF NOT EXISTS task_tiers (
     version VARCHAR NOT NULL, task_id VARCHAR NOT NULL, content_hash VARCHAR NOT NULL, source VARCHAR NOT NULL,
     tier VARCHAR NOT NULL, method VARCHAR NOT NULL, solved BIGINT NOT NULL, k BIGINT NOT NULL, score DOUBLE NOT NULL,
     split VARCHAR NOT NULL, policy_id VARCHAR NOT NULL);
+CREATE TABLE IF NOT EXISTS service_sessions (
+    session_id VARCHAR PRIMARY KEY, tenant VARCHAR NOT NULL, task_id VARCHAR NOT NULL, content_hash VARCHAR NOT NULL,
+    task_set_version VARCHAR NOT NULL, seed BIGINT NOT NULL, turns BIGINT NOT NULL, verifies BIGINT NOT NULL,
+    reward DOUBLE, resolved BOOLEAN, end_reason VARCHAR NOT NULL, sandbox_seconds DOUBLE NOT NULL,
+    started_at TIMESTAMP NOT NULL, ended_at TIMESTAMP NOT NULL, mlflow_run_id VARCHAR);
 CREATE OR REPLACE VIEW latest_source_loads AS
     SELECT * EXCLUDE (rn) FROM (
         SELECT *, row_number() OVER (PARTITION BY source_key ORDER BY loaded_at DESC, batch_id) AS rn
@@ -268,6 +273,15 @@ class Catalog:
     def record_rollout_batch(self, row: dict) -> None:
         """Register a rollout batch (a row of RolloutBatchRow without created_at); re-registering adds a row."""
         self.write({"rollout_batches": _frame("rollout_batches", [dict(row, created_at=_now())])})
+
+    def record_service_sessions(self, rows: list[dict]) -> None:
+        """Store finished environment-service sessions (rows of ServiceSessionRow), all or none."""
+        self.write({"service_sessions": _frame("service_sessions", rows)})
+
+    def service_sessions(self, tenant: str | None = None) -> pl.DataFrame:
+        if tenant is None:
+            return self.query("SELECT * FROM service_sessions ORDER BY ended_at")
+        return self.query("SELECT * FROM service_sessions WHERE tenant = ? ORDER BY ended_at", [tenant])
 
     def record_tiers(self, version: str, rows: list[dict]) -> None:
         """Store the tiers of a task set (replacing earlier tiers of the same version)."""

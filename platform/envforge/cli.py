@@ -30,6 +30,8 @@ train_app = typer.Typer(help="Training: SFT and GRPO, and the CPU learning demo.
 app.add_typer(train_app, name="train")
 sources_app = typer.Typer(help="Task sources on disk: what is found, and bundled repositories.", no_args_is_help=True)
 app.add_typer(sources_app, name="sources")
+from envforge.service.cli import service_app  # noqa: E402  (its own module: moves with the CLI package)
+app.add_typer(service_app, name="service")
 
 console = Console(stderr=True)
 out = Console()
