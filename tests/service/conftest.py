@@ -40,9 +40,8 @@ def free_port() -> int:
 def create_key(settings: Settings, tenant: str, task_sets: list[str] | None = None, **limits) -> str:
     from dataclasses import replace
 
-    from envforge.service.app import tenants_path
     from envforge.service.config import TenantLimits
-    from envforge.service.tenants import TenantStore
+    from envforge.service.tenants import TenantStore, tenants_path
 
     store = TenantStore(tenants_path(settings))
     try:
@@ -80,8 +79,11 @@ class LiveServer:
         self.data = data
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # MLflow off: its import and store migrations cost a server process many seconds of CPU on a
+        # 2-core machine; the catalog records every session either way, and test_units logs a batch
+        # to a real MLflow store through the same recorder.
         self.env = {**os.environ, "ENVFORGE_DATA_DIR": str(data.settings.data_dir),
-                    "ENVFORGE_SERVICE_RECORD_EVERY": "1", **(env or {})}
+                    "ENVFORGE_SERVICE_RECORD_EVERY": "1", "ENVFORGE_SERVICE_MLFLOW": "false", **(env or {})}
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 60) -> "LiveServer":

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Request, Response
@@ -23,6 +22,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from envforge import track
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.rollout.actions import TOOLS
@@ -35,14 +35,10 @@ from envforge.service.quotas import QuotaExceeded, QuotaTracker
 from envforge.service.recorder import SessionRecorder
 from envforge.service.sessions import SessionError, SessionManager
 from envforge.service.tasks import NotFound, TaskDirectory, task_summary
-from envforge.service.tenants import Tenant, TenantStore
+from envforge.service.tenants import Tenant, TenantStore, tenants_path
 
 log = logging.getLogger("envforge.service")
 API_VERSION = "1.0.0"
-
-
-def tenants_path(settings: Settings) -> Path:
-    return settings.data_dir / "service" / "tenants.sqlite"
 
 
 class AuthError(Exception):
@@ -143,7 +139,8 @@ def create_app(settings: Settings, config: ServiceConfig | None = None, backend:
         used_backend = backend or LocalPoolBackend(settings, await asyncio.to_thread(docker_client, settings),
                                                    config.pool_idle_per_image, config.pool_max_starting)
         manager = SessionManager(used_backend, TaskDirectory(Catalog(settings.catalog_path)), QuotaTracker(store),
-                                 SessionRecorder(settings, config.record_every_sessions, config.record_every_s),
+                                 SessionRecorder(settings, config.record_every_sessions, config.record_every_s,
+                                                 mlflow=config.mlflow),
                                  metrics, config, boot_id)
         manager.recorder.boot_id = manager.boot_id
         state.update(store=store, manager=manager)
@@ -156,7 +153,18 @@ def create_app(settings: Settings, config: ServiceConfig | None = None, backend:
                 except Exception:
                     log.exception("reaper tick failed")
 
+        async def warm_tracking() -> None:
+            # MLflow's first use (import, store migrations) takes seconds: pay it at start-up, not in the
+            # first batch, and say early when the tracking server cannot be reached.
+            if not config.mlflow:
+                return
+            try:
+                await asyncio.to_thread(track.experiment_id, settings)
+            except Exception as exc:
+                log.warning("MLflow is not reachable yet (%s); session batches will retry it", exc)
+
         task = asyncio.create_task(reaper())
+        warm = asyncio.create_task(warm_tracking())
         log.info("envforge service ready (boot %s)", manager.boot_id)
         try:
             yield
@@ -164,6 +172,7 @@ def create_app(settings: Settings, config: ServiceConfig | None = None, backend:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            await warm
             await manager.shutdown()
             if backend is None:
                 await asyncio.to_thread(used_backend.close)

@@ -32,8 +32,7 @@ def _settings(data_dir: Optional[Path]) -> Settings:
 
 
 def _store(data_dir: Optional[Path]):
-    from envforge.service.app import tenants_path
-    from envforge.service.tenants import TenantStore
+    from envforge.service.tenants import TenantStore, tenants_path
 
     return TenantStore(tenants_path(_settings(data_dir)))
 

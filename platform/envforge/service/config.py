@@ -54,6 +54,8 @@ class ServiceConfig:
                                     "finished sessions per MLflow run (a batch); also flushed on a timer and at exit")
     record_every_s: float = _f(300.0, "ENVFORGE_SERVICE_RECORD_EVERY_S", "longest time a finished session waits "
                                "before its batch is written to the catalog and MLflow")
+    mlflow: bool = _f(True, "ENVFORGE_SERVICE_MLFLOW", "log each batch of finished sessions as an MLflow run "
+                      "(the catalog records every session either way)")
     tombstone_s: float = _f(3600.0, "ENVFORGE_SERVICE_TOMBSTONE_S",
                             "how long a reaped or lost session's id still answers 410 (then 404)")
     default_limits: TenantLimits = field(default_factory=TenantLimits, metadata={
@@ -71,6 +73,11 @@ class ServiceConfig:
                 continue
             typ = type(f.default)
             try:
+                if typ is bool:
+                    if raw.strip().lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                        raise ValueError(raw)
+                    values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
+                    continue
                 values[f.name] = typ(raw.strip())
             except ValueError:
                 problems.append(f"{var}={raw!r}: expected {typ.__name__} ({f.metadata['help']})")

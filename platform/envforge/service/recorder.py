@@ -69,8 +69,10 @@ def batch_metrics(records: list[SessionRecord]) -> dict[str, float]:
 
 
 class SessionRecorder:
-    def __init__(self, settings: Settings, every_sessions: int = 100, every_s: float = 300.0, boot_id: str = ""):
+    def __init__(self, settings: Settings, every_sessions: int = 100, every_s: float = 300.0, boot_id: str = "",
+                 mlflow: bool = True):
         self.settings = settings
+        self.mlflow = mlflow
         self.every_sessions = every_sessions
         self.every_s = every_s
         self.boot_id = boot_id
@@ -92,6 +94,22 @@ class SessionRecorder:
         with self._lock:
             return bool(self._pending) and time.monotonic() - self._oldest >= self.every_s
 
+    def _log_batch(self, batch: list[SessionRecord]) -> str | None:
+        """One MLflow run for the batch; None when MLflow is off or unreachable (the catalog still gets it)."""
+        if not self.mlflow:
+            return None
+        tenants = sorted({r.tenant for r in batch})
+        try:
+            with track.mlflow_run(self.settings, "service-sessions", "service",
+                                  {"boot_id": self.boot_id, "sessions": len(batch), "tenants": tenants},
+                                  tags={"envforge.service.tenants": ",".join(tenants)[:4000]}) as run:
+                track.log_metrics(batch_metrics(batch))
+                track.log_frame(pl.DataFrame([r.row(None) for r in batch]), "sessions/sessions.parquet")
+                return run.info.run_id
+        except Exception as exc:  # MLflow down must not lose the catalog record
+            log.warning("could not log the session batch to MLflow: %s", exc)
+            return None
+
     def flush(self) -> str | None:
         """Write the buffered sessions as one batch; returns the MLflow run id (None if nothing to write)."""
         with self._flush_lock:
@@ -99,17 +117,7 @@ class SessionRecorder:
                 batch, self._pending = self._pending, []
             if not batch:
                 return None
-            run_id = None
-            try:
-                tenants = sorted({r.tenant for r in batch})
-                with track.mlflow_run(self.settings, "service-sessions", "service",
-                                      {"boot_id": self.boot_id, "sessions": len(batch), "tenants": tenants},
-                                      tags={"envforge.service.tenants": ",".join(tenants)[:4000]}) as run:
-                    track.log_metrics(batch_metrics(batch))
-                    track.log_frame(pl.DataFrame([r.row(None) for r in batch]), "sessions/sessions.parquet")
-                    run_id = run.info.run_id
-            except Exception as exc:  # MLflow down must not lose the catalog record
-                log.warning("could not log the session batch to MLflow: %s", exc)
+            run_id = self._log_batch(batch)
             try:
                 Catalog(self.settings.catalog_path).record_service_sessions([r.row(run_id) for r in batch])
             except Exception as exc:

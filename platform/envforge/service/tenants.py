@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from envforge.config import Settings
 from envforge.errors import EnvforgeError
 from envforge.service.config import TenantLimits
 
@@ -67,6 +68,10 @@ class KeyInfo:
     def as_json(self) -> dict[str, Any]:
         return {"key_id": self.key_id, "tenant": self.tenant, "label": self.label,
                 "created_at": _iso(self.created_at), "revoked_at": _iso(self.revoked_at) if self.revoked_at else None}
+
+
+def tenants_path(settings: Settings) -> Path:
+    return settings.data_dir / "service" / "tenants.sqlite"
 
 
 def _iso(ts: float) -> str:
