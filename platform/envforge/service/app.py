@@ -19,6 +19,9 @@ from typing import Any, AsyncIterator
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -51,7 +54,7 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 
 def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     what = {401: "missing, unknown or revoked API key", 404: "no such task set, task or session (for this key)",
-            400: "the request cannot be carried out in this state", 410: "the session is gone (service restart, "
+            400: "the body is not JSON, or the session cannot do this in its state", 410: "the session is gone (service restart, "
             "idle timeout or infrastructure fault): start a new one", 413: "request body over the size cap",
             429: "a quota is exhausted; see Retry-After", 503: "infrastructure fault or the service is full; retry"}
     out: dict[int | str, dict[str, Any]] = {c: {"model": m.ErrorResponse, "description": what[c]} for c in codes}
@@ -216,6 +219,18 @@ def create_app(settings: Settings, config: ServiceConfig | None = None, backend:
     async def _quota(request: Request, exc: QuotaExceeded) -> JSONResponse:
         return _error(429, "quota_exceeded", str(exc), {"Retry-After": str(exc.retry_after_s)})
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names only the first matching route's methods; list every route's on this path.
+            scope = {"type": "http", "path": request.url.path, "method": "GET", "root_path": ""}
+            allowed = sorted({meth for r in app.routes if isinstance(r, APIRoute)
+                              and r.matches(scope)[0] != Match.NONE for meth in r.methods})
+            headers["Allow"] = ", ".join(allowed)
+        code = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, str(exc.detail), headers)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
@@ -256,7 +271,7 @@ def create_app(settings: Settings, config: ServiceConfig | None = None, backend:
     # -- sessions -----------------------------------------------------------------------------
 
     @app.post("/sessions", response_model=m.SessionOut, status_code=201, tags=["sessions"],
-              responses=_responses(401, 404, 413, 429, 503))
+              responses=_responses(400, 401, 404, 413, 429, 503))
     async def create_session(body: m.CreateSession, t: Tenant = Depends(tenant)) -> dict[str, Any]:
         try:
             _, out = await manager().create(t, body.task_id, body.task_set, body.index, body.content_hash,

@@ -3,15 +3,30 @@ generated from these, and the clients parse responses with them."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 SHA256 = r"^[0-9a-f]{64}$"
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _Request(_Model):
+    """A request body whose optional fields are absent or set, never null: the JSON schema says so
+    (with the combinations it needs), so what the spec allows is exactly what the service accepts."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            nulls = sorted(k for k, v in data.items() if v is None and k in cls.model_fields)
+            if nulls:
+                raise ValueError(f"omit fields you do not set instead of sending null: {', '.join(nulls)}")
+        return data
 
 
 class ErrorDetail(_Model):
@@ -74,16 +89,23 @@ class TaskList(_Model):
     tasks: list[TaskOut]
 
 
-class CreateSession(_Model):
-    task_id: Optional[str] = Field(None, max_length=200, description="a task id (with task_set: in that set; "
-                                   "alone: the newest task set this key may use that holds it)")
-    task_set: Optional[str] = Field(None, max_length=200,
-                                    description="task-set name, version or unique version prefix")
-    index: Optional[int] = Field(None, ge=0, le=1_000_000, description="with task_set: the task at this position")
-    content_hash: Optional[str] = Field(None, pattern=SHA256,
-                                        description="pin the exact task version (what verl's reward looks up)")
+class CreateSession(_Request):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "anyOf": [{"required": ["task_id"]}, {"required": ["content_hash"]}, {"required": ["task_set", "index"]}],
+        "dependentRequired": {"index": ["task_set"]}})
+
+    task_id: Union[Annotated[str, Field(max_length=200)], SkipJsonSchema[None]] = Field(
+        None, description="a task id (with task_set: in that set; alone: the newest task set this key may use "
+                          "that holds it)")
+    task_set: Union[Annotated[str, Field(max_length=200)], SkipJsonSchema[None]] = Field(
+        None, description="task-set name, version or unique version prefix")
+    index: Union[Annotated[int, Field(ge=0, le=1_000_000)], SkipJsonSchema[None]] = Field(
+        None, description="with task_set: the task at this position")
+    content_hash: Union[Annotated[str, Field(pattern=SHA256)], SkipJsonSchema[None]] = Field(
+        None, description="pin the exact task version (what verl's reward looks up)")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="recorded with the session")
-    max_turns: Optional[int] = Field(None, ge=1, le=10_000, description="fewer turns than the task allows")
+    max_turns: Union[Annotated[int, Field(ge=1, le=10_000)], SkipJsonSchema[None]] = Field(
+        None, description="fewer turns than the task allows")
 
     @model_validator(mode="after")
     def _one_way_to_name_a_task(self) -> "CreateSession":
@@ -167,10 +189,14 @@ class ToolCall(_Model):
     function: ToolCallFunction
 
 
-class StepRequest(_Model):
-    tool_call: Optional[ToolCall] = Field(None, description="an OpenAI tool call")
-    text: Optional[str] = Field(None, description='a reply holding <tool_call>{"name": ..., "arguments": {...}}'
-                                                  "</tool_call> (models without native tool calls)")
+class StepRequest(_Request):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "oneOf": [{"required": ["tool_call"]}, {"required": ["text"]}]})
+
+    tool_call: Union[ToolCall, SkipJsonSchema[None]] = Field(None, description="an OpenAI tool call")
+    text: Union[str, SkipJsonSchema[None]] = Field(
+        None, description='a reply holding <tool_call>{"name": ..., "arguments": {...}}</tool_call> (models '
+                          "without native tool calls)")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "StepRequest":
