@@ -34,6 +34,7 @@ from envforge.service import models as m
 from envforge.service.backend import EnvBackend, LocalPoolBackend
 from envforge.service.config import ServiceConfig
 from envforge.service.metrics import ServiceMetrics
+from envforge.service.openenv_ws import add_openenv_route
 from envforge.service.quotas import QuotaExceeded, QuotaTracker
 from envforge.service.recorder import SessionRecorder
 from envforge.service.sessions import SessionError, SessionManager
@@ -311,6 +312,7 @@ def create_app(settings: Settings, config: ServiceConfig | None = None, backend:
     async def delete_session(session_id: str, t: Tenant = Depends(tenant)) -> dict[str, Any]:
         return await manager().delete(t, session_id)
 
+    add_openenv_route(app, manager, lambda key: state["store"].authenticate(key))
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(BodySizeLimit, limit=config.max_request_bytes)
     return app

@@ -64,7 +64,7 @@ def serve(host: Optional[str] = typer.Option(None, help="listen address (default
         _fail(exc)
     console.print(f"envforge service on http://{config.host}:{config.port} (data {settings.data_dir})")
     uvicorn.run(create_app(settings, config), host=config.host, port=config.port, log_level="warning",
-                access_log=False, timeout_graceful_shutdown=30)
+                access_log=False, timeout_graceful_shutdown=30, ws_max_size=config.max_request_bytes)
 
 
 @service_app.command("openapi")
