@@ -198,3 +198,26 @@ def test_health_and_metrics(live_server):
                  "envforge_service_steps_total", "envforge_service_auth_failures_total"):
         assert name in metrics.text
     assert 'route="/sessions/{session_id}/step"' in metrics.text
+
+
+def test_the_async_client_runs_concurrent_sessions(live_server, service_data):
+    import asyncio
+
+    from envforge.service.client import AsyncEnvforgeClient
+
+    async def one(client, n: int) -> tuple[str, str, bool]:
+        async with await client.create_session(task_set="main", index=1, seed=n) as session:
+            await session.step(name="write_file", arguments={"path": f"note-{n}.txt", "content": str(n)})
+            out = await session.step(name="run", arguments={"command": f"cat note-{n}.txt; echo; ls note-*"})
+            state = await session.state()
+            return session.id, out.observation.text, state.done
+
+    async def main():
+        async with AsyncEnvforgeClient(live_server.url, service_data.keys["team-b"]) as client:
+            assert [s.name for s in await client.task_sets()] == ["main", "private"]
+            return await asyncio.gather(*(one(client, n) for n in range(3)))
+
+    results = asyncio.run(main())
+    assert len({sid for sid, _, _ in results}) == 3
+    for n, (_, text, done) in enumerate(results):
+        assert text == f"exit code: 0\nstdout:\n{n}\nnote-{n}.txt\n" and not done  # its own workspace only

@@ -48,6 +48,6 @@ def test_the_openenv_example_runs_the_tiny_model(live_server, service_data, monk
     spec = importlib.util.spec_from_file_location("openenv_example", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    episodes = example.main(["--url", live_server.url, "--episodes", "2", "--max-turns", "2"])
-    assert [e["task_id"] for e in episodes] == ["inventory-median-even", "ops-service-config"]
-    assert all(e["reward"] == 0.0 and e["turns"] <= 2 for e in episodes)
+    episodes = example.main(["--url", live_server.url, "--episodes", "1", "--max-turns", "2"])
+    assert [e["task_id"] for e in episodes] == ["inventory-median-even"]
+    assert episodes[0]["reward"] == 0.0 and 1 <= episodes[0]["turns"] <= 2 and episodes[0]["session_id"]

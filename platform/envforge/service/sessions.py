@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from envforge.errors import InfraError
+from envforge.errors import EnvforgeError, InfraError
 from envforge.rollout.actions import TOOLS, ActionError, parse_text, parse_tool_call
 from envforge.rollout.env import EnvLimits, Observation, RolloutEnv
 from envforge.rollout.scheduler import SYSTEM_PROMPT
@@ -147,7 +147,13 @@ class SessionManager:
         self.quotas.check_sandbox_time(tenant, self._live_seconds(tenant.name))
         self._starting[tenant.name] = self._starting.get(tenant.name, 0) + 1
         try:
-            image = await self.backend.image_for(served.task)
+            try:
+                image = await self.backend.image_for(served.task)
+            except InfraError as exc:
+                self.metrics.infra_errors.inc()
+                raise InfraFault(f"no image for {served.task.id}: {exc}; retry") from None
+            except EnvforgeError as exc:
+                raise Unavailable(f"task {served.task.id} cannot be served: {exc}") from None
             limits = EnvLimits.for_task(served.task, min(max_turns, served.task.spec.max_turns) if max_turns else None)
             env = self.backend.make_env(served.task, image)
             env.limits = limits
