@@ -6,8 +6,9 @@ Starts `envforge service serve` on a free loopback port over a private data dire
 catalog task set: the bundled `ops-service-config` and `inventory-median-even` specs) and prints
 one JSON document:
 - `step_latency`: the same `run true` step, N times, through the HTTP client (sync, keep-alive)
-  and directly on `RolloutEnv.step` in this process (same engine, same image): p50/p90/p99 of
-  each, and the added latency of the HTTP path (p50 and p99 differences);
+  and directly on `RolloutEnv.step` in this process (same engine, same image), alternately (so both
+  see the same machine load): p50/p90/p99 of each, the added latency of the HTTP path (p50 and p99
+  differences), and the distribution of the paired differences;
 - `throughput`: C concurrent workers (asyncio; the async client vs `RolloutEnv` in-process on one
   warm pool) doing S sessions in all, each: open a session on a task, 2 `run` steps, close
   (`episode`); and the same with a graded `submit` (`graded`). Sessions per second and the
@@ -105,31 +106,30 @@ def start_server(settings: Settings, concurrency: int) -> tuple[subprocess.Popen
 STEPS_PER_SESSION = 12  # below every bundled task's max_turns: sessions are renewed between chunks
 
 
-def latency_http(url: str, key: str, steps: int) -> list[float]:
-    out = []
+async def paired_latency(url: str, key: str, pool: SandboxPool, grader: Grader, task, image: str,
+                         steps: int) -> tuple[list[float], list[float]]:
+    """The same step through HTTP and in process, alternately: on a shared, noisy machine both paths
+    see the same load, and the paired differences isolate what the HTTP path adds."""
+    http, inproc = [], []
+    loop = asyncio.get_running_loop()
     with EnvforgeClient(url, key) as client:
-        while len(out) < steps + 20:
-            with client.create_session(task_set="bench", index=1) as session:
+        while len(http) < steps + 20:
+            env = RolloutEnv(pool, grader, task, image)
+            await env.reset()
+            session = await loop.run_in_executor(None, lambda: client.create_session(task_set="bench", index=1))
+            try:
                 for _ in range(STEPS_PER_SESSION):
                     t0 = time.perf_counter()
-                    session.step(name="run", arguments={"command": "true"})
-                    out.append(time.perf_counter() - t0)
-    return out[20:]  # the first steps warm connections and caches
-
-
-async def latency_inprocess(pool: SandboxPool, grader: Grader, task, image: str, steps: int) -> list[float]:
-    out = []
-    while len(out) < steps + 20:
-        env = RolloutEnv(pool, grader, task, image)
-        await env.reset()
-        try:
-            for _ in range(STEPS_PER_SESSION):
-                t0 = time.perf_counter()
-                await env.step(Run("true"))
-                out.append(time.perf_counter() - t0)
-        finally:
-            await env.close()
-    return out[20:]
+                    await loop.run_in_executor(None, lambda: session.step(name="run", arguments={"command": "true"}))
+                    t1 = time.perf_counter()
+                    await env.step(Run("true"))
+                    t2 = time.perf_counter()
+                    http.append(t1 - t0)
+                    inproc.append(t2 - t1)
+            finally:
+                await env.close()
+                await loop.run_in_executor(None, session.close)
+    return http[20:], inproc[20:]  # the first steps warm connections and caches
 
 
 async def throughput_http(url: str, key: str, concurrency: int, sessions: int, graded: bool, limit_s: float) -> dict:
@@ -194,6 +194,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--sessions", type=int, default=128)
     parser.add_argument("--time-limit", type=float, default=240.0, help="seconds per throughput mode, at most")
+    parser.add_argument("--latency-only", action="store_true", help="skip the throughput part")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -206,14 +207,15 @@ def main() -> None:
         pool = SandboxPool(client, max_idle_per_key=args.concurrency, max_starting=4)
         grader = Grader(client, pool)
         try:
-            log(f"step latency, {args.steps} steps each way")
-            inproc = asyncio.run(latency_inprocess(pool, grader, task, image, args.steps))
-            http = latency_http(url, key, args.steps)
-            lat = {"in_process": summary(inproc), "http": summary(http)}
-            lat["added_p50_ms"] = round(lat["http"]["p50_ms"] - lat["in_process"]["p50_ms"], 3)
-            lat["added_p99_ms"] = round(lat["http"]["p99_ms"] - lat["in_process"]["p99_ms"], 3)
+            log(f"step latency, {args.steps} paired steps")
+            http, inproc = asyncio.run(paired_latency(url, key, pool, grader, task, image, args.steps))
+            diffs = [h - i for h, i in zip(http, inproc)]
+            lat = {"in_process": summary(inproc), "http": summary(http),
+                   "added_p50_ms": round(pct(http, 0.5) - pct(inproc, 0.5), 3),
+                   "added_p99_ms": round(pct(http, 0.99) - pct(inproc, 0.99), 3),
+                   "paired_difference": summary(diffs)}
             throughput = {}
-            for graded in (False, True):
+            for graded in (() if args.latency_only else (False, True)):
                 mode = "graded" if graded else "episode"
                 log(f"throughput ({mode}), {args.concurrency} concurrent, {args.sessions} sessions")
                 h = asyncio.run(throughput_http(url, key, args.concurrency, args.sessions, graded, args.time_limit))
