@@ -214,7 +214,7 @@ def test_the_async_client_runs_concurrent_sessions(live_server, service_data):
 
     async def main():
         async with AsyncEnvforgeClient(live_server.url, service_data.keys["team-b"]) as client:
-            assert [s.name for s in await client.task_sets()] == ["main", "private"]
+            assert sorted(s.name for s in await client.task_sets()) == ["main", "private"]
             return await asyncio.gather(*(one(client, n) for n in range(3)))
 
     results = asyncio.run(main())

@@ -100,14 +100,15 @@ def test_a_restart_loses_sessions_clearly_leaks_no_sandbox_and_idle_sessions_are
         assert _containers_of(docker_client, old_pid) == []
         # Idle sessions are reaped: their sandbox is reset and returned to the warm pool.
         idle = client.create_session(task_set="main", index=1)
-        idle_before = httpx.get(second.url + "/healthz").json()["backend"]["idle_sandboxes"]
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and httpx.get(second.url + "/healthz").json()["sessions_open"]:
             time.sleep(0.3)
         with pytest.raises(SessionLost) as reaped:
             idle.step(name="run", arguments={"command": "true"})
         assert "reaped after 2 s without a request" in reaped.value.message
-        assert httpx.get(second.url + "/healthz").json()["backend"]["idle_sandboxes"] == idle_before + 1
+        # Its sandbox (the only one this fresh instance started) was reset and kept warm.
+        backend = httpx.get(second.url + "/healthz").json()["backend"]
+        assert backend["idle_sandboxes"] == 1 and backend["resets"] >= 1
         client.close()
     finally:
         output = second.stop()
