@@ -161,3 +161,30 @@ def test_the_body_cap_refuses_declared_and_streamed_bodies():
     assert asyncio.run(call([(b"content-length", b"11")], [b"x" * 11])) == 413
     assert asyncio.run(call([], [b"x" * 6, b"x" * 6])) == 413
     assert asyncio.run(call([], [b"x" * 5, b"x" * 5])) == 200 and seen["body"] == b"x" * 10
+
+
+def test_keys_are_managed_from_the_cli(settings):
+    import json
+
+    from typer.testing import CliRunner
+
+    from envforge.cli import app
+
+    runner = CliRunner()
+    base = ["--data-dir", str(settings.data_dir)]
+    made = runner.invoke(app, ["service", "keys", "create", "--tenant", "team-x", "--task-set", "main",
+                               "--max-sessions", "3", "--label", "ci", "--json", *base])
+    assert made.exit_code == 0, made.output
+    doc = json.loads(made.stdout)
+    assert doc["key"].startswith("efk_") and doc["task_sets"] == ["main"] and doc["limits"]["max_sessions"] == 3
+    listed = runner.invoke(app, ["service", "keys", "list", "--json", *base])
+    assert doc["key"] not in listed.stdout
+    assert json.loads(listed.stdout)["keys"][0]["key_id"] == doc["key_id"]
+    assert runner.invoke(app, ["service", "keys", "revoke", doc["key_id"], *base]).exit_code == 0
+    again = runner.invoke(app, ["service", "keys", "revoke", doc["key_id"], *base])
+    assert again.exit_code == 1 and "no active key" in again.output
+    bad = runner.invoke(app, ["service", "keys", "create", "--tenant", "Bad Name", *base])
+    assert bad.exit_code == 1 and "tenant 'Bad Name'" in bad.output
+    store = TenantStore(tenants_path(settings))
+    assert store.authenticate(doc["key"]) is None
+    store.close()
