@@ -221,3 +221,24 @@ def test_the_async_client_runs_concurrent_sessions(live_server, service_data):
     assert len({sid for sid, _, _ in results}) == 3
     for n, (_, text, done) in enumerate(results):
         assert text == f"exit code: 0\nstdout:\n{n}\nnote-{n}.txt\n" and not done  # its own workspace only
+
+
+def test_a_task_version_without_an_image_is_built_by_the_images_stage_and_recorded(settings, docker_client,
+                                                                                    base_image):
+    import asyncio
+
+    from envforge.service.backend import LocalPoolBackend
+    from envforge.sources.result import LoadResult
+    from envforge.sources.specs import load_spec_file
+    from tests.service.conftest import SERVED, SPECS
+
+    task = load_spec_file(SPECS / SERVED[0] / "task.yaml")
+    cat = Catalog(settings.catalog_path)
+    cat.ingest(LoadResult(tasks=[task]))
+    assert task.content_hash not in cat.latest_images()
+    backend = LocalPoolBackend(settings, docker_client)
+    try:
+        image = asyncio.run(backend.image_for(task))
+    finally:
+        backend.close()
+    assert cat.latest_images()[task.content_hash] == image and docker_client.images.get(image).tags

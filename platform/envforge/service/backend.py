@@ -16,9 +16,11 @@ import docker
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.rollout.env import RolloutEnv
+from envforge.errors import ImageBuildError
 from envforge.sandbox.container import run_blocking
-from envforge.sandbox.images import build_base_image, build_task_image
 from envforge.sandbox.pool import SandboxPool
+from envforge.stages.configs import ImagesConfig
+from envforge.stages.images import build_images
 from envforge.task import Task
 from envforge.verify.grader import Grader
 
@@ -35,7 +37,8 @@ class EnvBackend(Protocol):
 
 class LocalPoolBackend:
     """Sandboxes from the local (or DOCKER_HOST) engine via a warm pool; images from the catalog,
-    built on first use when the catalog has none for a task version (then recorded)."""
+    built on first use by the images stage when the catalog has none for a task version (which
+    records them)."""
 
     def __init__(self, settings: Settings, client: docker.DockerClient, idle_per_image: int = 8,
                  max_starting: int = 4):
@@ -55,10 +58,10 @@ class LocalPoolBackend:
         image = catalog.latest_images().get(task.content_hash)
         if image is None:
             with self._build_lock:
-                base = build_base_image(self.client, self.settings)
-                build = build_task_image(self.client, task, base.tag, self.settings)
-                catalog.record_images([(task, build)])
-                image = build.tag
+                built = build_images(self.settings, ImagesConfig(), [task], client=self.client)
+            if built.failures:
+                raise ImageBuildError(str(built.failures[0]))
+            image = built.image_set.tags[task.content_hash]
         self._images[task.content_hash] = image
         return image
 

@@ -76,8 +76,7 @@ class TaskDirectory:
         if cached is not None:
             return cached
         tasks = self.catalog.load_task_set(info.version)
-        tiers = {r["task_id"]: r for r in self.catalog.query(
-            "SELECT task_id, tier, split FROM task_tiers WHERE version = ?", [info.version]).iter_rows(named=True)}
+        tiers = {r["task_id"]: r for r in self.catalog.tiers(info.version).iter_rows(named=True)}
         v = _Version(info)
         for i, t in enumerate(sorted(tasks, key=lambda t: t.id)):
             tier = tiers.get(t.id, {})
@@ -94,7 +93,10 @@ class TaskDirectory:
         return [i for i in self._refresh() if tenant.may_use(i.name, i.version)]
 
     def resolve_task_set(self, tenant: Tenant, ref: str) -> TaskSetInfo:
-        """A full version, a unique prefix of at least 6 characters, or a name (its newest version)."""
+        """A full version, a unique prefix of at least 6 characters, or a name (its newest version).
+
+        Not `Catalog.resolve_task_set`: this resolves among the task sets the tenant may use only,
+        so a prefix that is ambiguous with, or names, another tenant's set reveals nothing."""
         for force in (False, True):
             infos = self.task_sets(tenant) if not force else [
                 i for i in self._refresh(force=True) if tenant.may_use(i.name, i.version)]

@@ -1,59 +1,56 @@
-"""`envforge service ...`: run the environment service and manage its API keys.
-
-A typer app of its own, added to the main CLI with one line, so it moves with the CLI package.
-"""
+"""`envforge service ...`: run the environment service and manage its API keys."""
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
-from rich.console import Console
 
-from envforge.config import Settings
+from envforge.cli.common import DataDir, console, fail, out, settings_for
 from envforge.errors import EnvforgeError
+from envforge.service.config import ServiceConfig, TenantLimits
 
-service_app = typer.Typer(help="The environment service: envforge environments over HTTP for outside trainers.",
-                          no_args_is_help=True)
+app = typer.Typer(help="The environment service: envforge environments over HTTP for outside trainers.",
+                  no_args_is_help=True)
 keys_app = typer.Typer(help="API keys of the service's tenants (stored hashed).", no_args_is_help=True)
-service_app.add_typer(keys_app, name="keys")
-
-console = Console(stderr=True)
-out = Console()
-DataDir = typer.Option(None, "--data-dir", help="data directory (default: $ENVFORGE_DATA_DIR or ./.envforge)")
-
-
-def _settings(data_dir: Optional[Path]) -> Settings:
-    settings = Settings.from_env()
-    return settings.with_data_dir(data_dir) if data_dir else settings
+app.add_typer(keys_app, name="keys")
 
 
 def _store(data_dir: Optional[Path]):
     from envforge.service.tenants import TenantStore, tenants_path
 
-    return TenantStore(tenants_path(_settings(data_dir)))
+    return TenantStore(tenants_path(settings_for(data_dir)))
 
 
-def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(1)
+def _override(config: type, name: str, default: str) -> Any:
+    """An option that overrides one field of a service config; its help comes from the field."""
+    f = next(f for f in fields(config) if f.name == name)
+    return typer.Option(None, help=f"{f.metadata['help']} (default: {default})")
 
 
-@service_app.command("serve")
-def serve(host: Optional[str] = typer.Option(None, help="listen address (default: $ENVFORGE_SERVICE_HOST or "
-                                                         "127.0.0.1; put TLS in front, see docs/service.md)"),
-          port: Optional[int] = typer.Option(None, help="port (default: $ENVFORGE_SERVICE_PORT or 8080)"),
-          idle_timeout_s: Optional[float] = typer.Option(None, help="reap sessions idle this long"),
+def _setting(name: str) -> Any:
+    f = next(f for f in fields(ServiceConfig) if f.name == name)
+    return _override(ServiceConfig, name, f"${f.metadata['env']} or {f.default}")
+
+
+def _limit(name: str) -> Any:
+    return _override(TenantLimits, name, "the tenant's current limit; for a new tenant the service's default")
+
+
+@app.command("serve")
+def serve(host: Optional[str] = _setting("host"), port: Optional[int] = _setting("port"),
+          idle_timeout_s: Optional[float] = _setting("idle_timeout_s"),
           data_dir: Optional[Path] = DataDir) -> None:
-    """Serve the environment API (uvicorn) over the catalog's task sets, on the sandbox pool."""
+    """Serve the environment API (uvicorn) over the catalog's task sets, on the sandbox pool; every setting
+    of the service's config from its environment variable (docs/service.md), these three also here."""
     import uvicorn
 
     from envforge.deployment import Deployment, DeploymentError
     from envforge.service.app import create_app
-    from envforge.service.config import ServiceConfig
 
     try:
         settings = Deployment.from_env().settings
@@ -61,13 +58,13 @@ def serve(host: Optional[str] = typer.Option(None, help="listen address (default
             settings = settings.with_data_dir(data_dir)
         config = ServiceConfig.from_env().with_overrides(host=host, port=port, idle_timeout_s=idle_timeout_s)
     except (DeploymentError, EnvforgeError) as exc:
-        _fail(exc)
+        fail(exc)
     console.print(f"envforge service on http://{config.host}:{config.port} (data {settings.data_dir})")
     uvicorn.run(create_app(settings, config), host=config.host, port=config.port, log_level="warning",
                 access_log=False, timeout_graceful_shutdown=30, ws_max_size=config.max_request_bytes)
 
 
-@service_app.command("openapi")
+@app.command("openapi")
 def openapi(output: Optional[Path] = typer.Option(None, "-o", help="write here instead of stdout")) -> None:
     """Print the OpenAPI spec of the service (checked in as docs/service-openapi.json)."""
     from envforge.service.app import openapi_spec
@@ -84,16 +81,14 @@ def keys_create(tenant: str = typer.Option(..., "--tenant", help="tenant name (c
                 task_set: List[str] = typer.Option([], "--task-set", help="task-set name or version the tenant may "
                                                                           "use (repeat; default for a new tenant: '*', "
                                                                           "all)"),
-                max_sessions: Optional[int] = typer.Option(None, help="sessions open at once"),
-                steps_per_minute: Optional[int] = typer.Option(None, help="steps and verifies per minute"),
-                sandbox_seconds_per_day: Optional[float] = typer.Option(None, help="sandbox time per UTC day"),
+                max_sessions: Optional[int] = _limit("max_sessions"),
+                steps_per_minute: Optional[int] = _limit("steps_per_minute"),
+                sandbox_seconds_per_day: Optional[float] = _limit("sandbox_seconds_per_day"),
                 label: str = typer.Option("", help="a note stored with the key (who holds it)"),
                 as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
     """Create an API key for a tenant (creating the tenant, or changing its scopes and limits when given).
     The key is printed once; only its hash is stored."""
     from dataclasses import replace
-
-    from envforge.service.config import ServiceConfig
 
     store = _store(data_dir)
     try:
@@ -105,7 +100,7 @@ def keys_create(tenant: str = typer.Option(..., "--tenant", help="tenant name (c
         t = store.upsert_tenant(tenant, task_set or None, limits)
         key, info = store.create_key(tenant, label)
     except (EnvforgeError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
     finally:
         store.close()
     if as_json:
@@ -148,5 +143,5 @@ def keys_revoke(key_id: str = typer.Argument(..., help="the key id (or the whole
     finally:
         store.close()
     if not done:
-        _fail(EnvforgeError(f"no active key {key_id!r}"))
+        fail(EnvforgeError(f"no active key {key_id!r}"))
     out.print(f"revoked {key_id}")
