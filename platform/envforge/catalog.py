@@ -244,6 +244,15 @@ class Catalog:
         """Register a rollout batch (a row of RolloutBatchRow without created_at); re-registering adds a row."""
         self.write({"rollout_batches": _frame("rollout_batches", [dict(row, created_at=_now())])})
 
+    def record_service_sessions(self, rows: list[dict]) -> None:
+        """Store finished environment-service sessions (rows of ServiceSessionRow), all or none."""
+        self.write({"service_sessions": _frame("service_sessions", rows)})
+
+    def service_sessions(self, tenant: str | None = None) -> pl.DataFrame:
+        if tenant is None:
+            return self.query("SELECT * FROM service_sessions ORDER BY ended_at")
+        return self.query("SELECT * FROM service_sessions WHERE tenant = ? ORDER BY ended_at", [tenant])
+
     def record_tiers(self, version: str, rows: list[dict]) -> None:
         """Store the tiers of a task set (replacing earlier tiers of the same version)."""
         frame = _frame("task_tiers", [dict(r, version=version) for r in rows])

@@ -230,6 +230,27 @@ class TaskTierRow(_Table):
     policy_id: str
 
 
+class ServiceSessionRow(_Table):
+    """One finished session of the environment service (envforge.service)."""
+
+    session_id: str = pa.Field(unique=True)
+    tenant: str
+    task_id: str = pa.Field(str_matches=TASK_ID)
+    content_hash: str = pa.Field(str_matches=SHA256)
+    task_set_version: str = pa.Field(str_matches=SHA256)
+    seed: int = pa.Field(ge=0)
+    turns: int = pa.Field(ge=0)
+    verifies: int = pa.Field(ge=0)
+    reward: float = pa.Field(nullable=True)
+    resolved: bool = pa.Field(nullable=True)
+    end_reason: str = pa.Field(isin=["submitted", "max_turns", "trajectory_timeout", "deleted", "idle_timeout",
+                                     "lost", "shutdown"])
+    sandbox_seconds: float = pa.Field(ge=0)
+    started_at: datetime
+    ended_at: datetime
+    mlflow_run_id: str = pa.Field(nullable=True)
+
+
 TABLE_SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
     "tasks": TaskRow,
     "rejects": RejectRow,
@@ -243,6 +264,7 @@ TABLE_SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
     "source_loads": SourceLoadRow,
     "rollout_batches": RolloutBatchRow,
     "task_tiers": TaskTierRow,
+    "service_sessions": ServiceSessionRow,
 }
 
 _DUCKDB_TYPES = {pl.String: "VARCHAR", pl.Int64: "BIGINT", pl.Float64: "DOUBLE", pl.Boolean: "BOOLEAN",

@@ -79,13 +79,32 @@ def tiers(task_set: str = typer.Option("latest", help="task-set version (prefix)
 def rollout_export(batch_id: str = typer.Argument(...), path: Path = typer.Argument(...),
                    fmt: str = typer.Option("verl", "--format", help="verl (parquet) | jsonl"),
                    root: Optional[str] = typer.Option(None, "--out", help="store root (default <data dir>/rollouts)"),
+                   service_url: Optional[str] = typer.Option(None, help="the environment service verl's reward "
+                                                                        "function grades against (default: "
+                                                                        "$ENVFORGE_SERVICE_URL or http://127.0.0.1:8080)"),
                    data_dir: Optional[Path] = DataDir) -> None:
-    """Export a rollout batch: verl's RL parquet layout, or one trajectory per JSON line."""
+    """Export a rollout batch: verl's multi-turn RL data (one row per task: system prompt, tools, task id and
+    content hash, service URL), or one trajectory per JSON line."""
     from envforge.rollout.store import TrajectoryStore
 
     settings = settings_for(data_dir)
     store = TrajectoryStore(root or str(settings.data_dir / "rollouts"), batch_id)
     if store.manifest() is None:
         fail(EnvforgeError(f"no rollout batch {batch_id!r} under {store.root}"))
-    n = store.export_verl(path) if fmt == "verl" else store.export_jsonl(path)
-    out.print(f"{n} trajectories -> {path}")
+    if fmt == "verl":
+        import os
+
+        from envforge.catalog import Catalog
+
+        url = service_url or os.environ.get("ENVFORGE_SERVICE_URL") or "http://127.0.0.1:8080"
+        cat = Catalog(settings.catalog_path)
+        version = (store.manifest() or {}).get("task_set_version") or ""
+        known = bool(version) and cat.has_task_set(version)
+        splits = dict(cat.tiers(version).select("task_id", "split").iter_rows()) if known else {}
+        turns = dict(cat.query("SELECT content_hash, max_turns FROM tasks").iter_rows())  # every version
+        n = store.export_verl(path, url, splits, turns)
+    elif fmt == "jsonl":
+        n = store.export_jsonl(path)
+    else:
+        fail(EnvforgeError(f"--format {fmt!r}: expected verl or jsonl"))
+    out.print(f"{n} {'tasks' if fmt == 'verl' else 'trajectories'} -> {path}")

@@ -192,23 +192,10 @@ class TrajectoryStore:
                 fh.write(dumps({"trajectory_id": t.trajectory_id, **t.to_json()}) + "\n")
         return len(rows)
 
-    def export_verl(self, path: str | Path, tasks: dict[str, Any] | None = None) -> int:
-        """verl's RL parquet layout: data_source, prompt (chat messages), ability, reward_model, extra_info."""
-        rows = []
-        for t in self.trajectories():
-            rows.append({
-                "data_source": f"envforge/{t.source or 'task'}",
-                "prompt": [{"role": "user", "content": t.instruction}],
-                "ability": "agentic-coding",
-                "reward_model": {"style": "rule", "ground_truth": json.dumps({"task_id": t.task_id,
-                                                                           "content_hash": t.content_hash})},
-                "extra_info": {"trajectory_id": t.trajectory_id, "sample_index": t.sample_index,
-                               "reward": t.reward, "resolved": t.resolved, "n_turns": len(t.turns),
-                               "policy_id": t.policy_id, "end_reason": t.end_reason},
-            })
-        frame = pl.DataFrame(rows)
-        buf = io.BytesIO()
-        frame.write_parquet(buf)
-        with fsspec.open(str(path), "wb") as fh:
-            fh.write(buf.getvalue())
-        return len(rows)
+    def export_verl(self, path: str | Path, service_url: str = "", splits: dict[str, str] | None = None,
+                    max_turns: dict[str, int] | None = None) -> int:  # splits by task id, max_turns by content hash
+        """verl's multi-turn RL data, one row per task of the batch (see `envforge.rollout.verl_export`);
+        returns the number of rows."""
+        from envforge.rollout.verl_export import verl_rows, write_verl_parquet
+
+        return write_verl_parquet(verl_rows(self.trajectories(), service_url, splits, max_turns), path)
