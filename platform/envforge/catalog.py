@@ -59,6 +59,9 @@ CREATE TABLE IF NOT EXISTS quality (
     doc_id VARCHAR, est_jaccard DOUBLE NOT NULL, exact_jaccard DOUBLE NOT NULL,
     longest_shared_ngram BIGINT NOT NULL, duplicate_of VARCHAR, nearest_task_jaccard DOUBLE NOT NULL,
     reason VARCHAR NOT NULL, params_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL);
+-- Columns added later go at the end (inserts are positional), for catalogs made before them too.
+ALTER TABLE quality ADD COLUMN IF NOT EXISTS field VARCHAR;
+ALTER TABLE quality ADD COLUMN IF NOT EXISTS evidence_json VARCHAR;
 CREATE TABLE IF NOT EXISTS task_set_lineage (
     version VARCHAR PRIMARY KEY, parent_version VARCHAR, sources_json VARCHAR NOT NULL,
     gates_json VARCHAR NOT NULL, removed_json VARCHAR NOT NULL);

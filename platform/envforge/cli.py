@@ -13,12 +13,16 @@ from rich.table import Table
 
 from envforge.config import Settings
 from envforge.errors import BatchRejectedError, EnvforgeError, InfraError
+from envforge.quality.params import DedupConfig as _DedupConfig
+from envforge.quality.params import IndexConfig as _IndexConfig
+from envforge.quality.params import SemanticConfig as _SemanticConfig
 
 app = typer.Typer(help="Turn workflows into verifiable RL environments.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 images_app = typer.Typer(help="Environment images (base and per task).", no_args_is_help=True)
 catalog_app = typer.Typer(help="The DuckDB task catalog.", no_args_is_help=True)
-dedup_app = typer.Typer(help="Decontamination and near-duplicate removal (MinHash LSH).", no_args_is_help=True)
+dedup_app = typer.Typer(help="Decontamination against reference corpora and near-duplicate removal.",
+                        no_args_is_help=True)
 taskset_app = typer.Typer(help="Versioned task sets: lineage and diffs.", no_args_is_help=True)
 app.add_typer(images_app, name="images")
 app.add_typer(catalog_app, name="catalog")
@@ -429,69 +433,219 @@ def policy_serve(model: Path = typer.Argument(..., help="a local Hugging Face mo
     serve(str(model), host, port)
 
 
-def _corpora(specs: List[str]) -> dict:
-    from envforge.pipeline import corpora_from_env
+# -- dedup (decontamination and near duplicates) -------------------------------------------------
+# Thin wiring into envforge.quality; kept in one block so it can move as a module of its own.
 
-    corpora = corpora_from_env()
-    for item in specs:
-        name, sep, path = item.partition("=")
-        if not sep:
-            raise EnvforgeError(f"--corpus {item!r}: expected NAME=PATH")
-        corpora[name] = Path(path)
-    return corpora
+dedup_corpora_app = typer.Typer(help="Reference corpora tasks are checked against (HumanEval is built in).",
+                                no_args_is_help=True)
+dedup_app.add_typer(dedup_corpora_app, name="corpora")
 
 
-Corpus = typer.Option([], "--corpus", help="NAME=PATH of a reference corpus (JSONL/parquet/text file or "
-                                           "directory); HumanEval and ENVFORGE_CORPORA are always included")
+def _dedup_help(cls: type, name: str) -> str:
+    from dataclasses import fields
+
+    return next(f.metadata.get("help", "") for f in fields(cls) if f.name == name)
+
+
+def _dedup_dir(settings: Settings) -> Path:
+    return settings.data_dir / "dedup"
+
+
+CorpusOpt = typer.Option([], "--corpus", help="NAME=PATH of a reference corpus (JSONL/parquet/text file or "
+                                              "directory) for this run only; register one for every run with "
+                                              "`envforge dedup corpora add`")
+
+
+def _print_sync(report) -> None:
+    for f in report.changed_files:
+        console.print(f"[yellow]changed since indexed, re-read:[/yellow] {f}")
+    for f in report.removed_files:
+        console.print(f"retired (no longer among the corpora): {f}")
+    for r in report.rejects[:20]:
+        console.print(f"[yellow]skipped bad corpus record[/yellow] {r}")
+    if len(report.rejects) > 20:
+        console.print(f"[yellow]... and {len(report.rejects) - 20} more bad records[/yellow]")
+    if report.rebuilt:
+        console.print(f"[yellow]index rebuilt:[/yellow] {report.rebuilt}")
 
 
 @dedup_app.command("index")
-def dedup_index(corpus: List[str] = Corpus, rebuild: bool = typer.Option(False, help="start the index afresh"),
-                data_dir: Optional[Path] = DataDir) -> None:
-    """Build or incrementally update the persisted reference index (new corpus files only)."""
+def dedup_index(
+        corpus: List[str] = CorpusOpt, rebuild: bool = typer.Option(False, help="start the index afresh"),
+        num_perm: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig, "num_perm")),
+        ngram: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig, "ngram")),
+        window_words: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig, "window_words")),
+        candidate_threshold: Optional[float] = typer.Option(None, help=_dedup_help(_IndexConfig,
+                                                                                   "candidate_threshold")),
+        index_ngram: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig, "index_ngram")),
+        guaranteed_run: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig, "guaranteed_run")),
+        code_index_ngram: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig, "code_index_ngram")),
+        code_guaranteed_run: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig,
+                                                                                 "code_guaranteed_run")),
+        max_df: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig, "max_df")),
+        data_dir: Optional[Path] = DataDir) -> None:
+    """Build the reference index, or bring it in step with the corpora (new and changed files are
+    read, removed ones retired). Index parameters take effect with --rebuild."""
     import shutil
+    from dataclasses import replace
 
-    from envforge.quality.params import DedupConfig
+    from envforge.pipeline import reference_index_dir
+    from envforge.quality.corpora import active_corpora
     from envforge.quality.reference_index import ReferenceIndex
 
     settings = _settings(data_dir)
-    root = settings.data_dir / "dedup" / "reference-index"
+    root = reference_index_dir(settings)
+    given = {k: v for k, v in dict(num_perm=num_perm, ngram=ngram, window_words=window_words,
+                                   candidate_threshold=candidate_threshold, index_ngram=index_ngram,
+                                   guaranteed_run=guaranteed_run, code_index_ngram=code_index_ngram,
+                                   code_guaranteed_run=code_guaranteed_run, max_df=max_df).items() if v is not None}
     try:
+        config = replace(_IndexConfig(), **given) if (given or rebuild) else None
         if rebuild and root.exists():
             shutil.rmtree(root)
-        index = ReferenceIndex(root, DedupConfig())
+        index = ReferenceIndex(root, config)
         with console.status("indexing reference corpora"):
-            report = index.sync(_corpora(corpus))
+            report = index.sync(active_corpora(_dedup_dir(settings), corpus))
     except (EnvforgeError, ValueError, OSError) as exc:
         _fail(exc)
+    _print_sync(report)
     out.print(f"index {root}: {index.size} documents (+{report.added_docs} from {len(report.added_files)} new "
-              f"file(s), {report.unchanged_files} unchanged)")
-    for f in report.changed_files:
-        out.print(f"[yellow]changed since indexed, not re-read:[/yellow] {f} (use --rebuild)")
+              f"file(s), {report.unchanged_files} unchanged, {len(report.changed_files)} re-read, "
+              f"{len(report.removed_files)} retired)")
+    flags = index.config.cli_flags()
+    out.print(f"parameters: {flags or 'defaults'}")
 
 
 @dedup_app.command("run")
-def dedup_run(corpus: List[str] = Corpus, threshold: float = typer.Option(0.5, help="exact-Jaccard threshold"),
+def dedup_run(corpus: List[str] = CorpusOpt,
+              threshold: float = typer.Option(0.5, help=_dedup_help(_DedupConfig, "threshold")),
+              verbatim_ngram: int = typer.Option(13, help=_dedup_help(_DedupConfig, "verbatim_ngram")),
+              code_run: int = typer.Option(50, help=_dedup_help(_DedupConfig, "code_run")),
+              semantic_url: str = typer.Option("", help="embeddings server (OpenAI-compatible, ending in /v1): "
+                                                        "turns the semantic stage on"),
+              semantic_model: str = typer.Option("", help=_dedup_help(_SemanticConfig, "model")),
+              judge_url: str = typer.Option("", help=_dedup_help(_SemanticConfig, "judge_url")),
+              judge_model: str = typer.Option("", help=_dedup_help(_SemanticConfig, "judge_model")),
+              semantic_required: bool = typer.Option(False, help=_dedup_help(_SemanticConfig, "required")),
               as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
-    """Decontaminate and dedup the catalog's current tasks; verdicts go to the catalog."""
-    from envforge import pipeline, track
+    """Decontaminate and dedup the catalog's current tasks; verdicts (with the evidence of every
+    field) go to the catalog. Uses the index's own parameters."""
+    from envforge import stages
     from envforge.catalog import Catalog
-    from envforge.quality.params import DedupConfig
+    from envforge.quality.corpora import active_corpora
 
     settings = _settings(data_dir)
     tasks = Catalog(settings.catalog_path).load_tasks()
     try:
-        config = DedupConfig(threshold=threshold)
-        with track.mlflow_run(settings, "decontaminate", "quality", config.as_params()):
-            report = pipeline.decontaminate(settings, tasks, _corpora(corpus), config)
+        semantic = _SemanticConfig(enabled=bool(semantic_url), url=semantic_url, model=semantic_model,
+                                   judge_url=judge_url, judge_model=judge_model, required=semantic_required)
+        config = _DedupConfig(threshold=threshold, verbatim_ngram=verbatim_ngram, code_run=code_run,
+                              semantic=semantic)
+        corpora = active_corpora(_dedup_dir(settings), corpus)
+        with console.status(f"checking {len(tasks)} tasks"):
+            report, _, _ = stages.decontaminate(settings, tasks, config, corpora=corpora)
     except (EnvforgeError, ValueError, OSError) as exc:
         _fail(exc)
+    _print_sync(report.sync)
+    warnings = report.warnings + ([report.semantic.note()] if report.semantic.note() else [])
+    for w in warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")
     if as_json:
-        sys.stdout.write(json.dumps({"tasks": report.rows, "pairs": [p.__dict__ for p in report.pairs]}) + "\n")
+        rows = [dict(r, evidence=json.loads(r.pop("evidence_json") or "{}")) for r in map(dict, report.rows)]
+        sys.stdout.write(json.dumps({"tasks": rows, "pairs": [p.__dict__ for p in report.pairs],
+                                     "semantic": report.semantic.as_dict(), "warnings": warnings,
+                                     "index": report.config.index_config.__dict__,
+                                     "sync": report.sync.as_dict()}) + "\n")
         return
     for r in report.rows:
-        flag = "" if r["status"] == "clean" else f" — {r['reason']}"
-        out.print(f"{r['task_id']}: {r['status']} (best corpus match J={r['exact_jaccard']:.2f}){flag}")
+        colour = {"clean": "green", "contaminated": "red", "duplicate": "yellow"}[r["status"]]
+        out.print(f"{r['task_id']}: [{colour}]{r['status']}[/{colour}] — {r['reason']}", soft_wrap=True)
+    statuses = [r["status"] for r in report.rows]
+    out.print(f"{statuses.count('clean')} clean, {statuses.count('contaminated')} contaminated, "
+              f"{statuses.count('duplicate')} duplicates of {len(statuses)}")
+
+
+@dedup_corpora_app.command("list")
+def dedup_corpora_list(as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """The corpora every run uses (built-in, registered, ENVFORGE_CORPORA) and what the index holds of each."""
+    import os
+
+    from envforge.pipeline import reference_index_dir
+    from envforge.quality.corpora import CorpusRegistry, fingerprint, humaneval_digest
+    from envforge.quality.reference_index import ReferenceIndex
+
+    settings = _settings(data_dir)
+    registered = CorpusRegistry(_dedup_dir(settings)).load()
+    root = reference_index_dir(settings)
+    try:
+        index = ReferenceIndex(root) if (root / "manifest.json").exists() else None
+    except ValueError:
+        index = None
+    held = index.files if index is not None else {}
+    rows = [{"name": "humaneval", "path": "(built in)", "origin": "built-in",
+             "files": {"builtin:humaneval": humaneval_digest()}}]
+    rows += [{"name": n, "path": p, "origin": "registered"} for n, p in sorted(registered.items())]
+    for item in filter(None, (os.environ.get("ENVFORGE_CORPORA") or "").split(";")):
+        name, _, path = item.partition("=")
+        rows.append({"name": name.strip(), "path": path.strip(), "origin": "ENVFORGE_CORPORA"})
+    for r in rows:
+        if "files" not in r:
+            try:
+                r["files"] = fingerprint(Path(r["path"]).resolve())
+            except OSError as exc:
+                r["files"], r["error"] = {}, str(exc)
+        states = []
+        docs = 0
+        for f, digest in r["files"].items():
+            entry = held.get(f)
+            if entry is None or entry["corpus"] != r["name"]:
+                states.append("not indexed yet")
+            elif entry["digest"] != digest:
+                states.append("changed since indexed")
+            else:
+                states.append("indexed")
+                docs += entry["count"]
+        r["documents"] = docs
+        r["state"] = r.get("error") or (", ".join(sorted(set(states))) if states else "no files")
+        r["files"] = len(r["files"])
+    if as_json:
+        sys.stdout.write(json.dumps(rows) + "\n")
+        return
+    table = Table("corpus", "origin", "path", "files", "documents indexed", "state")
+    for r in rows:
+        table.add_row(r["name"], r["origin"], r["path"], str(r["files"]), str(r["documents"]), r["state"])
+    out.print(table)
+
+
+@dedup_corpora_app.command("add")
+def dedup_corpora_add(name: str = typer.Argument(..., help="corpus name (letters, digits, . _ -)"),
+                      path: Path = typer.Argument(..., help="JSONL/parquet/text file or directory"),
+                      data_dir: Optional[Path] = DataDir) -> None:
+    """Register a corpus: every later run checks tasks against it (it is indexed at the next run or
+    `envforge dedup index`)."""
+    from envforge.quality.corpora import CorpusRegistry
+
+    try:
+        resolved = CorpusRegistry(_dedup_dir(_settings(data_dir))).add(name, path)
+    except (EnvforgeError, OSError) as exc:
+        _fail(exc)
+    out.print(f"registered corpus {name}: {resolved}")
+
+
+@dedup_corpora_app.command("remove")
+def dedup_corpora_remove(name: str = typer.Argument(..., help="a registered corpus"),
+                         data_dir: Optional[Path] = DataDir) -> None:
+    """Unregister a corpus; the index retires its documents at the next run or `envforge dedup index`."""
+    from envforge.quality.corpora import CorpusRegistry
+
+    try:
+        CorpusRegistry(_dedup_dir(_settings(data_dir))).remove(name)
+    except EnvforgeError as exc:
+        _fail(exc)
+    out.print(f"removed corpus {name}")
+
+
+# -- end of dedup ---------------------------------------------------------------------------------
 
 
 @taskset_app.command("list")

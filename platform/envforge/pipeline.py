@@ -6,6 +6,7 @@ returns a small report; MLflow logging and progress display are the callers' bus
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +23,10 @@ from envforge.sources import LoadResult
 from envforge.task import Task
 from envforge.quality.dedup import Cluster, ContaminationRecord, DuplicatePair, clusters, near_duplicate_pairs
 from envforge.quality.dedup import decontaminate as decontaminate_tasks
+from envforge.quality.corpora import active_corpora
 from envforge.quality.params import DedupConfig
 from envforge.quality.reference_index import ReferenceIndex, SyncReport
+from envforge.quality.semantic import SemanticOutcome
 from envforge.sandbox.pool import SandboxPool
 from envforge.verify.gate import GateConfig, GateReport, validate_task
 from envforge.verify.grader import Grader
@@ -196,6 +199,9 @@ class QualityReport:
     clusters: list[Cluster]
     rows: list[dict]
     sync: SyncReport
+    semantic: SemanticOutcome = field(default_factory=SemanticOutcome)
+    config: DedupConfig = field(default_factory=DedupConfig)
+    warnings: list[str] = field(default_factory=list)
 
     def kept_ids(self) -> set[str]:
         return {r["task_id"] for r in self.rows if r["status"] == "clean"}
@@ -205,35 +211,34 @@ class QualityReport:
                  "reason": r["reason"]} for r in self.rows if r["status"] != "clean"]
 
 
-def corpora_from_env(environ: dict | None = None) -> dict[str, Path | None]:
-    """Built-in HumanEval plus ENVFORGE_CORPORA="name=path;name2=path2" (files or directories)."""
-    import os
-
-    env = os.environ if environ is None else environ
-    out: dict[str, Path | None] = {"humaneval": None}
-    for item in filter(None, (env.get("ENVFORGE_CORPORA") or "").split(";")):
-        name, sep, path = item.partition("=")
-        if not sep or not name.strip() or not path.strip():
-            raise ValueError(f"ENVFORGE_CORPORA entry {item!r} is not name=path")
-        out[name.strip()] = Path(path.strip())
-    return out
+def reference_index_dir(settings: Settings) -> Path:
+    return settings.data_dir / "dedup" / "reference-index"
 
 
 def decontaminate(settings: Settings, tasks: Sequence[Task], corpora: dict[str, Path | None] | None = None,
-                  config: DedupConfig = DedupConfig()) -> QualityReport:
+                  config: DedupConfig | None = None) -> QualityReport:
     """Check tasks against the reference corpora and each other; record a verdict per task.
+
+    `corpora` None: HumanEval, the registered corpora and ENVFORGE_CORPORA. The reference
+    index is synced to hold exactly these. `config.index` None: the parameters the index was
+    built with; index parameters that differ from the index's raise `IndexMismatch` (rebuild
+    with `envforge dedup index --rebuild`).
 
     Tasks already in other task sets take part as `others`: a new task that near-duplicates
     one of them is the duplicate (what is published stays put).
     """
     catalog = Catalog(settings.catalog_path)
-    index = ReferenceIndex(settings.data_dir / "dedup" / "reference-index", config)
-    sync = index.sync(corpora if corpora is not None else corpora_from_env())
-    records = decontaminate_tasks(tasks, index)
+    config = config or DedupConfig()
+    index = ReferenceIndex(reference_index_dir(settings), config.index)
+    config = config.with_index(index.config)
+    if corpora is None:
+        corpora = active_corpora(settings.data_dir / "dedup")
+    sync = index.sync(corpora)
+    records, semantic = decontaminate_tasks(tasks, index, config, corpora=list(corpora))
     clean = [t for t, r in zip(tasks, records) if not r.contaminated]
     batch_ids = {t.id for t in tasks}
-    published = catalog.query("SELECT DISTINCT content_hash FROM task_set_members")["content_hash"].to_list()
-    others = [t for t in catalog.load_tasks() if t.content_hash in set(published) and t.id not in batch_ids]
+    published = set(catalog.query("SELECT DISTINCT content_hash FROM task_set_members")["content_hash"].to_list())
+    others = [t for t in catalog.load_tasks() if t.content_hash in published and t.id not in batch_ids]
     pairs = near_duplicate_pairs(clean, others, config)
     cl = clusters(clean, pairs)
     dup_of = {m: c.representative for c in cl for m in c.members if m != c.representative}
@@ -241,18 +246,26 @@ def decontaminate(settings: Settings, tasks: Sequence[Task], corpora: dict[str, 
     for p in pairs:
         if p.b in other_ids and p.a not in dup_of:
             dup_of[p.a] = p.b
-    nearest: dict[str, float] = {}
+    nearest: dict[str, DuplicatePair] = {}
     for p in pairs:
         for tid in (p.a, p.b):
-            nearest[tid] = max(nearest.get(tid, 0.0), p.exact_jaccard)
+            if tid not in nearest or p.exact_jaccard > nearest[tid].exact_jaccard:
+                nearest[tid] = p
     rows = []
     for t, r in zip(tasks, records):
         status = "contaminated" if r.contaminated else "duplicate" if t.id in dup_of else "clean"
-        reason = r.reason if r.contaminated else (f"near duplicate of {dup_of[t.id]}" if t.id in dup_of else "")
+        reason = r.reason
+        if status == "duplicate":
+            p = nearest[t.id]
+            reason = (f"near duplicate of {dup_of[t.id]} (exact Jaccard {p.exact_jaccard:.2f} and "
+                      f"{p.containment:.0%} of the smaller task's own text shared, boilerplate removed; "
+                      f"longest shared run {p.longest_shared_ngram} words); corpus check: {r.reason}")
         rows.append({"content_hash": t.content_hash, "task_id": t.id, "status": status, "corpus": r.corpus,
                      "doc_id": r.doc_id, "est_jaccard": float(r.est_jaccard), "exact_jaccard": float(r.exact_jaccard),
                      "longest_shared_ngram": int(r.longest_shared_ngram), "duplicate_of": dup_of.get(t.id),
-                     "nearest_task_jaccard": float(nearest.get(t.id, 0.0)), "reason": reason})
+                     "nearest_task_jaccard": float(nearest[t.id].exact_jaccard) if t.id in nearest else 0.0,
+                     "reason": reason, "field": r.field,
+                     "evidence_json": json.dumps(r.details(semantic), sort_keys=True)})
     if rows:
         catalog.record_quality(rows, config.as_params())
-    return QualityReport(records, pairs, cl, rows, sync)
+    return QualityReport(records, pairs, cl, rows, sync, semantic, config, config.index_warnings())

@@ -119,6 +119,8 @@ class QualityRow(_Table):
     reason: str
     params_json: str
     created_at: datetime
+    field: str = pa.Field(nullable=True)  # the task field of the strongest evidence
+    evidence_json: str = pa.Field(nullable=True)  # every field's evidence, the workspace scan, the semantic stage
 
 
 

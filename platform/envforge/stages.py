@@ -7,7 +7,7 @@ charts) so that every entry point logs the same things the same way.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -46,20 +46,25 @@ def ingest(settings: Settings, paths: Sequence[Path], strict: bool = False, dags
         return TrackedIngest(result, summary, run.info.run_id, report.sources)
 
 
-def decontaminate(settings: Settings, tasks: Sequence[Task], config: DedupConfig = DedupConfig(),
-                  dagster_run_id: str | None = None, nested: bool = False) -> tuple[QualityReport, str, Path]:
+def decontaminate(settings: Settings, tasks: Sequence[Task], config: DedupConfig | None = None,
+                  dagster_run_id: str | None = None, nested: bool = False,
+                  corpora: dict[str, Path | None] | None = None) -> tuple[QualityReport, str, Path]:
     """Decontamination and dedup, logged: verdicts, the contamination table and a similarity histogram."""
+    config = config or DedupConfig()
     with track.mlflow_run(settings, "decontaminate", "quality", {"n_tasks": len(tasks), **config.as_params()},
                           dagster_run_id, nested) as run:
-        report = pipeline.decontaminate(settings, tasks, config=config)
+        report = pipeline.decontaminate(settings, tasks, corpora, config)
         statuses = [r["status"] for r in report.rows]
         track.log_metrics({
             "tasks_checked": len(report.rows), "tasks_clean": statuses.count("clean"),
             "tasks_contaminated": statuses.count("contaminated"), "tasks_duplicate": statuses.count("duplicate"),
             "duplicate_pairs": len(report.pairs), "index_docs_added": report.sync.added_docs,
+            "semantic_available": float(report.semantic.status in ("ok", "off")),
         })
+        track.log_json({"semantic": report.semantic.as_dict(), "index_warnings": report.warnings,
+                        "sync": report.sync.as_dict(), "index": asdict(report.config.index_config)}, "dedup_run.json")
         chart = similarity_histogram([r["exact_jaccard"] for r in report.rows],
-                                     [r["nearest_task_jaccard"] for r in report.rows], config.threshold,
+                                     [r["nearest_task_jaccard"] for r in report.rows], report.config.threshold,
                                      settings.data_dir / "charts" / "similarity_histogram.png")
         track.log_png(chart)
         track.log_json(report.rows, "contamination_report.json")

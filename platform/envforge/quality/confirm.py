@@ -1,39 +1,155 @@
-"""Confirming LSH candidates: exact Jaccard on shingle sets and the longest shared word run."""
+"""Confirming candidates exactly, view by view, and saying what matched.
+
+Each text is prepared once (`Prepared`): its words, hashed; the shingle sets of its windows
+(for exact Jaccard); and, when it holds Python, its code and prose views (see `code.py`).
+Two prepared texts are then compared by these rules, the same whoever proposed the pair
+(LSH, the n-gram index):
+- text view: best window-pair exact Jaccard >= threshold, or a shared word run of
+  `verbatim_ngram` words (`verbatim_ngram_short` when either text is short);
+- prose view (docstrings, comments, surrounding text; defined names masked): a shared run of
+  `verbatim_ngram` words;
+- code view (identifiers and strings canonicalized): a shared run of `code_run` tokens.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from difflib import SequenceMatcher
+from dataclasses import dataclass, field
 
-from envforge.quality.minhash import exact_jaccard
+import numpy as np
+
+from envforge.quality.code import views_of
+from envforge.quality.fingerprint import longest_shared_run
+from envforge.quality.minhash import MinHasher, exact_jaccard
 from envforge.quality.params import DedupConfig
-from envforge.quality.text import is_short, tokens
+from envforge.quality.text import is_short, tokens, windows
+
+SNIPPET_WORDS = 24
+
+
+@dataclass(frozen=True)
+class Prepared:
+    words: list[str]
+    word_hashes: np.ndarray
+    window_shingles: list[np.ndarray]
+    short: bool
+    prose: list[str] | None = None
+    prose_hashes: np.ndarray | None = None
+    code: list[str] | None = None
+    code_hashes: np.ndarray | None = None
+
+
+def prepare(text: str, hasher: MinHasher, window_words: int, python: bool | None = None) -> Prepared:
+    """A text ready for exact comparison (see the module docstring)."""
+    words = tokens(text)
+    wins = windows(words, window_words, window_words // 2)
+    shingles = [hasher.shingle_hashes(" ".join(w)) for w in wins] if words else []
+    views = views_of(text, python) if python is not False else None
+    prose = code = None
+    if views is not None:
+        prose = views.prose if views.prose and views.prose != words else None
+        code = views.code or None
+    return Prepared(words, hasher.word_hashes(words), shingles, is_short(words, hasher.short_words),
+                    prose, hasher.word_hashes(prose) if prose else None,
+                    code, hasher.word_hashes(code) if code else None)
+
+
+@dataclass(frozen=True)
+class RunEvidence:
+    """The longest run one view of two texts shares, against what the rule needs."""
+
+    view: str  # text | prose | code
+    run: int
+    needed: int
+    snippet: str = ""
+
+    @property
+    def flagged(self) -> bool:
+        return self.run >= self.needed
+
+    @property
+    def strength(self) -> float:
+        return self.run / self.needed
 
 
 @dataclass(frozen=True)
 class Match:
     exact_jaccard: float
-    longest_shared_ngram: int
+    longest_shared_ngram: int  # in the text view
     near_duplicate: bool  # Jaccard at or above the threshold
-    verbatim: bool  # a shared run of at least verbatim_ngram words
+    verbatim: bool  # some view's run rule holds
+    threshold: float = 0.5
+    runs: tuple[RunEvidence, ...] = field(default_factory=tuple)
 
     @property
     def flagged(self) -> bool:
         return self.near_duplicate or self.verbatim
 
+    @property
+    def strength(self) -> float:
+        """>= 1 exactly when flagged: the strongest rule's value over what it needs."""
+        return max([self.exact_jaccard / self.threshold] + [r.strength for r in self.runs])
 
-def longest_shared_run(a: list[str], b: list[str]) -> int:
+    def strongest_run(self) -> RunEvidence | None:
+        return max(self.runs, key=lambda r: r.strength, default=None)
+
+    def describe(self) -> str:
+        """The strongest evidence first, in words."""
+        parts = []
+        run = self.strongest_run()
+        jac = f"exact Jaccard {self.exact_jaccard:.2f}" + (f" >= {self.threshold}" if self.near_duplicate else "")
+        if run is not None and run.run:
+            what = {"text": "word", "prose": "word (masked prose)", "code": "token (normalized code)"}[run.view]
+            r = f"shared {run.run}-{what} run" + (f" (>= {run.needed})" if run.flagged else f" (needs {run.needed})")
+            if run.snippet:
+                r += f": \"{run.snippet}\""
+            parts = [r, jac] if run.strength >= self.exact_jaccard / self.threshold else [jac, r]
+        else:
+            parts = [jac]
+        return "; ".join(parts)
+
+
+def _snippet(words: list[str], start: int, length: int) -> str:
+    part = words[start: start + min(length, SNIPPET_WORDS)]
+    return " ".join(part) + (" ..." if length > SNIPPET_WORDS else "")
+
+
+def best_window_jaccard(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    """Best exact Jaccard over window pairs; windows sharing nothing with the other text are skipped."""
     if not a or not b:
-        return 0
-    m = SequenceMatcher(None, a, b, autojunk=False).find_longest_match(0, len(a), 0, len(b))
-    return m.size
+        return 0.0
+    union_b = np.unique(np.concatenate(b)) if len(b) > 1 else b[0]
+    best = 0.0
+    for x in a:
+        if len(x) == 0:
+            continue
+        shared = int(np.isin(x, union_b, assume_unique=True).sum())
+        if shared == 0 or shared / len(x) <= best:  # J(x, y) <= |x & y| / |x|
+            continue
+        for y in b:
+            best = max(best, exact_jaccard(x, y))
+    return best
 
 
-def confirm(config: DedupConfig, text_a: str, text_b: str, hasher=None) -> Match:
+def compare(config: DedupConfig, a: Prepared, b: Prepared) -> Match:
+    """Every rule on two prepared texts; the runs of every view both texts have."""
+    j = best_window_jaccard(a.window_shingles, b.window_shingles)
+    short = a.short or b.short
+    runs = []
+    text_run = longest_shared_run(a.word_hashes, b.word_hashes)
+    needed = config.verbatim_ngram_short if short else config.verbatim_ngram
+    runs.append(RunEvidence("text", text_run.length, needed, _snippet(a.words, text_run.a_start, text_run.length)))
+    if a.prose_hashes is not None and b.prose_hashes is not None:
+        r = longest_shared_run(a.prose_hashes, b.prose_hashes)
+        runs.append(RunEvidence("prose", r.length, config.verbatim_ngram, _snippet(a.prose, r.a_start, r.length)))
+    if a.code_hashes is not None and b.code_hashes is not None:
+        r = longest_shared_run(a.code_hashes, b.code_hashes)
+        runs.append(RunEvidence("code", r.length, config.code_run, _snippet(a.code, r.a_start, r.length)))
+    return Match(round(j, 6), text_run.length, j >= config.threshold, any(r.flagged for r in runs),
+                 config.threshold, tuple(runs))
+
+
+def confirm(config: DedupConfig, text_a: str, text_b: str, hasher: MinHasher | None = None) -> Match:
+    """Compare two raw texts (both prepared here)."""
     hasher = hasher or config.hasher()
-    j = exact_jaccard(hasher.shingle_hashes(text_a), hasher.shingle_hashes(text_b))
-    ta, tb = tokens(text_a), tokens(text_b)
-    run = longest_shared_run(ta, tb)
-    short = is_short(ta, config.short_words) or is_short(tb, config.short_words)
-    need = config.verbatim_ngram_short if short else config.verbatim_ngram
-    return Match(round(j, 6), run, j >= config.threshold, run >= need)
+    w = config.index_config.window_words
+    return compare(config, prepare(text_a, hasher, w), prepare(text_b, hasher, w))

@@ -20,8 +20,7 @@ import numpy as np
 from datasketch.lsh import _optimal_param
 
 from envforge.quality.minhash import EMPTY_SLOT
-
-RECALL_WEIGHTS = (0.1, 0.9)
+from envforge.quality.params import RECALL_WEIGHTS
 
 
 def banding(threshold: float, num_perm: int, weights: tuple[float, float] = RECALL_WEIGHTS) -> tuple[int, int]:

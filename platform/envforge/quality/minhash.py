@@ -62,17 +62,14 @@ class MinHasher:
 
     # -- shingles ------------------------------------------------------------------------
 
-    def _word_hashes(self, words: list[str]) -> np.ndarray:
-        cache = self._word_cache
-        out = np.empty(len(words), dtype=np.uint64)
-        for i, w in enumerate(words):
-            h = cache.get(w)
-            if h is None:
-                h = cache[w] = xxhash.xxh64_intdigest(w.encode(), seed=self.seed)
-                if len(cache) > 2_000_000:  # bound memory on huge vocabularies
-                    cache.clear()
-            out[i] = h
-        return out
+    def word_hashes(self, words: Sequence[str]) -> np.ndarray:
+        """64-bit hashes of tokens (cached per distinct token): what n-grams and runs are computed on."""
+        cache, seed = self._word_cache, self.seed
+        if len(cache) > 2_000_000:  # bound memory on huge vocabularies
+            cache.clear()
+        for w in set(words).difference(cache):
+            cache[w] = xxhash.xxh64_intdigest(w.encode(), seed=seed)
+        return np.fromiter(map(cache.__getitem__, words), dtype=np.uint64, count=len(words))
 
     def _rolled(self, word_hashes: np.ndarray, n: int) -> np.ndarray:
         """Hashes of all word n-grams of one token sequence (fewer than n words: one n-gram)."""
@@ -94,33 +91,34 @@ class MinHasher:
             h = np.fromiter((xxhash.xxh64_intdigest(g.encode(), seed=self.seed) for g in grams), dtype=np.uint64,
                             count=len(grams))
         else:
-            h = self._rolled(self._word_hashes(words), self.ngram)
+            h = self._rolled(self.word_hashes(words), self.ngram)
         return np.unique((h & _MASK32).astype(np.uint32))
 
     # -- signatures ----------------------------------------------------------------------
 
     def signatures(self, texts: Iterable[str]) -> np.ndarray:
-        """(n, num_perm) uint32 MinHash signatures. An empty text gets all-EMPTY_SLOT.
+        """(n, num_perm) uint32 MinHash signatures. An empty text gets all-EMPTY_SLOT."""
+        return self.signatures_of_tokens([tokens(t) for t in texts])
+
+    def signatures_of_tokens(self, word_lists: Sequence[Sequence[str]],
+                             hashes: Sequence[np.ndarray] | None = None) -> np.ndarray:
+        """Signatures of tokenized texts (`hashes`: their word hashes, when already computed).
 
         Long texts are processed as one batch: word hashes of all documents are concatenated,
         n-gram hashes are rolled over the whole array at once and n-grams that would cross a
         document boundary are dropped. Short texts go through `shingle_hashes`.
         """
-        word_lists = [tokens(t) for t in texts]
         n = len(word_lists)
-        long_docs = [i for i, w in enumerate(word_lists) if len(w) >= max(self.short_words, self.ngram)]
-        other = [i for i in range(n) if i not in set(long_docs)] if len(long_docs) < n else []
+        min_len = max(self.short_words, self.ngram)
+        long_docs = [i for i, w in enumerate(word_lists) if len(w) >= min_len]
         parts_h: list[np.ndarray] = []
         parts_d: list[np.ndarray] = []
         if long_docs:
             lengths = np.fromiter((len(word_lists[i]) for i in long_docs), dtype=np.int64, count=len(long_docs))
-            cache, seed = self._word_cache, self.seed
-            if len(cache) > 2_000_000:  # bound memory on huge vocabularies
-                cache.clear()
-            words = [w for i in long_docs for w in word_lists[i]]
-            for w in set(words).difference(cache):
-                cache[w] = xxhash.xxh64_intdigest(w.encode(), seed=seed)
-            wh = np.array(list(map(cache.__getitem__, words)), dtype=np.uint64)
+            if hashes is None:
+                wh = self.word_hashes([w for i in long_docs for w in word_lists[i]])
+            else:
+                wh = np.concatenate([hashes[i] for i in long_docs])
             k = self.ngram
             m = len(wh) - k + 1
             acc = np.zeros(m, dtype=np.uint64)
@@ -132,14 +130,19 @@ class MinHasher:
             valid = offset <= (lengths[doc_of_pos] - k)
             parts_h.append(_fmix64(acc[valid]) & _MASK32)
             parts_d.append(np.asarray(long_docs, dtype=np.int64)[doc_of_pos[valid]])
-        for i in other:
-            sh = self.shingle_hashes(" ".join(word_lists[i])).astype(np.uint64)
-            parts_h.append(sh)
-            parts_d.append(np.full(len(sh), i, dtype=np.int64))
+        if len(long_docs) < n:
+            is_long = set(long_docs)
+            for i in range(n):
+                if i not in is_long:
+                    sh = self.shingle_hashes(" ".join(word_lists[i])).astype(np.uint64)
+                    parts_h.append(sh)
+                    parts_d.append(np.full(len(sh), i, dtype=np.int64))
         flat = np.concatenate(parts_h) if parts_h else np.zeros(0, np.uint64)
         doc_of = np.concatenate(parts_d) if parts_d else np.zeros(0, np.int64)
-        order = np.argsort(doc_of, kind="stable")
-        return self._min_permute(flat[order], doc_of[order], n)
+        if len(long_docs) < n:
+            order = np.argsort(doc_of, kind="stable")
+            flat, doc_of = flat[order], doc_of[order]
+        return self._min_permute(flat, doc_of, n)
 
     def signatures_from_shingles(self, shingles: Sequence[np.ndarray]) -> np.ndarray:
         n = len(shingles)
