@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from envforge.quality.code import views_of
+from envforge.quality.code import ID, STR, views_of
 from envforge.quality.fingerprint import longest_shared_run
 from envforge.quality.minhash import MinHasher, exact_jaccard
 from envforge.quality.params import DedupConfig
 from envforge.quality.text import is_short, tokens, windows
 
 SNIPPET_WORDS = 24
+_SENTINEL = np.uint64(0xFFFFFFFFFFFFFFFF)  # masks a run already looked at (never a token hash in practice)
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,15 @@ class RunEvidence:
     run: int
     needed: int
     snippet: str = ""
+    hollow: bool = False  # long enough, but says nothing (see `hollow`): no evidence
 
     @property
     def flagged(self) -> bool:
-        return self.run >= self.needed
+        return self.run >= self.needed and not self.hollow
 
     @property
     def strength(self) -> float:
-        return self.run / self.needed
+        return min(self.run / self.needed, 0.99) if self.hollow else self.run / self.needed
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,10 @@ class Match:
         jac = f"exact Jaccard {self.exact_jaccard:.2f}" + (f" >= {self.threshold}" if self.near_duplicate else "")
         if run is not None and run.run:
             what = {"text": "word", "prose": "word (masked prose)", "code": "token (normalized code)"}[run.view]
-            r = f"shared {run.run}-{what} run" + (f" (>= {run.needed})" if run.flagged else f" (needs {run.needed})")
+            r = f"shared {run.run}-{what} run" + (
+                f" (>= {run.needed})" if run.flagged else
+                " (hollow: a counting sequence or placeholders, not counted)" if run.hollow else
+                f" (needs {run.needed})")
             if run.snippet:
                 r += f": \"{run.snippet}\""
             parts = [r, jac] if run.strength >= self.exact_jaccard / self.threshold else [jac, r]
@@ -130,21 +135,53 @@ def best_window_jaccard(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return best
 
 
+def hollow(tokens_: list[str], min_distinct: int) -> bool:
+    """A run that says nothing about where it came from: fewer than `min_distinct` distinct
+    tokens besides placeholders and punctuation (a row of masked names, `0 0 0 0`), or only
+    numbers in arithmetic progression (a counting sequence). Test vectors such as
+    `1.0 2.8 3.0 ... true` are not hollow: they are what a leaked test looks like."""
+    content = [t for t in tokens_ if t not in (ID, STR) and any(ch.isalnum() for ch in t)]
+    if len(set(content)) < min_distinct:
+        return True
+    if all(t.isdigit() for t in content):
+        steps = {int(b) - int(a) for a, b in zip(content, content[1:])}
+        return len(steps) <= 1
+    return False
+
+
+def qualifying_run(view: str, a_hashes: np.ndarray, a_tokens: list[str], b_hashes: np.ndarray, needed: int,
+                   min_distinct: int, tries: int = 4) -> RunEvidence:
+    """The longest shared run that is not `hollow`, else the longest (marked hollow).
+
+    A counting sequence or a row of masked names is shared by unrelated texts all the time;
+    such a run is set aside (its tokens masked) and the next longest is tried, a few times.
+    """
+    a = a_hashes.copy()
+    first = None
+    for k in range(tries):
+        r = longest_shared_run(a, b_hashes)
+        ev = RunEvidence(view, r.length, needed, _snippet(a_tokens, r.a_start, r.length))
+        if first is None:
+            first = ev
+        if r.length < needed or not hollow(a_tokens[r.a_start: r.a_start + r.length], min_distinct):
+            return ev if r.length >= needed else (first if first.run < needed else
+                                                  RunEvidence(view, first.run, needed, first.snippet, True))
+        a[r.a_start: r.a_start + r.length] = _SENTINEL - np.arange(r.a_start, r.a_start + r.length, dtype=np.uint64)
+    return RunEvidence(view, first.run, needed, first.snippet, True)
+
+
 def compare(config: DedupConfig, a: Prepared, b: Prepared) -> Match:
     """Every rule on two prepared texts; the runs of every view both texts have."""
     j = best_window_jaccard(a.window_shingles, b.window_shingles)
     short = a.short or b.short
-    runs = []
-    text_run = longest_shared_run(a.word_hashes, b.word_hashes)
     needed = config.verbatim_ngram_short if short else config.verbatim_ngram
-    runs.append(RunEvidence("text", text_run.length, needed, _snippet(a.words, text_run.a_start, text_run.length)))
+    distinct = config.min_distinct_run_tokens
+    runs = [qualifying_run("text", a.word_hashes, a.words, b.word_hashes, needed, distinct)]
     if a.prose_hashes is not None and b.prose_hashes is not None:
-        r = longest_shared_run(a.prose_hashes, b.prose_hashes)
-        runs.append(RunEvidence("prose", r.length, config.verbatim_ngram, _snippet(a.prose, r.a_start, r.length)))
+        runs.append(qualifying_run("prose", a.prose_hashes, a.prose, b.prose_hashes, config.verbatim_ngram, distinct))
     if a.code_hashes is not None and b.code_hashes is not None:
-        r = longest_shared_run(a.code_hashes, b.code_hashes)
-        runs.append(RunEvidence("code", r.length, config.code_run, _snippet(a.code, r.a_start, r.length)))
-    return Match(round(j, 6), text_run.length, j >= config.threshold, any(r.flagged for r in runs),
+        runs.append(qualifying_run("code", a.code_hashes, a.code, b.code_hashes, config.code_run, distinct))
+    return Match(round(j, 6), runs[0].run, j >= config.threshold, any(r.flagged for r in runs),
                  config.threshold, tuple(runs))
 
 

@@ -135,6 +135,8 @@ class DedupConfig:
     verbatim_ngram_short: int = _help("the same when either text is short", 8)
     code_run: int = _help("a shared run of this many normalized code tokens (identifiers and strings "
                           "canonicalized) is a leak of renamed code", 50)
+    min_distinct_run_tokens: int = _help("a shared run counts only with at least this many distinct tokens besides "
+                                         "masked names and punctuation, and not a counting sequence", 3)
     boilerplate_min_tasks: int = _help("task-vs-task dedup: a shingle found in at least this many tasks is "
                                        "boilerplate (a template intro, a license header) and is ignored", 5)
     dedup_containment: float = _help("task-vs-task dedup: also duplicates when this share of the smaller "
