@@ -48,32 +48,30 @@ _PY_SUFFIXES = (".py", ".pyi", ".pyw")
 _ASSIGN = frozenset({"=", "+=", "-=", "*=", "/=", "//=", "%=", "|=", "&=", "^=", "**=", ">>=", "<<=", "@="})
 
 
-@dataclass(frozen=True)
-class Lexeme:
-    kind: str  # comment | string | number | name | op | nl
-    text: str
+Lexeme = tuple  # (kind, text); kind: comment | string | number | name | op | nl. Plain tuples: files are big.
+KIND, TEXT = 0, 1
 
 
 def lex(source: str) -> list[Lexeme]:
     """Python lexemes of a whole file or a fragment; anything unrecognised is skipped."""
-    return [Lexeme(m.lastgroup or "op", m.group()) for m in _LEX.finditer(source)]
+    return [(m.lastgroup, m.group()) for m in _LEX.finditer(source)]
 
 
 def _doc_strings(lexemes: list[Lexeme]) -> set[int]:
     """Indexes of strings that stand alone as a statement (docstrings and string comments)."""
     out = set()
     depth = 0
-    sig = [i for i, x in enumerate(lexemes) if x.kind != "comment"]
+    sig = [i for i, x in enumerate(lexemes) if x[KIND] != "comment"]
     for k, i in enumerate(sig):
         x = lexemes[i]
-        if x.kind == "op" and x.text in "([{":
+        if x[KIND] == "op" and x[TEXT] in "([{":
             depth += 1
-        elif x.kind == "op" and x.text in ")]}":
+        elif x[KIND] == "op" and x[TEXT] in ")]}":
             depth = max(0, depth - 1)
-        elif x.kind == "string" and depth == 0:
+        elif x[KIND] == "string" and depth == 0:
             before = lexemes[sig[k - 1]] if k else None
             after = lexemes[sig[k + 1]] if k + 1 < len(sig) else None
-            if (before is None or before.kind == "nl") and (after is None or after.kind == "nl"):
+            if (before is None or before[KIND] == "nl") and (after is None or after[KIND] == "nl"):
                 out.add(i)
     return out
 
@@ -89,15 +87,15 @@ def defined_names(lexemes: list[Lexeme]) -> set[str]:
     in_for = in_lambda = False
     prev: Lexeme | None = None
     for i, x in enumerate(lexemes):
-        if x.kind == "comment":
+        if x[KIND] == "comment":
             continue
-        t = x.text
-        if x.kind == "nl":
+        t = x[TEXT]
+        if x[KIND] == "nl":
             if depth == 0:
                 line_names, in_for = [], False
             prev = x
             continue
-        if x.kind == "op":
+        if x[KIND] == "op":
             if t in "([{":
                 depth += 1
             elif t in ")]}":
@@ -110,10 +108,10 @@ def defined_names(lexemes: list[Lexeme]) -> set[str]:
             elif t == ":" and in_lambda:
                 in_lambda = False
             if (t == ":=" or (depth == 0 and t in _ASSIGN)) and prev is not None \
-                    and prev.kind == "name" and prev.text not in _KEEP:
-                names.add(prev.text)
-        elif x.kind == "name":
-            p = prev.text if prev is not None else ""
+                    and prev[KIND] == "name" and prev[TEXT] not in _KEEP:
+                names.add(prev[TEXT])
+        elif x[KIND] == "name":
+            p = prev[TEXT] if prev is not None else ""
             if p in ("def", "class", "as") or in_lambda or in_for:
                 if t not in _KEEP:
                     names.add(t)
@@ -127,7 +125,7 @@ def defined_names(lexemes: list[Lexeme]) -> set[str]:
                 in_for = True
             elif t == "lambda":
                 in_lambda = True
-            if p == "def" and i + 1 < n and lexemes[i + 1].text == "(":
+            if p == "def" and i + 1 < n and lexemes[i + 1][TEXT] == "(":
                 in_params = depth + 1
         prev = x
     return names
@@ -146,12 +144,12 @@ def _imported(lexemes: list[Lexeme]) -> set[str]:
     out: set[str] = set()
     importing = False
     for x in lexemes:
-        if x.kind == "nl":
+        if x[KIND] == "nl":
             importing = False
-        elif x.kind == "name" and x.text in ("import", "from"):
+        elif x[KIND] == "name" and x[TEXT] in ("import", "from"):
             importing = True
-        elif importing and x.kind == "name" and x.text != "as":
-            out.add(x.text)
+        elif importing and x[KIND] == "name" and x[TEXT] != "as":
+            out.add(x[TEXT])
     return out
 
 
@@ -159,17 +157,17 @@ def code_tokens(lexemes: list[Lexeme], docs: set[int], imported: set[str]) -> li
     out: list[str] = []
     prev = ""
     for i, x in enumerate(lexemes):
-        if x.kind in ("comment", "nl") or i in docs:
+        if x[KIND] in ("comment", "nl") or i in docs:
             continue
-        if x.kind == "name":
-            out.append(x.text if x.text in _KEEP or x.text in imported or prev == "." else ID)
-        elif x.kind == "string":
+        if x[KIND] == "name":
+            out.append(x[TEXT] if x[TEXT] in _KEEP or x[TEXT] in imported or prev == "." else ID)
+        elif x[KIND] == "string":
             out.append(STR)
-        elif x.kind == "number":
-            out.append(x.text.lower().replace("_", ""))
+        elif x[KIND] == "number":
+            out.append(x[TEXT].lower().replace("_", ""))
         else:
-            out.append(x.text)
-        prev = x.text
+            out.append(x[TEXT])
+        prev = x[TEXT]
     return out
 
 
@@ -181,8 +179,8 @@ def python_views(source: str, around: str = "") -> CodeViews:
     imported = _imported(lexemes)
     defined = {d.lower() for d in defined_names(lexemes) - imported}
     prose_parts = [around] if around else []
-    prose_parts += [x.text.lstrip("#") if x.kind == "comment" else _string_body(x.text)
-                    for i, x in enumerate(lexemes) if x.kind == "comment" or i in docs]
+    prose_parts += [x[TEXT].lstrip("#") if x[KIND] == "comment" else _string_body(x[TEXT])
+                    for i, x in enumerate(lexemes) if x[KIND] == "comment" or i in docs]
     prose = [ID if w in defined else w for w in tokens("\n".join(prose_parts))]
     return CodeViews(code_tokens(lexemes, docs, imported), prose)
 

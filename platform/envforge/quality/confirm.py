@@ -17,39 +17,75 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from envforge.quality.code import ID, STR, views_of
+from envforge.quality.code import ID, STR, CodeViews, views_of
 from envforge.quality.fingerprint import longest_shared_run
 from envforge.quality.minhash import MinHasher, exact_jaccard
 from envforge.quality.params import DedupConfig
-from envforge.quality.text import is_short, tokens, windows
+from envforge.quality.text import is_short, tokens
 
 SNIPPET_WORDS = 24
 _SENTINEL = np.uint64(0xFFFFFFFFFFFFFFFF)  # masks a run already looked at (never a token hash in practice)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Prepared:
+    """A text ready for exact comparison: word hashes, shingles, code views.
+
+    Window shingle sets are made on demand: a big workspace file has hundreds of windows,
+    and only those sharing something with a candidate are ever compared."""
+
     words: list[str]
     word_hashes: np.ndarray
-    window_shingles: list[np.ndarray]
     short: bool
+    window_words: int
+    shingle_seq: np.ndarray  # word n-gram shingle per position (long texts), or the char-shingle set (short)
+    ngram: int
     prose: list[str] | None = None
     prose_hashes: np.ndarray | None = None
     code: list[str] | None = None
     code_hashes: np.ndarray | None = None
+    _windows: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+    @property
+    def window_spans(self) -> list[tuple[int, int]]:
+        """(first, last + 1) shingle positions of each half-overlapping window."""
+        if self.short or len(self.words) <= self.window_words:
+            return [(0, len(self.shingle_seq))]
+        return [(s, s + self.window_words - self.ngram + 1) for s in _starts(len(self.words), self.window_words)]
+
+    def window(self, i: int) -> np.ndarray:
+        if i not in self._windows:
+            lo, hi = self.window_spans[i]
+            seq = self.shingle_seq[lo:hi]
+            self._windows[i] = seq if self.short else np.unique(seq)
+        return self._windows[i]
 
 
-def prepare(text: str, hasher: MinHasher, window_words: int, python: bool | None = None) -> Prepared:
-    """A text ready for exact comparison (see the module docstring)."""
+def _starts(n_words: int, size: int) -> list[int]:
+    starts = list(range(0, n_words - size + 1, size // 2))
+    if starts[-1] + size < n_words:
+        starts.append(n_words - size)
+    return starts
+
+
+_UNSET = object()
+
+
+def prepare(text: str, hasher: MinHasher, window_words: int, python: bool | None = None,
+            views: CodeViews | None | object = _UNSET) -> Prepared:
+    """A text ready for exact comparison (see the module docstring); `views`: its code views,
+    when already computed."""
     words = tokens(text)
-    wins = windows(words, window_words, window_words // 2)
-    shingles = [hasher.shingle_hashes(" ".join(w)) for w in wins] if words else []
-    views = views_of(text, python) if python is not False else None
+    hashes = hasher.word_hashes(words)
+    short = is_short(words, hasher.short_words)
+    seq = hasher.shingle_hashes(text) if short else hasher.shingle_sequence(hashes)
+    if views is _UNSET:
+        views = views_of(text, python) if python is not False else None
     prose = code = None
     if views is not None:
         prose = views.prose if views.prose and views.prose != words else None
         code = views.code or None
-    return Prepared(words, hasher.word_hashes(words), shingles, is_short(words, hasher.short_words),
+    return Prepared(words, hashes, short, window_words, seq, hasher.ngram,
                     prose, hasher.word_hashes(prose) if prose else None,
                     code, hasher.word_hashes(code) if code else None)
 
@@ -118,19 +154,22 @@ def _snippet(words: list[str], start: int, length: int) -> str:
     return " ".join(part) + (" ..." if length > SNIPPET_WORDS else "")
 
 
-def best_window_jaccard(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    """Best exact Jaccard over window pairs; windows sharing nothing with the other text are skipped."""
-    if not a or not b:
+def best_window_jaccard(a: Prepared, b: Prepared) -> float:
+    """Best exact Jaccard over window pairs. Windows of `a` that share nothing (or too little to
+    beat the best so far) with `b` are never turned into sets."""
+    spans_a, spans_b = a.window_spans, b.window_spans
+    if not len(a.shingle_seq) or not len(b.shingle_seq):
         return 0.0
-    union_b = np.unique(np.concatenate(b)) if len(b) > 1 else b[0]
+    b_sets = [b.window(i) for i in range(len(spans_b))]
+    union_b = np.unique(np.concatenate(b_sets)) if len(b_sets) > 1 else b_sets[0]
+    hits = np.isin(a.shingle_seq, union_b)
+    prefix = np.r_[0, np.cumsum(hits)]
     best = 0.0
-    for x in a:
-        if len(x) == 0:
+    for i, (lo, hi) in enumerate(spans_a):
+        if prefix[hi] == prefix[lo]:
             continue
-        shared = int(np.isin(x, union_b, assume_unique=True).sum())
-        if shared == 0 or shared / len(x) <= best:  # J(x, y) <= |x & y| / |x|
-            continue
-        for y in b:
+        x = a.window(i)
+        for y in b_sets:
             best = max(best, exact_jaccard(x, y))
     return best
 
@@ -172,7 +211,7 @@ def qualifying_run(view: str, a_hashes: np.ndarray, a_tokens: list[str], b_hashe
 
 def compare(config: DedupConfig, a: Prepared, b: Prepared) -> Match:
     """Every rule on two prepared texts; the runs of every view both texts have."""
-    j = best_window_jaccard(a.window_shingles, b.window_shingles)
+    j = best_window_jaccard(a, b)
     short = a.short or b.short
     needed = config.verbatim_ngram_short if short else config.verbatim_ngram
     distinct = config.min_distinct_run_tokens

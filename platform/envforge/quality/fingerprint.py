@@ -101,12 +101,37 @@ def _window_hashes(prefix: np.ndarray, inv_pows: np.ndarray, length: int) -> np.
     return (prefix[length:] - prefix[:-length]) * inv_pows[: len(prefix) - length]
 
 
+_POWERS = [np.ones(1, np.uint64), np.ones(1, np.uint64)]  # BASE^i and BASE^-i, grown on demand
+
+
+def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    if len(_POWERS[0]) < n:
+        size = max(n, 2 * len(_POWERS[0]))
+        for k, base in ((0, _BASE), (1, _BASE_INV)):
+            steps = np.full(size, base, dtype=np.uint64)
+            steps[0] = 1
+            _POWERS[k] = np.cumprod(steps, dtype=np.uint64)
+    return _POWERS[0][:n], _POWERS[1][:n]
+
+
 def _prefix(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    n = len(tokens)
-    pows = np.cumprod(np.r_[np.uint64(1), np.full(max(0, n - 1), _BASE, dtype=np.uint64)], dtype=np.uint64)[:n]
-    inv = np.cumprod(np.r_[np.uint64(1), np.full(max(0, n - 1), _BASE_INV, dtype=np.uint64)], dtype=np.uint64)[:n]
-    prefix = np.r_[np.uint64(0), np.cumsum(tokens.astype(np.uint64) * pows, dtype=np.uint64)]
+    pows, inv = _powers(len(tokens))
+    prefix = np.empty(len(tokens) + 1, dtype=np.uint64)
+    prefix[0] = 0
+    np.cumsum(tokens * pows, dtype=np.uint64, out=prefix[1:])
     return prefix, inv
+
+
+def _common_positions(ha: np.ndarray, hb: np.ndarray) -> list[tuple[int, int]]:
+    """(i, j) with ha[i] == hb[j], a few: sort the shorter side once, binary-search the longer."""
+    swap = len(ha) < len(hb)
+    big, small = (hb, ha) if swap else (ha, hb)
+    order = np.argsort(small, kind="stable")
+    s_sorted = small[order]
+    pos = np.minimum(np.searchsorted(s_sorted, big), len(s_sorted) - 1)
+    hit = np.flatnonzero(s_sorted[pos] == big)[:8]
+    pairs = [(int(k), int(order[pos[k]])) for k in hit]
+    return [(j, i) for i, j in pairs] if swap else pairs
 
 
 def longest_shared_run(a: np.ndarray, b: np.ndarray) -> Run:
@@ -127,11 +152,8 @@ def longest_shared_run(a: np.ndarray, b: np.ndarray) -> Run:
     while lo <= hi:
         mid = (lo + hi) // 2
         ha, hb = _window_hashes(pa, ia, mid), _window_hashes(pb, ib, mid)
-        common = np.intersect1d(ha, hb)
         found = None
-        for h in common[:8]:
-            i = int(np.flatnonzero(ha == h)[0])
-            j = int(np.flatnonzero(hb == h)[0])
+        for i, j in _common_positions(ha, hb)[:8]:
             if np.array_equal(a[i: i + mid], b[j: j + mid]):
                 found = Run(mid, i, j)
                 break

@@ -83,6 +83,10 @@ class MinHasher:
             acc = acc * _ROLL + word_hashes[j: j + m]
         return _fmix64(acc)
 
+    def shingle_sequence(self, word_hashes: np.ndarray) -> np.ndarray:
+        """The 32-bit word n-gram shingle at every position (repeats kept, in order)."""
+        return (self._rolled(word_hashes, self.ngram) & _MASK32).astype(np.uint32)
+
     def shingle_hashes(self, text: str) -> np.ndarray:
         """Unique 32-bit shingle hashes of one text (what exact Jaccard is computed on)."""
         words = tokens(text)

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envforge.quality.code import views_of
+from envforge.quality.code import CodeViews, views_of
 from envforge.quality.confirm import Match, Prepared, compare, prepare
 from envforge.quality.corpora import CorpusDoc, fingerprint, humaneval, humaneval_digest, read_corpus
 from envforge.quality.fingerprint import batch_ngrams, winnow
@@ -169,9 +169,11 @@ class ReferenceIndex:
     # -- fingerprints (shared by documents and queries) ---------------------------------
 
     def _fingerprint(self, texts: Sequence[str], python: Sequence[bool | None], winnowed: bool
-                     ) -> tuple[list[list[str]], list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
-        """The windows (words, word hashes, owning text) and the n-grams (hashes, owning text) of
-        a batch of texts. Reference documents are winnowed; queries keep every n-gram."""
+                     ) -> tuple[list[list[str]], list[np.ndarray], np.ndarray, np.ndarray, np.ndarray,
+                                list[CodeViews | None]]:
+        """The windows (words, word hashes, owning text), the n-grams (hashes, owning text) and
+        the code views of a batch of texts. Reference documents are winnowed; queries keep
+        every n-gram."""
         c = self.config
         words = [tokens(t) for t in texts]
         lengths = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
@@ -199,10 +201,11 @@ class ReferenceIndex:
         hs.append(h)
         os.append(o)
         prose_streams, code_streams, owners_pc = [], [], []
+        all_views: list[CodeViews | None] = [None] * len(texts)
         for i, (t, py) in enumerate(zip(texts, python)):
             if py is False:
                 continue
-            views = views_of(t, py)
+            views = all_views[i] = views_of(t, py)
             if views is None:
                 continue
             owners_pc.append(i)
@@ -218,7 +221,8 @@ class ReferenceIndex:
             h, o = winnow(h, o, c.code_guaranteed_run - c.code_index_ngram + 1 if winnowed else 1)
             hs.append(h)
             os.append(idx[o])
-        return win_words, win_hashes, np.asarray(win_owner, dtype=np.int64), np.concatenate(hs), np.concatenate(os)
+        return (win_words, win_hashes, np.asarray(win_owner, dtype=np.int64), np.concatenate(hs), np.concatenate(os),
+                all_views)
 
     # -- building ------------------------------------------------------------------------
 
@@ -228,7 +232,7 @@ class ReferenceIndex:
         self.root.mkdir(parents=True, exist_ok=True)
         for batch in _batches(docs):
             texts = [d.text for d in batch]
-            win_words, win_hashes, owner, ng_h, ng_o = self._fingerprint(texts, [None] * len(batch), True)
+            win_words, win_hashes, owner, ng_h, ng_o, _ = self._fingerprint(texts, [None] * len(batch), True)
             sigs = self.hasher.signatures_of_tokens(win_words, win_hashes)
             self.bands.add(sigs)
             self._sig_parts.append(sigs)
@@ -358,8 +362,8 @@ class ReferenceIndex:
         qs = [q if isinstance(q, QueryText) else QueryText(q) for q in queries]
         if not qs or self.documents == 0:
             return []
-        win_words, win_hashes, owner, ng_h, ng_o = self._fingerprint([q.text for q in qs], [q.python for q in qs],
-                                                                     False)
+        win_words, win_hashes, owner, ng_h, ng_o, q_views = self._fingerprint(
+            [q.text for q in qs], [q.python for q in qs], False)
         proposed: dict[tuple[int, int], set[str]] = {}
         best_est: dict[tuple[int, int], float] = {}
         q_sigs = self.hasher.signatures_of_tokens(win_words, win_hashes)
@@ -387,7 +391,7 @@ class ReferenceIndex:
             if allowed is not None and corpus not in allowed:
                 continue
             if t not in prepared_q:
-                prepared_q[t] = prepare(qs[t].text, self.hasher, self.config.window_words, qs[t].python)
+                prepared_q[t] = prepare(qs[t].text, self.hasher, self.config.window_words, qs[t].python, q_views[t])
             if d not in prepared_d:
                 prepared_d[d] = prepare(body, self.hasher, self.config.window_words, None)
             if (t, d) not in best_est:
