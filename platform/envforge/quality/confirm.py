@@ -21,7 +21,7 @@ from envforge.quality.code import ID, STR, CodeViews, views_of
 from envforge.quality.fingerprint import longest_shared_run
 from envforge.quality.minhash import MinHasher, exact_jaccard
 from envforge.quality.params import DedupConfig
-from envforge.quality.text import is_short, tokens
+from envforge.quality.text import is_short, tokens, window_starts
 
 SNIPPET_WORDS = 24
 _SENTINEL = np.uint64(0xFFFFFFFFFFFFFFFF)  # masks a run already looked at (never a token hash in practice)
@@ -51,7 +51,7 @@ class Prepared:
         """(first, last + 1) shingle positions of each half-overlapping window."""
         if self.short or len(self.words) <= self.window_words:
             return [(0, len(self.shingle_seq))]
-        return [(s, s + self.window_words - self.ngram + 1) for s in _starts(len(self.words), self.window_words)]
+        return [(s, s + self.window_words - self.ngram + 1) for s in window_starts(len(self.words), self.window_words)]
 
     def window(self, i: int) -> np.ndarray:
         if i not in self._windows:
@@ -59,13 +59,6 @@ class Prepared:
             seq = self.shingle_seq[lo:hi]
             self._windows[i] = seq if self.short else np.unique(seq)
         return self._windows[i]
-
-
-def _starts(n_words: int, size: int) -> list[int]:
-    starts = list(range(0, n_words - size + 1, size // 2))
-    if starts[-1] + size < n_words:
-        starts.append(n_words - size)
-    return starts
 
 
 _UNSET = object()

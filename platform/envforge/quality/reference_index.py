@@ -43,7 +43,7 @@ from envforge.quality.fingerprint import batch_ngrams, winnow
 from envforge.quality.lsh import BandIndex
 from envforge.quality.ngram_index import NgramIndex
 from envforge.quality.params import DedupConfig, IndexConfig
-from envforge.quality.text import tokens, windows
+from envforge.quality.text import window_starts
 
 BATCH = 10_000
 HUMANEVAL = "humaneval"
@@ -169,31 +169,20 @@ class ReferenceIndex:
     # -- fingerprints (shared by documents and queries) ---------------------------------
 
     def _fingerprint(self, texts: Sequence[str], python: Sequence[bool | None], winnowed: bool
-                     ) -> tuple[list[list[str]], list[np.ndarray], np.ndarray, np.ndarray, np.ndarray,
-                                list[CodeViews | None]]:
-        """The windows (words, word hashes, owning text), the n-grams (hashes, owning text) and
-        the code views of a batch of texts. Reference documents are winnowed; queries keep
-        every n-gram."""
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[CodeViews | None]]:
+        """Window signatures (and the text each window belongs to), n-grams (hashes, owning
+        text) and code views of a batch of texts. Reference documents are winnowed; queries
+        keep every n-gram."""
         c = self.config
-        words = [tokens(t) for t in texts]
-        lengths = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
-        flat = self.hasher.word_hashes([w for ws in words for w in ws])
-        doc_hashes = np.split(flat, np.cumsum(lengths)[:-1]) if len(words) else []
-        win_words, win_hashes, win_owner = [], [], []
-        step = c.window_words // 2
-        for i, ws in enumerate(words):
-            if len(ws) <= c.window_words:
-                win_words.append(ws)
-                win_hashes.append(doc_hashes[i])
+        flat, lengths, strings = self.hasher.text_hashes(texts)
+        doc_hashes = np.split(flat, np.cumsum(lengths)[:-1]) if len(texts) else []
+        win_hashes, win_owner = [], []
+        for i, h in enumerate(doc_hashes):
+            for s in window_starts(len(h), c.window_words):
+                win_hashes.append(h[s: s + c.window_words])
                 win_owner.append(i)
-                continue
-            starts = list(range(0, len(ws) - c.window_words + 1, step))
-            if starts[-1] + c.window_words < len(ws):
-                starts.append(len(ws) - c.window_words)
-            for s in starts:
-                win_words.append(ws[s: s + c.window_words])
-                win_hashes.append(doc_hashes[i][s: s + c.window_words])
-                win_owner.append(i)
+        owner = np.asarray(win_owner, dtype=np.int64)
+        sigs = self.hasher.signatures_from_hashes(win_hashes, lambda k: strings[win_owner[k]])
         hs, os = [], []
         w_text = c.guaranteed_run - c.index_ngram + 1 if winnowed else 1
         h, o = batch_ngrams(doc_hashes, c.index_ngram, TEXT)
@@ -209,7 +198,8 @@ class ReferenceIndex:
             if views is None:
                 continue
             owners_pc.append(i)
-            prose_streams.append(self.hasher.word_hashes(views.prose) if views.prose != words[i] else np.zeros(0, np.uint64))
+            same = views.prose == strings[i].split()
+            prose_streams.append(np.zeros(0, np.uint64) if same else self.hasher.word_hashes(views.prose))
             code_streams.append(self.hasher.word_hashes(views.code))
         if owners_pc:
             idx = np.asarray(owners_pc, dtype=np.int64)
@@ -221,8 +211,7 @@ class ReferenceIndex:
             h, o = winnow(h, o, c.code_guaranteed_run - c.code_index_ngram + 1 if winnowed else 1)
             hs.append(h)
             os.append(idx[o])
-        return (win_words, win_hashes, np.asarray(win_owner, dtype=np.int64), np.concatenate(hs), np.concatenate(os),
-                all_views)
+        return sigs, owner, np.concatenate(hs), np.concatenate(os), all_views
 
     # -- building ------------------------------------------------------------------------
 
@@ -232,8 +221,7 @@ class ReferenceIndex:
         self.root.mkdir(parents=True, exist_ok=True)
         for batch in _batches(docs):
             texts = [d.text for d in batch]
-            win_words, win_hashes, owner, ng_h, ng_o, _ = self._fingerprint(texts, [None] * len(batch), True)
-            sigs = self.hasher.signatures_of_tokens(win_words, win_hashes)
+            sigs, owner, ng_h, ng_o, _ = self._fingerprint(texts, [None] * len(batch), True)
             self.bands.add(sigs)
             self._sig_parts.append(sigs)
             self._win_parts.append(owner + self.documents)
@@ -362,12 +350,10 @@ class ReferenceIndex:
         qs = [q if isinstance(q, QueryText) else QueryText(q) for q in queries]
         if not qs or self.documents == 0:
             return []
-        win_words, win_hashes, owner, ng_h, ng_o, q_views = self._fingerprint(
-            [q.text for q in qs], [q.python for q in qs], False)
+        q_sigs, owner, ng_h, ng_o, q_views = self._fingerprint([q.text for q in qs], [q.python for q in qs], False)
         proposed: dict[tuple[int, int], set[str]] = {}
         best_est: dict[tuple[int, int], float] = {}
-        q_sigs = self.hasher.signatures_of_tokens(win_words, win_hashes)
-        if win_words and self.bands.size:
+        if len(q_sigs) and self.bands.size:
             wq, ws = self.bands.query(q_sigs)
             if len(wq):
                 doc_of = self.window_doc[ws]
