@@ -44,7 +44,7 @@ SYNONYMS = {"given": "provided", "list": "sequence", "return": "produce", "retur
             "in": "within", "and": "as well as", "that": "which", "a": "one", "the": "this"}
 
 
-def _write_task(root: Path, task_id: str, instruction: str, *, patch_files: dict[str, str] | None = None,
+def write_task(root: Path, task_id: str, instruction: str, *, patch_files: dict[str, str] | None = None,
                 workspace: dict[str, str] | None = None, tests: dict[str, str] | None = None) -> None:
     d = root / task_id
     (d / "workspace").mkdir(parents=True)
@@ -127,7 +127,7 @@ def humaneval_variants(root: Path, seed: int = 0, problems: list[str] | None = N
         }
         for variant, kw in variants.items():
             task_id = f"he{n}-{variant.replace('_', '-')}"
-            _write_task(root, task_id, **kw)
+            write_task(root, task_id, **kw)
             out[variant].append(task_id)
     return out
 
@@ -256,17 +256,17 @@ def clean_tasks(root: Path, n_enterprise: int = 400, n_style: int = 400, n_stdli
         module = _service_module(rng, s, e)
         fixed = module.replace("ROUND_HALF_UP)", "ROUND_HALF_EVEN)")
         task_id = f"clean-ent-{i}"
-        _write_task(root, task_id, instruction, workspace={f"{s}/{e}s.py": module, f"{s}/__init__.py": ""},
+        write_task(root, task_id, instruction, workspace={f"{s}/{e}s.py": module, f"{s}/__init__.py": ""},
                     tests={f"tests/test_{e}s.py": _service_tests(s, e)}, patch_files={f"{s}/{e}s.py": fixed})
         out["enterprise"].append(task_id)
     for i in range(n_style):
         task_id = f"clean-style-{i}"
-        _write_task(root, task_id, wrap(rng, _humaneval_style(rng, i)))
+        write_task(root, task_id, wrap(rng, _humaneval_style(rng, i)))
         out["humaneval_style"].append(task_id)
     for i, f in enumerate(_stdlib_files(rng, n_stdlib)):
         text = f.read_text(encoding="utf-8", errors="replace")
         task_id = f"clean-stdlib-{i}"
-        _write_task(root, task_id, f"Refactor {f.stem} for readability without changing behaviour; keep every public "
+        write_task(root, task_id, f"Refactor {f.stem} for readability without changing behaviour; keep every public "
                                    f"name and make sure the module still imports cleanly.",
                     workspace={f"lib/{f.name}": text})
         out["stdlib_code"].append(task_id)

@@ -137,6 +137,7 @@ class CodeViews:
 
     code: list[str]
     prose: list[str]
+    prose_text: str = ""  # the prose as written (not masked): what the semantic stage embeds
 
 
 def _imported(lexemes: list[Lexeme]) -> set[str]:
@@ -181,8 +182,9 @@ def python_views(source: str, around: str = "") -> CodeViews:
     prose_parts = [around] if around else []
     prose_parts += [x[TEXT].lstrip("#") if x[KIND] == "comment" else _string_body(x[TEXT])
                     for i, x in enumerate(lexemes) if x[KIND] == "comment" or i in docs]
-    prose = [ID if w in defined else w for w in tokens("\n".join(prose_parts))]
-    return CodeViews(code_tokens(lexemes, docs, imported), prose)
+    prose_text = "\n".join(prose_parts)
+    prose = [ID if w in defined else w for w in tokens(prose_text)]
+    return CodeViews(code_tokens(lexemes, docs, imported), prose, prose_text)
 
 
 def _string_body(literal: str) -> str:
@@ -206,6 +208,13 @@ def code_segments(text: str) -> tuple[str, str]:
 
 def is_python_path(path: str) -> bool:
     return path.lower().endswith(_PY_SUFFIXES)
+
+
+def semantic_text(text: str, python: bool | None = None) -> str:
+    """What a text means in words: its prose (docstrings, comments, surrounding text) when it
+    holds code, which an embedding of the raw code would drown; else the text itself."""
+    views = views_of(text, python) if python is not False else None
+    return views.prose_text if views is not None and views.prose_text.strip() else text
 
 
 def views_of(text: str, python: bool | None = None) -> CodeViews | None:

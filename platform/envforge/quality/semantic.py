@@ -4,7 +4,9 @@ n-gram and MinHash checks let rephrased benchmark items through (Yang et al. 202
 "Rethinking Benchmark and Contamination for Language Models with Rephrased Samples"); they
 close the gap with embedding retrieval and an LLM judge. Here:
 1. reference documents are embedded once through an OpenAI-compatible `/v1/embeddings`
-   endpoint (vLLM, TEI and most servers speak it) and stored beside the index, per model;
+   endpoint (vLLM, TEI and most servers speak it) and stored beside the index, per model.
+   What is embedded is a text's prose (`code.semantic_text`): a benchmark item's docstring
+   and a task's wording, not the code and tests around them, which would drown the meaning;
 2. each task field in `SemanticConfig.fields` is embedded and its `top_k` nearest reference
    documents (cosine) at or above `candidate_cosine` are candidates;
 3. with a judge, each candidate is judged by a chat model through the client the rollouts use
@@ -29,6 +31,7 @@ from typing import Sequence
 import numpy as np
 
 from envforge.errors import EnvforgeError
+from envforge.quality.code import semantic_text
 from envforge.quality.params import SemanticConfig
 from envforge.rollout.policies.base import PolicyError
 from envforge.rollout.policies.openai_client import OpenAIChatPolicy, parse_chat_response
@@ -179,13 +182,14 @@ async def _run(index, texts: Sequence[str], fields: Sequence[str], config: Seman
         vectors = store.load(index.build_id)  # documents are only ever appended within one build
         docs = index.docs()
         if len(vectors) < index.documents:
-            new = await embed(client, docs.slice(len(vectors)).column("text").to_pylist(), config)
+            todo = [semantic_text(t) for t in docs.slice(len(vectors)).column("text").to_pylist()]
+            new = await embed(client, todo, config)
             vectors = new if len(vectors) == 0 else np.concatenate([vectors, new])
             store.save(vectors, index.build_id)
         outcome.embedded_docs = len(vectors)
         if not len(texts) or not len(vectors):
             return
-        q = await embed(client, list(texts), config)
+        q = await embed(client, [semantic_text(t) for t in texts], config)
         usable = index.live.copy()
         if corpora is not None:
             usable &= np.isin(np.asarray(docs.column("corpus").to_pylist()), list(corpora))
