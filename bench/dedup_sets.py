@@ -44,27 +44,41 @@ SYNONYMS = {"given": "provided", "list": "sequence", "return": "produce", "retur
             "in": "within", "and": "as well as", "that": "which", "a": "one", "the": "this"}
 
 
+def _new_file_patch(files: dict[str, str]) -> str:
+    patch = ""
+    for rel, text in files.items():
+        lines = text.rstrip("\n").splitlines()
+        patch += (f"diff --git a/{rel} b/{rel}\nnew file mode 100644\n--- /dev/null\n+++ b/{rel}\n"
+                  f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{ln}\n" for ln in lines))
+    return patch
+
+
 def write_task(root: Path, task_id: str, instruction: str, *, patch_files: dict[str, str] | None = None,
-                workspace: dict[str, str] | None = None, tests: dict[str, str] | None = None) -> None:
+               workspace: dict[str, str] | None = None, tests: dict[str, str] | None = None,
+               test_patch_files: dict[str, str] | None = None, verifier: dict[str, str] | None = None) -> Path:
+    """A task folder: `task.yaml`, a workspace (+ `tests` files in it), a reference patch adding
+    `patch_files` (else a no-op command), a test patch adding `test_patch_files`, verifier files."""
     d = root / task_id
     (d / "workspace").mkdir(parents=True)
     (d / "workspace" / "README.md").write_text(f"# {task_id}\n")
-    for rel, text in {**(workspace or {}), **(tests or {})}.items():
-        (d / "workspace" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (d / "workspace" / rel).write_text(text)
-    spec = {"id": task_id, "instruction": instruction, "environment": {"files": "workspace"},
-            "verification": {"checkpoints": [{"name": "done", "run": "test -f README.md"}]}}
+    for folder, files in (("workspace", {**(workspace or {}), **(tests or {})}), ("verifier", verifier or {})):
+        for rel, text in files.items():
+            (d / folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (d / folder / rel).write_text(text)
+    spec: dict = {"id": task_id, "instruction": instruction, "environment": {"files": "workspace"},
+                  "verification": {"checkpoints": [{"name": "done", "run": "test -f README.md"}]}}
+    if verifier:
+        spec["verification"]["files"] = "verifier"
+    if test_patch_files:
+        (d / "tests.patch").write_text(_new_file_patch(test_patch_files))
+        spec["verification"]["test_patch"] = "tests.patch"
     if patch_files:
-        patch = ""
-        for rel, text in patch_files.items():
-            lines = text.rstrip("\n").splitlines()
-            patch += (f"diff --git a/{rel} b/{rel}\nnew file mode 100644\n--- /dev/null\n+++ b/{rel}\n"
-                      f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{ln}\n" for ln in lines))
-        (d / "fix.patch").write_text(patch)
+        (d / "fix.patch").write_text(_new_file_patch(patch_files))
         spec["reference_solution"] = {"patch": "fix.patch"}
     else:
         spec["reference_solution"] = {"commands": ["true"]}
     (d / "task.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return d
 
 
 def rename(prompt: str, old: str, new: str) -> str:

@@ -233,19 +233,43 @@ def _pairs_sharing(own: list[np.ndarray]) -> np.ndarray:
     return np.unique(pairs, axis=0)
 
 
+def distinct_block(a: np.ndarray, b_shingles: np.ndarray, n: int) -> int:
+    """The longest run of `a`'s words covered by no shingle (word n-gram, from `a`'s shingle
+    sequence) that the other text also has: what one task says that the other does not."""
+    if len(a) < n:
+        return len(a) if not np.isin(a, b_shingles).any() else 0
+    shared = np.flatnonzero(np.isin(a, b_shingles))
+    depth = np.zeros(len(a) + n, dtype=np.int64)
+    np.add.at(depth, shared, 1)
+    np.add.at(depth, shared + n, -1)
+    covered = np.cumsum(depth)[: len(a) + n - 1] > 0
+    free = np.r_[0, (~covered).astype(np.int8), 0]
+    edges = np.flatnonzero(np.diff(free))
+    return int((edges[1::2] - edges[::2]).max()) if len(edges) else 0
+
+
 def near_duplicate_pairs(tasks: Sequence[Task], others: Sequence[Task] = (),
                          config: DedupConfig = DedupConfig()) -> list[DuplicatePair]:
     """Confirmed near-duplicate pairs within `tasks`, and between `tasks` and `others`.
 
     Shingles shared by `boilerplate_min_tasks` or more of all these tasks are left out first;
     then every pair sharing any remaining shingle is compared exactly: duplicates when their
-    Jaccard reaches the threshold, or when the smaller one's own text is contained in the other.
+    Jaccard reaches the threshold, or when the smaller one's own text is contained in the
+    other; unless each holds a run of `dedup_distinct_words` words the other lacks (two
+    different tasks behind one template intro, which too few tasks share to be recognised).
     """
     hasher = config.hasher()
     ids = {t.id for t in tasks}
     pool = list(tasks) + [o for o in others if o.id not in ids]
     texts = [dedup_text(t) for t in pool]
     sets = [hasher.shingle_hashes(x) for x in texts]
+    seqs: dict[int, np.ndarray] = {}
+
+    def seq(i: int) -> np.ndarray:
+        if i not in seqs:
+            seqs[i] = hasher.shingle_sequence(hasher.word_hashes(tokens(texts[i])))
+        return seqs[i]
+
     boiler = boilerplate_shingles(sets, max(2, config.boilerplate_min_tasks))
     own = [own_shingles(s, boiler) for s in sets]
     out = []
@@ -258,6 +282,10 @@ def near_duplicate_pairs(tasks: Sequence[Task], others: Sequence[Task] = (),
         smaller = min(len(a), len(b))
         contained = inter / smaller if smaller else 0.0
         if jac >= config.threshold or (smaller >= MIN_CONTAINED_SHINGLES and contained >= config.dedup_containment):
+            n = hasher.ngram
+            if min(distinct_block(seq(i), np.unique(seq(j)), n),
+                   distinct_block(seq(j), np.unique(seq(i)), n)) >= config.dedup_distinct_words:
+                continue
             run = longest_shared_run(hasher.word_hashes(tokens(texts[i])), hasher.word_hashes(tokens(texts[j])))
             x, y = (i, j) if i < len(tasks) else (j, i)  # a batch task first
             out.append(DuplicatePair(pool[x].id, pool[y].id, round(jac, 6), run.length, round(contained, 4)))

@@ -141,6 +141,9 @@ class DedupConfig:
                                        "boilerplate (a template intro, a license header) and is ignored", 5)
     dedup_containment: float = _help("task-vs-task dedup: also duplicates when this share of the smaller "
                                      "task's own (non-boilerplate) shingles is in the other", 0.8)
+    dedup_distinct_words: int = _help("task-vs-task dedup: two tasks that each hold a run of this many words found "
+                                      "nowhere in the other are different tasks, whatever they share (a template "
+                                      "intro both start with)", 8)
     index: IndexConfig | None = field(default=None, metadata={"help": "reference index parameters (None: those "
                                                                       "the index on disk was built with)"})
     workspace: WorkspaceScan = field(default_factory=WorkspaceScan, metadata={"help": "workspace scanning"})
