@@ -26,7 +26,7 @@ def run(args: list[str], data_dir: Path, check: bool = True) -> subprocess.Compl
 
 @pytest.mark.parametrize("cmd", [[], ["ingest"], ["images"], ["images", "build"], ["catalog"], ["catalog", "list"],
                                  ["demo"], ["schema"], ["verify"], ["validate"], ["dedup"], ["dedup", "run"],
-                                 ["dedup", "index"], ["taskset"], ["taskset", "diff"], ["taskset", "lineage"]])
+                                 ["dedup", "index"], ["dedup", "corpora"], ["dedup", "corpora", "add"], ["taskset"], ["taskset", "diff"], ["taskset", "lineage"]])
 def test_help_everywhere(cmd, tmp_path):
     proc = run([*cmd, "--help"], tmp_path)
     assert "Usage" in proc.stdout
@@ -51,18 +51,29 @@ def test_ingest_json_reports_valid_and_rejects(tmp_path):
     assert {r["task_id"] for r in listing} == {"inventory-median-even", "ops-service-config", "orders-daily-summary"}
 
 
-def test_dedup_run_and_index_with_a_user_corpus(tmp_path):
+def test_dedup_corpora_index_parameters_and_runs(tmp_path):
     data = tmp_path / "data"
     run(["ingest", str(BUNDLED_SPECS)], data)
-    corpus = tmp_path / "corpus.jsonl"
-    leaked = (BUNDLED_SPECS / "orders-daily-summary" / "task.yaml").read_text()
-    corpus.write_text(json.dumps({"id": "leak-1", "text": leaked}) + "\n")
-    built = run(["dedup", "index", "--corpus", f"private={corpus}"], data)
-    assert "165 documents" in built.stdout  # HumanEval's 164 + ours
-    again = run(["dedup", "index", "--corpus", f"private={corpus}"], data)
-    assert "+0 from 0 new" in again.stdout
-    doc = json.loads(run(["dedup", "run", "--corpus", f"private={corpus}", "--json"], data).stdout)
-    status = {r["task_id"]: r for r in doc["tasks"]}
-    assert status["orders-daily-summary"]["status"] == "contaminated"
-    assert status["orders-daily-summary"]["doc_id"] == "leak-1"
-    assert status["inventory-median-even"]["status"] == "clean"
+    once, kept = tmp_path / "once.jsonl", tmp_path / "kept.jsonl"
+    for path, task in ((once, "inventory-median-even"), (kept, "orders-daily-summary")):
+        leaked = (BUNDLED_SPECS / task / "task.yaml").read_text()
+        path.write_text(json.dumps({"id": f"leak-{task}", "text": leaked}) + "\n")
+    first = json.loads(run(["dedup", "run", "--corpus", f"once={once}", "--json"], data).stdout)
+    status = {r["task_id"]: r for r in first["tasks"]}
+    assert status["inventory-median-even"]["status"] == "contaminated"
+    assert status["inventory-median-even"]["field"] == "instruction"
+    assert status["inventory-median-even"]["evidence"]["evidence"][0]["doc_id"] == "leak-inventory-median-even"
+    assert status["orders-daily-summary"]["reason"].startswith("clean")  # with its strongest evidence, or none
+    assert "registered corpus kept" in run(["dedup", "corpora", "add", "kept", str(kept)], data).stdout
+    listing = json.loads(run(["dedup", "corpora", "list", "--json"], data).stdout)
+    assert [(r["name"], r["state"]) for r in listing] == [("humaneval", "indexed"), ("kept", "not indexed yet")]
+    # Index parameters take a rebuild, and the refusal says how; decision thresholds do not.
+    refused = run(["dedup", "index", "--candidate-threshold", "0.3"], data, check=False)
+    assert refused.returncode == 1 and "envforge dedup index --rebuild --candidate-threshold 0.3" in refused.stderr
+    second = json.loads(run(["dedup", "run", "--threshold", "0.3", "--json"], data).stdout)
+    status = {r["task_id"]: r["status"] for r in second["tasks"]}
+    # The one-run corpus is gone, the registered one applies, the lower threshold ran on the same index.
+    assert status == {"inventory-median-even": "clean", "orders-daily-summary": "contaminated",
+                      "ops-service-config": "clean"}
+    assert second["sync"]["removed_files"] == [str(once.resolve())]
+    assert any("below the LSH band" in w for w in second["warnings"])

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from datasketch.lsh import _optimal_param
 
 from envforge.quality.minhash import EMPTY_SLOT
 from envforge.quality.params import RECALL_WEIGHTS
@@ -27,6 +26,8 @@ def banding(threshold: float, num_perm: int, weights: tuple[float, float] = RECA
     """(bands, rows) minimising the weighted false-positive/false-negative area at `threshold`."""
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold {threshold} must be in (0, 1)")
+    from datasketch.lsh import _optimal_param  # imports scipy (seconds): only when an index is made
+
     return _optimal_param(threshold, num_perm, weights[0], weights[1])
 
 
