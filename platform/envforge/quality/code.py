@@ -191,12 +191,17 @@ def _string_body(literal: str) -> str:
     return literal.lstrip("rRbBuUfF").strip("\"'")
 
 
+_MARKERS = ("```", "def ", "class ", "import ", "@", "if __name__")
+
+
 def code_segments(text: str) -> tuple[str, str]:
     """(Python code, surrounding prose) of free text such as an instruction.
 
     Code is what fenced blocks hold; without fences, it is everything from the first line that
     starts Python (`def`, `class`, `import`, a decorator) to the end of the text. Prose is the rest.
     """
+    if not any(m in text for m in _MARKERS):  # most reference text: no regex pass at all
+        return "", text
     fenced = _FENCE.findall(text)
     if fenced:
         return "\n".join(fenced), _FENCE.sub("\n", text)
