@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
-import time
 import zlib
 from contextlib import contextmanager
 from typing import Iterator
 
 import numpy as np
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
+from tests.serving import running_server
 
 DIM = 512
 _WORD = re.compile(r"[a-z0-9]+")
@@ -71,29 +69,8 @@ def make_app(judge_threshold: float = 0.5) -> FastAPI:
     return app
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def running(app: FastAPI) -> Iterator[str]:
-    """Serve `app` on a loopback port in a thread; yields the base URL ending in /v1."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("stub server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    """Serve `app` on a loopback port; yields the base URL ending in /v1."""
+    with running_server(app) as base:
+        yield f"{base}/v1"

@@ -17,7 +17,8 @@ from envforge.quality.params import DedupConfig, SemanticConfig
 from envforge.quality.reference_index import ReferenceIndex
 from envforge.quality.semantic import JUDGE_PROMPT_VERSION
 from envforge.sources import load_specs
-from tests.dedup_stub_server import free_port, make_app, running
+from tests.dedup_stub_server import make_app, running
+from tests.serving import free_port
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dedup" / "paraphrases.json"
 REORDERED = ["HumanEval/68", "HumanEval/72", "HumanEval/80", "HumanEval/96", "HumanEval/112", "HumanEval/124"]
