@@ -30,6 +30,7 @@ from envforge.verify.protect import matches, protected_globs, split_diff
 
 FIELDS = ("instruction", "workspace", "solution", "tests", "verifier")
 _SNIFF = 8192
+_NOT_READ_FACTOR = 64  # a blob this many times the per-file cap is not even read from git
 _EXAMPLES = 5
 
 
@@ -194,12 +195,18 @@ class WorkspaceReader:
             meta, _, path = entry.partition(b"\t")
             mode, kind, sha, size = meta.split()
             rel = path.decode(errors="replace")
+            if kind == b"commit":
+                report.skip("submodule (not read)", rel)
+                continue
             if kind != b"blob":
                 continue
             if mode == b"120000":
                 report.skip("symlink (not followed)", rel)
                 continue
             n = int(size) if size.isdigit() else 0
+            if n > _NOT_READ_FACTOR * self.scan.max_file_bytes:
+                report.skip(f"over {_NOT_READ_FACTOR * self.scan.max_file_bytes} bytes (not read)", rel)
+                continue
             if self._accept(rel, len(wanted), projected, report):
                 wanted.append((rel, sha.decode(), n))
                 projected += min(n, self.scan.max_file_bytes)
@@ -210,7 +217,12 @@ class WorkspaceReader:
         data, pos, out = batch.stdout, 0, []
         for rel, _, size in wanted:
             header_end = data.index(b"\n", pos)
-            n = int(data[pos:header_end].split()[2])
+            header = data[pos:header_end].split()
+            if len(header) < 3:  # "<sha> missing": a shallow or partial clone
+                report.skip("blob missing from the repository", rel)
+                pos = header_end + 1
+                continue
+            n = int(header[2])
             body = data[header_end + 1: header_end + 1 + n]
             pos = header_end + 1 + n + 1
             text = self._text(rel, body[: self.scan.max_file_bytes], size, report)
