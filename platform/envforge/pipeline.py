@@ -202,6 +202,7 @@ class QualityReport:
     semantic: SemanticOutcome = field(default_factory=SemanticOutcome)
     config: DedupConfig = field(default_factory=DedupConfig)
     warnings: list[str] = field(default_factory=list)
+    charts: dict[str, Path] = field(default_factory=dict)  # filled by the tracked stage
 
     def kept_ids(self) -> set[str]:
         return {r["task_id"] for r in self.rows if r["status"] == "clean"}

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from envforge import pipeline, track
 from envforge.catalog import Catalog, IngestSummary
-from envforge.charts import flake_chart, similarity_histogram
+from envforge.charts import evidence_strength_chart, flake_chart, similarity_histogram
 from envforge.config import Settings
 from envforge.pipeline import ImagesReport, Progress, QualityReport, ValidationReport, _no_progress
 from envforge.quality.params import DedupConfig
@@ -67,6 +67,11 @@ def decontaminate(settings: Settings, tasks: Sequence[Task], config: DedupConfig
                                      [r["nearest_task_jaccard"] for r in report.rows], report.config.threshold,
                                      settings.data_dir / "charts" / "similarity_histogram.png")
         track.log_png(chart)
+        evidence = [{"field": e.field, "strength": e.strength, "flagged": e.flagged}
+                    for r in report.records for e in r.evidence]
+        report.charts["evidence"] = evidence_strength_chart(
+            evidence, settings.data_dir / "charts" / "contamination_evidence.png")
+        track.log_png(report.charts["evidence"])
         track.log_json(report.rows, "contamination_report.json")
         return report, run.info.run_id, chart
 

@@ -49,7 +49,8 @@ def decontaminated_tasks(context: dg.AssetExecutionContext, config: DedupRunConf
         "tasks": len(tasks), "clean": statuses.count("clean"), "contaminated": statuses.count("contaminated"),
         "duplicates": statuses.count("duplicate"), "duplicate_pairs": len(report.pairs),
         "index_docs_added": report.sync.added_docs, "semantic_stage": report.semantic.status,
-        "chart": png(chart), "mlflow_run": mlflow_run(settings, run_id),
+        "chart": png(chart), "evidence_chart": png(report.charts["evidence"]),
+        "mlflow_run": mlflow_run(settings, run_id),
     })
 
 
