@@ -163,3 +163,14 @@ def test_confirmation_flags_verbatim_leaks_below_the_jaccard_threshold():
     b = doc(rng, 300) + " " + leak
     m = confirm(DedupConfig(), a, b)
     assert m.exact_jaccard < 0.5 and m.longest_shared_ngram >= 20 and m.verbatim and m.flagged
+
+
+def test_every_index_parameter_can_be_rebuilt_with_from_the_cli():
+    """The advice an index gives on a mismatch (`--rebuild --name value`) is always a real option."""
+    import inspect
+    from dataclasses import fields
+
+    from envforge.cli import dedup_index
+
+    assert {f.name for f in fields(IndexConfig)} <= set(inspect.signature(dedup_index).parameters)
+    assert IndexConfig(candidate_threshold=0.3, max_df=7).cli_flags() == "--candidate-threshold 0.3 --max-df 7"

@@ -483,6 +483,11 @@ def dedup_index(
         code_guaranteed_run: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig,
                                                                                  "code_guaranteed_run")),
         max_df: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig, "max_df")),
+        char_ngram: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig, "char_ngram")),
+        short_words: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig, "short_words")),
+        fp_weight: Optional[float] = typer.Option(None, help=_dedup_help(_IndexConfig, "fp_weight")),
+        fn_weight: Optional[float] = typer.Option(None, help=_dedup_help(_IndexConfig, "fn_weight")),
+        seed: Optional[int] = typer.Option(None, help=_dedup_help(_IndexConfig, "seed")),
         data_dir: Optional[Path] = DataDir) -> None:
     """Build the reference index, or bring it in step with the corpora (new and changed files are
     read, removed ones retired). Index parameters take effect with --rebuild."""
@@ -498,7 +503,9 @@ def dedup_index(
     given = {k: v for k, v in dict(num_perm=num_perm, ngram=ngram, window_words=window_words,
                                    candidate_threshold=candidate_threshold, index_ngram=index_ngram,
                                    guaranteed_run=guaranteed_run, code_index_ngram=code_index_ngram,
-                                   code_guaranteed_run=code_guaranteed_run, max_df=max_df).items() if v is not None}
+                                   code_guaranteed_run=code_guaranteed_run, max_df=max_df, char_ngram=char_ngram,
+                                   short_words=short_words, fp_weight=fp_weight, fn_weight=fn_weight,
+                                   seed=seed).items() if v is not None}
     try:
         config = replace(_IndexConfig(), **given) if (given or rebuild) else None
         if rebuild and root.exists():
