@@ -236,7 +236,7 @@ def large_section(config: DedupConfig, quick: bool) -> dict:
         task_words = c.words(n_tasks)
         leaked = min(1000, n_tasks // 100)
         texts = [c.text(row) for row in task_words]
-        src = ReferenceIndex(Path(tmp) / "index").docs().slice(0, 2 * leaked).column("text").to_pylist()
+        src = ref.docs().slice(0, 2 * leaked).column("text").to_pylist()
         # Planted leaks: the first `leaked` tasks are light edits of reference documents; the
         # next `leaked` hold a 30-word excerpt of one inside otherwise unrelated text.
         for i in range(leaked):
@@ -247,7 +247,7 @@ def large_section(config: DedupConfig, quick: bool) -> dict:
             own = texts[leaked + i].split()
             texts[leaked + i] = " ".join(own[:80] + excerpt + own[80:])
         t = time.perf_counter()
-        found = ReferenceIndex(Path(tmp) / "index").search(texts, config)
+        found = ref.search(texts, config)
         search_s = time.perf_counter() - t
         flagged = {cand.query for cand in found if cand.match.flagged}
         by_lsh = {cand.query for cand in found if cand.match.flagged and "lsh" in cand.proposed_by}
