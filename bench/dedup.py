@@ -207,7 +207,7 @@ def paraphrase_section(root: Path, index: ReferenceIndex) -> dict:
     exact, _ = decontaminate(tasks, index)
     out = {"exact_stages": score(exact)}
     with running(make_app()) as url:
-        config = DedupConfig(semantic=SemanticConfig(enabled=True, url=url, model="stub", candidate_cosine=0.3,
+        config = DedupConfig(semantic=SemanticConfig(url=url, model="stub", candidate_cosine=0.3,
                                                      flag_cosine=0.8))
         stub, outcome = decontaminate(tasks, index, config)
     out["stub_embeddings"] = score(stub) | {"status": outcome.status, "flag_cosine": 0.8, "candidate_cosine": 0.3}

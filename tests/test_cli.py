@@ -26,7 +26,9 @@ def run(args: list[str], data_dir: Path, check: bool = True) -> subprocess.Compl
 
 @pytest.mark.parametrize("cmd", [[], ["ingest"], ["images"], ["images", "build"], ["catalog"], ["catalog", "list"],
                                  ["demo"], ["schema"], ["verify"], ["validate"], ["dedup"], ["dedup", "run"],
-                                 ["dedup", "index"], ["dedup", "corpora"], ["dedup", "corpora", "add"], ["taskset"], ["taskset", "diff"], ["taskset", "lineage"]])
+                                 ["dedup", "index"], ["dedup", "corpora"], ["dedup", "corpora", "add"], ["taskset"],
+                                 ["taskset", "diff"], ["taskset", "lineage"],
+                                 ["train", "sft"], ["train", "rl"], ["train", "evaluate"], ["rollout"], ["tiers"]])
 def test_help_everywhere(cmd, tmp_path):
     proc = run([*cmd, "--help"], tmp_path)
     assert "Usage" in proc.stdout
@@ -77,3 +79,34 @@ def test_dedup_corpora_index_parameters_and_runs(tmp_path):
                       "ops-service-config": "clean"}
     assert second["sync"]["removed_files"] == [str(once.resolve())]
     assert any("below the LSH band" in w for w in second["warnings"])
+
+
+def test_command_options_are_the_stage_configs_fields():
+    """One definition per setting: each config field is an option of the command that runs the stage, with the
+    field's default and help text; the command gets the config object built from them."""
+    from typer.testing import CliRunner
+
+    from envforge.cli import app
+    from envforge.cli.options import build_config, config_fields
+    from envforge.quality.params import DedupConfig, IndexConfig, SemanticConfig, WorkspaceScan
+    from envforge.rollout.config import RolloutConfig
+    from envforge.stages.configs import TierConfig
+    from envforge.train.config import TrainingConfig
+    from envforge.verify.config import GateConfig
+
+    runner = CliRunner()
+    for command, config in ((["train", "sft"], TrainingConfig), (["dedup", "run"], DedupConfig),
+                            (["dedup", "index"], IndexConfig),
+                            (["validate"], GateConfig), (["rollout"], RolloutConfig), (["tiers"], TierConfig)):
+        text = runner.invoke(app, [*command, "--help"], terminal_width=240, env={"COLUMNS": "240"}).output
+        for o in config_fields(config):  # nested configs flattened: DedupConfig.semantic.url is --semantic-url
+            flags = o.field.metadata.get("cli") or (f"--{o.name.replace('_', '-')}",)
+            assert flags[0] in text, (command, o.name)
+    assert "--semantic-judge-model" in runner.invoke(app, ["dedup", "run", "--help"], terminal_width=240,
+                                                     env={"COLUMNS": "240"}).output
+    built = build_config(DedupConfig, {"threshold": 0.4, "semantic_url": "http://127.0.0.1:1/v1",
+                                       "semantic_model": "m", "workspace_skip_dirs": ["vendor"]})
+    assert built == DedupConfig(threshold=0.4, semantic=SemanticConfig(url="http://127.0.0.1:1/v1", model="m"),
+                                workspace=WorkspaceScan(skip_dirs=("vendor",)))
+    assert built.semantic.enabled and DedupConfig.from_params(built.as_params()["dedup"]) == built
+    assert "GRPO sampling temperature" in runner.invoke(app, ["train", "rl", "--help"], terminal_width=240).output

@@ -53,7 +53,7 @@ def world(tmp_path_factory) -> dict:
 
 
 def _semantic(url: str, **kw) -> DedupConfig:
-    return DedupConfig(semantic=SemanticConfig(enabled=True, url=url, model="stub-embed", candidate_cosine=0.6,
+    return DedupConfig(semantic=SemanticConfig(url=url, model="stub-embed", candidate_cosine=0.6,
                                                flag_cosine=0.8, **kw))
 
 

@@ -2,55 +2,45 @@
 
 import dagster as dg
 
-from assets.defs.metadata import mlflow_run, png
+from assets.defs.config import run_config, to_library
+from assets.defs.metadata import mlflow_run, png, stage_context, upstream
 from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
-from envforge import stages
-from envforge.quality.params import DedupConfig, SemanticConfig
+from envforge.quality.params import DedupConfig
+from envforge.stages.decontaminate import decontaminate
 
-
-class DedupRunConfig(dg.Config):
-    """Decision rules for one run (index parameters are the index's: `envforge dedup index --rebuild`)."""
-
-    threshold: float = 0.5
-    verbatim_ngram: int = 13
-    code_run: int = 50
-    semantic_url: str = ""
-    semantic_model: str = ""
-    judge_url: str = ""
-    judge_model: str = ""
-
-    def dedup_config(self) -> DedupConfig:
-        semantic = SemanticConfig(enabled=bool(self.semantic_url), url=self.semantic_url, model=self.semantic_model,
-                                  judge_url=self.judge_url, judge_model=self.judge_model)
-        return DedupConfig(threshold=self.threshold, verbatim_ngram=self.verbatim_ngram, code_run=self.code_run,
-                           semantic=semantic)
+DedupRunConfig = run_config(DedupConfig, "DedupRunConfig", "Decontamination and dedup settings (part of the "
+                                                           "task-set version); the index parameters are the "
+                                                           "index's own (`envforge dedup index --rebuild`).")
 
 
 @dg.asset(
     group_name="quality", kinds={"python", "duckdb"}, owners=["team:envforge"], deps=["candidate_tasks"],
-    description="Current tasks (instruction, workspace files, solution, tests, verifier files) checked against the "
-                "reference corpora (built-in HumanEval, registered corpora, ENVFORGE_CORPORA) with MinHash LSH and "
-                "an exact n-gram index (words, masked prose, normalized code), confirmed exactly, optionally with "
-                "embeddings + a judge; and against each other with boilerplate removed. Contaminated tasks and "
+    description="The candidate task versions (instruction, workspace files, solution, tests, verifier files) checked "
+                "against the reference corpora (built-in HumanEval, registered corpora, ENVFORGE_CORPORA) with MinHash "
+                "LSH and an exact n-gram index (words, masked prose, normalized code), confirmed exactly, optionally "
+                "with embeddings + a judge; and against each other with boilerplate removed. Contaminated tasks and "
                 "non-representative near duplicates leave the pipeline but stay in the catalog with the evidence.",
 )
 def decontaminated_tasks(context: dg.AssetExecutionContext, config: DedupRunConfig, catalog: CatalogResource,
                          docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
     settings = settings_from(catalog, docker, mlflow)
-    tasks = catalog.catalog().load_tasks()
-    report, run_id, chart = stages.decontaminate(settings, tasks, config.dedup_config(),
-                                                 dagster_run_id=context.run.run_id)
-    statuses = [r["status"] for r in report.rows]
-    context.log.info(f"{statuses.count('clean')} clean, {statuses.count('contaminated')} contaminated, "
-                     f"{statuses.count('duplicate')} duplicates; index +{report.sync.added_docs} docs")
-    for warning in report.warnings + ([report.semantic.note()] if report.semantic.note() else []):
+    tasks = catalog.catalog().load_versions(upstream(context, "candidate_tasks")["task_versions"])
+    dedup = to_library(config, DedupConfig)
+    result = decontaminate.tracked(settings, dedup, tasks, context=stage_context(context))
+    n = result.counts()
+    context.log.info(f"{n['clean']} clean, {n['contaminated']} contaminated, {n['duplicate']} duplicates; "
+                     f"index +{result.sync.added_docs} docs")
+    for warning in result.warnings():
         context.log.warning(warning)
     return dg.MaterializeResult(metadata={
-        "tasks": len(tasks), "clean": statuses.count("clean"), "contaminated": statuses.count("contaminated"),
-        "duplicates": statuses.count("duplicate"), "duplicate_pairs": len(report.pairs),
-        "index_docs_added": report.sync.added_docs, "semantic_stage": report.semantic.status,
-        "chart": png(chart), "evidence_chart": png(report.charts["evidence"]),
-        "mlflow_run": mlflow_run(settings, run_id),
+        "tasks": len(tasks), "clean": n["clean"], "contaminated": n["contaminated"], "duplicates": n["duplicate"],
+        "duplicate_pairs": len(result.pairs), "index_docs_added": result.sync.added_docs,
+        "semantic_stage": result.semantic.status, "chart": png(result.chart),
+        "evidence_chart": png(result.evidence_chart),
+        "mlflow_run": mlflow_run(settings, result.mlflow_run_id),
+        # what the stages after this one take: the clean versions, and for the task set's lineage what left and why
+        "clean_versions": dg.MetadataValue.json(result.kept_hashes()),
+        "removed": dg.MetadataValue.json(result.removed()), "params": dg.MetadataValue.json(result.config.as_params()),
     })
 
 

@@ -10,8 +10,11 @@ Two kinds of parameters, kept apart so that changing a decision never means rebu
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
+
+from envforge.config import config_from_dict
 
 if TYPE_CHECKING:  # kept light: the CLI reads these classes' help texts at start-up
     from envforge.quality.minhash import MinHasher
@@ -100,8 +103,8 @@ class WorkspaceScan:
 class SemanticConfig:
     """The optional paraphrase stage: embedding retrieval, then optionally an LLM judge."""
 
-    enabled: bool = _help("run the semantic stage", False)
-    url: str = _help("OpenAI-compatible base URL of the embeddings server, ending in /v1", "")
+    url: str = _help("OpenAI-compatible base URL of the embeddings server, ending in /v1; setting it turns the "
+                     "semantic stage on (empty: off)", "")
     model: str = _help("embedding model name sent to the server", "")
     api_key_env: str = _help("environment variable holding the API key, if the server needs one",
                              "ENVFORGE_EMBEDDINGS_API_KEY")
@@ -120,10 +123,14 @@ class SemanticConfig:
                            False)
 
     def __post_init__(self) -> None:
-        if self.enabled and (not self.url or not self.model):
-            raise ValueError("the semantic stage needs an embeddings url and model")
+        if self.url and not self.model:
+            raise ValueError("the semantic stage needs an embedding model with its url")
         if self.judge_url and not self.judge_model:
             raise ValueError("a judge url needs a judge model")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)
 
 
 @dataclass(frozen=True)
@@ -145,7 +152,8 @@ class DedupConfig:
                                       "nowhere in the other are different tasks, whatever they share (a template "
                                       "intro both start with)", 8)
     index: IndexConfig | None = field(default=None, metadata={"help": "reference index parameters (None: those "
-                                                                      "the index on disk was built with)"})
+                                                                      "the index on disk was built with)",
+                                                              "option": False})  # `envforge dedup index` sets them
     workspace: WorkspaceScan = field(default_factory=WorkspaceScan, metadata={"help": "workspace scanning"})
     semantic: SemanticConfig = field(default_factory=SemanticConfig, metadata={"help": "semantic stage"})
 
@@ -171,7 +179,16 @@ class DedupConfig:
         return replace(self, index=index)
 
     def as_params(self) -> dict:
-        return {"dedup": asdict(self)}
+        """{"dedup": every field}, JSON-shaped (tuples as lists), so it equals itself read back from a
+        catalog or Dagster metadata; `from_params` builds the config again."""
+        return {"dedup": json.loads(json.dumps(asdict(self)))}
+
+    @classmethod
+    def from_params(cls, params: dict) -> "DedupConfig":
+        """The config `as_params()["dedup"]` recorded (nested configs and tuples back from JSON). A task set
+        recorded before the index parameters had their own object keeps its decision rules; the index
+        parameters then are the defaults."""
+        return config_from_dict(cls, params)
 
     def index_warnings(self) -> list[str]:
         """Where the decision rules ask for more than the index guarantees to propose."""
