@@ -65,6 +65,29 @@ def similarity_histogram(corpus_sims: list[float], task_sims: list[float], thres
     return _save(fig, path)
 
 
+def evidence_strength_chart(rows: list[dict], path: Path,
+                            title: str = "Strongest evidence per task field vs the reference corpora") -> Path:
+    """One dot per (task, field): its best evidence's strength (the strongest rule's value over
+    what it needs; 1 = the rule holds), flagged ones in red. rows: dicts with field, strength, flagged."""
+    fields = ["instruction", "workspace", "solution", "tests", "verifier"]
+    fields += sorted({r["field"] for r in rows} - set(fields))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for x, name in enumerate(fields):
+        mine = [r for r in rows if r["field"] == name]
+        for flagged, colour in ((False, "#457b9d"), (True, "#e76f51")):
+            ys = [min(r["strength"], 3.0) for r in mine if r["flagged"] == flagged]
+            xs = [x + ((i * 0.37) % 0.5) - 0.25 for i in range(len(ys))]
+            ax.scatter(xs, ys, s=12, color=colour, alpha=0.8,
+                       label=("flagged" if flagged else "clean") if x == 0 else None)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(range(len(fields)), fields)
+    ax.set_ylim(0, 3.1)
+    ax.set_ylabel("evidence strength (1 = rule holds, capped at 3)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def tier_histogram(rows: list[dict], path: Path, title: str = "Difficulty tiers by source") -> Path:
     """Tasks per tier, stacked by source; the method (pass@k or static) in the title.
 

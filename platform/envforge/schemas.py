@@ -124,6 +124,8 @@ class QualityRow(_Table):
     reason: str
     params_json: str
     created_at: datetime
+    field: str = pa.Field(nullable=True)  # the task field of the strongest evidence
+    evidence_json: str = pa.Field(nullable=True)  # every field's evidence, the workspace scan, the semantic stage
 
 
 
@@ -287,11 +289,24 @@ def primary_key(table: str) -> list[str]:
 
 
 def ddl(table: str) -> str:
-    """CREATE TABLE IF NOT EXISTS for a catalog table, from its pandera model."""
+    """CREATE TABLE IF NOT EXISTS for a catalog table, from its pandera model (and ADD COLUMN for the
+    columns it gained since, `added_columns`)."""
     schema = TABLE_SCHEMAS[table].to_schema()
     columns = [f"{name} {duckdb_type(col.dtype.type)}{'' if col.nullable else ' NOT NULL'}"
                for name, col in schema.columns.items()]
     key = primary_key(table)
     if key:
         columns.append(f"PRIMARY KEY ({', '.join(key)})")
-    return f"CREATE TABLE IF NOT EXISTS {table} (\n    " + ",\n    ".join(columns) + ");"
+    return f"CREATE TABLE IF NOT EXISTS {table} (\n    " + ",\n    ".join(columns) + ");" + "".join(
+        f"\nALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {duckdb_type(col.dtype.type)};"
+        for name, col in added_columns(table))
+
+
+def added_columns(table: str) -> list[tuple[str, pa.Column]]:
+    """The nullable columns at the end of a model: how a table gains columns. A catalog made before
+    them gets them appended (inserts are positional, so new columns only ever go at the end)."""
+    columns = list(TABLE_SCHEMAS[table].to_schema().columns.items())
+    n = len(columns)
+    while n and columns[n - 1][1].nullable:
+        n -= 1
+    return columns[n:]
