@@ -356,7 +356,7 @@ def rollout_export(batch_id: str = typer.Argument(...), path: Path = typer.Argum
     from envforge.rollout.store import TrajectoryStore
 
     settings = _settings(data_dir)
-    store = TrajectoryStore(root or str(settings.data_dir / "rollouts"), batch_id)
+    store = TrajectoryStore(root or settings.artifact_root("rollouts"), batch_id)
     if store.manifest() is None:
         _fail(EnvforgeError(f"no rollout batch {batch_id!r} under {store.root}"))
     n = store.export_verl(path) if fmt == "verl" else store.export_jsonl(path)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from envforge import pipeline, track
+from envforge import objectstore, pipeline, track
 from envforge.catalog import Catalog, IngestSummary
 from envforge.charts import flake_chart, similarity_histogram
 from envforge.config import Settings
@@ -111,8 +111,10 @@ def create_task_set(settings: Settings, name: str, tasks: Sequence[Task], params
     catalog = Catalog(settings.catalog_path)
     version = catalog.create_task_set(name, tasks, params, sources=sources, removed=removed)
     path = catalog.export_task_set(version, settings.data_dir / "task_sets" / f"{name}-{version[:12]}.parquet")
+    published = objectstore.publish(settings.store_url, "task_sets", path)
     track.log_metrics({"task_set_size": len(tasks)})
-    track.log_json({"name": name, "version": version, "parquet": str(path)}, "task_set.json")
+    track.log_json({"name": name, "version": version, "parquet": str(path), "published": published},
+                   "task_set.json")
     return version, path
 
 
