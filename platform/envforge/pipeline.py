@@ -7,6 +7,7 @@ returns a small report; MLflow logging and progress display are the callers' bus
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -158,9 +159,15 @@ def build_images(settings: Settings, tasks: Sequence[Task], client: docker.Docke
 
 def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], config: GateConfig = GateConfig(),
              concurrency: int = 2, client: docker.DockerClient | None = None, progress: Progress = _no_progress,
-             mlflow_run_id: str | None = None, dagster_run_id: str | None = None) -> ValidationReport:
-    """Run the flakiness gate on every task (tasks in parallel, one warm pool) and record the verdicts."""
-    client = client or docker_client(settings)
+             mlflow_run_id: str | None = None, dagster_run_id: str | None = None,
+             pool: SandboxPool | None = None) -> ValidationReport:
+    """Run the flakiness gate on every task (tasks in parallel, one warm pool) and record the verdicts.
+
+    A given `pool` (a fleet's) is used as it is; otherwise one on the local engine is made. A task
+    whose gate run hits an infrastructure fault (a node lost mid-run) is gated again from the start.
+    """
+    if pool is None:
+        client = client or docker_client(settings)
     report = ValidationReport()
     todo = []
     for t in tasks:
@@ -169,10 +176,11 @@ def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], 
         else:
             report.infra_failures.append(Problem(t.origin, "environment", "no image built for this task version"))
     progress("validate", "starting sandboxes", 0, len(todo))
-    with SandboxPool(client, max_idle_per_key=2, max_starting=concurrency) as pool:
+    own = pool is None
+    with (SandboxPool(client, max_idle_per_key=2, max_starting=concurrency) if own else nullcontext(pool)) as pool:
         grader = Grader(client, pool)
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as ex:
-            futures = {ex.submit(validate_task, grader, t, images[t.content_hash], config): t for t in todo}
+            futures = {ex.submit(_gate_with_retries, grader, t, images[t.content_hash], config): t for t in todo}
             for done, fut in enumerate(as_completed(futures), start=1):
                 task = futures[fut]
                 try:
@@ -185,6 +193,16 @@ def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], 
         Catalog(settings.catalog_path).record_validations(report.reports, config.as_params(), mlflow_run_id,
                                                           dagster_run_id)
     return report
+
+
+def _gate_with_retries(grader: Grader, task: Task, image: str, config: GateConfig, attempts: int = 3) -> GateReport:
+    for attempt in range(attempts):
+        try:
+            return validate_task(grader, task, image, config)
+        except InfraError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 @dataclass

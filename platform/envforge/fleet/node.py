@@ -280,6 +280,7 @@ class NodeAgent:
             if need > 0 and image_exists(self.client, image):
                 self.stats.preheated += self.pool.preheat(image, options, idle.get(image, 0) + need)
                 budget -= need
+                self._touch(image, options)  # fresh sandboxes get the whole delay before they may go cold
         for image in idle:
             if image not in demand:  # warm from an earlier batch, never announced: cold after the same delay
                 self._touch(image, None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from envforge import pipeline
 from envforge.config import Settings
 from envforge.fleet.dispatcher import FleetDispatcher
 from envforge.fleet.pool import FleetSandboxPool
@@ -36,3 +37,13 @@ def run_batch_on_fleet(settings: Settings, dispatcher: FleetDispatcher, items: S
     pool = fleet_pool(dispatcher, items, config.n_samples * 2, local_client)  # an episode + its grade
     return run_batch(settings, items, policy, config, task_set_version, batch_id, root, progress=progress,
                      pool=pool)
+
+
+def validate_on_fleet(settings: Settings, dispatcher: FleetDispatcher, tasks: Sequence[Task], images: dict[str, str],
+                      config: pipeline.GateConfig, concurrency: int, local_client: Any = None,
+                      progress: pipeline.Progress = pipeline._no_progress) -> pipeline.ValidationReport:
+    """The flakiness gate with its sandboxes on the fleet (tasks placed by image locality)."""
+    items = [(t, images[t.content_hash]) for t in tasks if t.content_hash in images]
+    runs = 2 * config.runs + 2 + (13 if config.probes else 0)  # grades and probe sandboxes per task
+    pool = fleet_pool(dispatcher, items, runs, local_client)
+    return pipeline.validate(settings, tasks, images, config, concurrency=concurrency, progress=progress, pool=pool)
