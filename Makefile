@@ -8,7 +8,7 @@ export ENVFORGE_DATA_DIR ?= $(CURDIR)/.envforge
 export DAGSTER_HOME ?= $(ENVFORGE_DATA_DIR)/dagster
 PYTEST_ARGS ?=
 
-.PHONY: setup venv engine base-image demo test bench-sandbox bench-dedup bench-rollout ui mlflow-ui lock clean
+.PHONY: setup venv engine base-image demo fleet-demo test bench-sandbox bench-dedup bench-rollout bench-fleet ui mlflow-ui lock clean
 
 ## setup: venv + package, host packages, Docker engine, sandbox base image (idempotent)
 setup: venv engine base-image
@@ -30,6 +30,11 @@ base-image: venv engine
 demo: setup
 	$(BIN)/envforge demo
 
+## fleet-demo: a Ray head + 2 worker nodes on this machine, each with its own dockerd; a rollout batch and a
+## gate across them, one worker killed mid-batch (docs/fleet.md)
+fleet-demo: setup
+	$(BIN)/envforge fleet demo
+
 ## test: the whole test suite (Docker tests are real and run here)
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -45,6 +50,11 @@ bench-rollout: setup
 ## bench-dedup: MinHash/LSH benchmark vs datasketch, and 100k x 1M decontamination (JSON on stdout)
 bench-dedup: venv
 	$(BIN)/python bench/dedup.py
+
+## bench-fleet: fleet dispatch overhead, 1 vs 2 nodes, recovery after a node kill, image transfer vs build,
+## per-sandbox footprint and the capacity model (JSON)
+bench-fleet: setup
+	$(BIN)/python bench/fleet.py
 
 ## ui: the Dagster UI on http://127.0.0.1:3000
 ui: venv

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from envforge.config import Settings
 from envforge.errors import BatchRejectedError, EnvforgeError, InfraError
+from envforge.fleet.cli import fleet_app
 
 app = typer.Typer(help="Turn workflows into verifiable RL environments.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -30,6 +31,7 @@ train_app = typer.Typer(help="Training: SFT and GRPO, and the CPU learning demo.
 app.add_typer(train_app, name="train")
 sources_app = typer.Typer(help="Task sources on disk: what is found, and bundled repositories.", no_args_is_help=True)
 app.add_typer(sources_app, name="sources")
+app.add_typer(fleet_app, name="fleet")
 
 console = Console(stderr=True)
 out = Console()

@@ -15,6 +15,7 @@ from envforge import objectstore, pipeline, track
 from envforge.catalog import Catalog, IngestSummary
 from envforge.charts import flake_chart, similarity_histogram
 from envforge.config import Settings
+from envforge.fleet.backend import dispatcher_from_env
 from envforge.pipeline import ImagesReport, Progress, QualityReport, ValidationReport, _no_progress
 from envforge.quality.params import DedupConfig
 from envforge.sources import LoadResult
@@ -88,8 +89,15 @@ def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], 
     """The flakiness gate, logged: verdicts, the flake report table and its chart."""
     with track.mlflow_run(settings, "validate", "validate", {"n_tasks": len(tasks), **config.as_params()},
                           dagster_run_id, nested) as run:
+        fleet = dispatcher_from_env()
+        pool = None
+        if fleet is not None:
+            from envforge.fleet.run import fleet_gate_pool
+            from envforge.sandbox.engine import docker_client
+
+            pool = fleet_gate_pool(fleet, tasks, images, config, docker_client(settings))
         report = pipeline.validate(settings, tasks, images, config, concurrency=concurrency, progress=progress,
-                                   mlflow_run_id=run.info.run_id, dagster_run_id=dagster_run_id)
+                                   mlflow_run_id=run.info.run_id, dagster_run_id=dagster_run_id, pool=pool)
         rows = report.rows()
         accepted = sum(r.accepted for r in report.reports)
         track.log_metrics({
@@ -132,8 +140,16 @@ def rollout(settings: Settings, tasks: Sequence[Task], policy_spec: str, config,
         image_for = images.image_for()
         items = [(t, image_for[t.content_hash]) for t in tasks if t.content_hash in image_for]
         policy = make_policy(policy_spec)
-        result = run_batch(settings, items, policy, config, task_set_version=task_set_version, batch_id=batch_id,
-                           root=root, progress=progress)
+        fleet = dispatcher_from_env()  # ENVFORGE_RAY_ADDRESS: sandboxes on the Ray fleet (docs/fleet.md)
+        if fleet is not None:
+            from envforge.fleet.run import run_batch_on_fleet
+            from envforge.sandbox.engine import docker_client
+
+            result = run_batch_on_fleet(settings, fleet, items, policy, config, task_set_version, batch_id, root,
+                                        progress, local_client=docker_client(settings))
+        else:
+            result = run_batch(settings, items, policy, config, task_set_version=task_set_version,
+                               batch_id=batch_id, root=root, progress=progress)
         track.log_metrics(result.metrics)
         track.log_json({"batch_id": result.store.batch_id, "location": f"{result.store.root}/{result.store.batch_id}",
                         "dropped_groups": [g.to_json() for g in result.report.dropped_groups]}, "rollout_batch.json")

@@ -121,6 +121,7 @@ class FleetDispatcher:
         self._image_locks: dict[tuple[str, str], threading.Lock] = {}
         self._last_discovery = 0.0
         self._remote_agent = None
+        self.origin = None  # the driver's own engine (a docker client), when it has one: images start there
 
     # -- membership ------------------------------------------------------------------------
 
@@ -337,6 +338,15 @@ class FleetDispatcher:
                     sources.append(n)
                     break
         if not sources:
+            if self.origin is not None:
+                from envforge.fleet.images import export_image
+                from envforge.sandbox.images import image_exists
+
+                if image_exists(self.origin, tag):
+                    self.push_image(tag, export_image(self.origin, tag), [node])
+                    self.stats.transfers += 1
+                    self.on_event(f"node {node.name}: received {tag} from the driver's engine")
+                    return
             raise InfraError("image_missing", f"image {tag} is on no node and has no recipe to build it from")
         source = sources[0]
         try:

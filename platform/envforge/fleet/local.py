@@ -95,3 +95,8 @@ def engine_names(n: int) -> list[str]:
 
 def script_path() -> Path:
     return checkout_root() / ENGINE_SCRIPT
+
+
+def own_engines(names: list[str]) -> dict[str, str]:
+    """Start one extra engine per simulated node; {node name: its DOCKER_HOST}."""
+    return {name: start_engine(name) for name in names}

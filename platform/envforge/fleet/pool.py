@@ -142,6 +142,8 @@ class FleetSandboxPool:
         it has one, supplies the parent tag of each image."""
         from envforge.verify.grader import options_for
 
+        if local_client is not None and self.dispatcher.origin is None:
+            self.dispatcher.origin = local_client
         for task, image in items:
             parent = parent_of(local_client, image) if local_client is not None else None
             if parent and image not in self.dispatcher.recipes:

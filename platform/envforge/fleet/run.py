@@ -43,7 +43,12 @@ def validate_on_fleet(settings: Settings, dispatcher: FleetDispatcher, tasks: Se
                       config: pipeline.GateConfig, concurrency: int, local_client: Any = None,
                       progress: pipeline.Progress = pipeline._no_progress) -> pipeline.ValidationReport:
     """The flakiness gate with its sandboxes on the fleet (tasks placed by image locality)."""
-    items = [(t, images[t.content_hash]) for t in tasks if t.content_hash in images]
-    runs = 2 * config.runs + 2 + (13 if config.probes else 0)  # grades and probe sandboxes per task
-    pool = fleet_pool(dispatcher, items, runs, local_client)
+    pool = fleet_gate_pool(dispatcher, tasks, images, config, local_client)
     return pipeline.validate(settings, tasks, images, config, concurrency=concurrency, progress=progress, pool=pool)
+
+
+def fleet_gate_pool(dispatcher: FleetDispatcher, tasks: Sequence[Task], images: dict[str, str],
+                    config: pipeline.GateConfig, local_client: Any = None) -> FleetSandboxPool:
+    items = [(t, images[t.content_hash]) for t in tasks if t.content_hash in images]
+    runs = 2 * config.runs + 2 + (26 if config.probes else 0)  # sandboxes per task: grades, probes and their grades
+    return fleet_pool(dispatcher, items, runs, local_client)
