@@ -207,32 +207,32 @@ class FleetDispatcher:
 
     def call(self, node: NodeState, method: str, *args, timeout_s: float | None = None) -> Any:
         """Call the node's agent; a dead node or agent is InfraError('node_lost'), a Fault is re-raised."""
-        if not node.alive:
-            raise InfraError("node_lost", f"node {node.name} is gone")
-        ray = _ray()
+        ray = self._alive_or_raise(node)
         try:
             result = ray.get(getattr(node.handle, method).remote(*args), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise InfraError("node_timeout", f"node {node.name}: {method} did not answer in {timeout_s}s") from None
-        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError) as exc:
-            self._lost(node, type(exc).__name__)
-            raise InfraError("node_lost", f"node {node.name}: {type(exc).__name__}") from None
-        if isinstance(result, Fault):
-            raise result.rebuild()
-        return result
+        except _lost_errors() as exc:
+            raise self._node_lost(node, exc) from None
+        return _unwrap(result)
 
     async def acall(self, node: NodeState, method: str, *args) -> Any:
-        if not node.alive:
-            raise InfraError("node_lost", f"node {node.name} is gone")
-        ray = _ray()
+        """`call` for asyncio: the actor call's reference is awaited, no thread is held."""
+        self._alive_or_raise(node)
         try:
             result = await getattr(node.handle, method).remote(*args)
-        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError) as exc:
-            self._lost(node, type(exc).__name__)
-            raise InfraError("node_lost", f"node {node.name}: {type(exc).__name__}") from None
-        if isinstance(result, Fault):
-            raise result.rebuild()
-        return result
+        except _lost_errors() as exc:
+            raise self._node_lost(node, exc) from None
+        return _unwrap(result)
+
+    def _alive_or_raise(self, node: NodeState):
+        if not node.alive:
+            raise InfraError("node_lost", f"node {node.name} is gone")
+        return _ray()
+
+    def _node_lost(self, node: NodeState, exc: BaseException) -> InfraError:
+        self._lost(node, type(exc).__name__)
+        return InfraError("node_lost", f"node {node.name}: {type(exc).__name__}")
 
     # -- placement -------------------------------------------------------------------------
 
@@ -352,7 +352,7 @@ class FleetDispatcher:
         try:
             data_ref = source.handle.export_image.remote(tag)  # stays in the object store, node to node
             result = ray.get(node.handle.import_image.remote(data_ref, tag), timeout=1800)
-        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.RayTaskError) as exc:
+        except (*_lost_errors(), ray.exceptions.RayTaskError) as exc:
             raise InfraError("image_transfer_failed", f"{tag} from {source.name} to {node.name}: "
                                                       f"{_root_message(exc)}") from None
         if isinstance(result, Fault):
@@ -408,6 +408,18 @@ class FleetDispatcher:
 
     def close(self) -> None:
         """Nothing to tear down: agents are shared and keep their warm pools; leases go back on release."""
+
+
+def _unwrap(result: Any) -> Any:
+    if isinstance(result, Fault):
+        raise result.rebuild()
+    return result
+
+
+def _lost_errors() -> tuple[type[BaseException], ...]:
+    """Ray's "that node or actor is gone" exceptions (looked up late: Ray is an optional extra)."""
+    ray = _ray()
+    return (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError)
 
 
 def _root_message(exc: BaseException) -> str:
