@@ -26,7 +26,8 @@ def demo(json_out: Optional[Path] = typer.Option(None, "--json", help="also writ
 
     settings = Settings.from_env().with_data_dir(data_dir) if data_dir else Settings.from_env()
     settings.ensure_dirs()
-    summary = run_fleet_demo(settings, DemoOptions(samples=samples), say=lambda m: console.print(m, markup=False))
+    summary = run_fleet_demo(settings, DemoOptions(samples=samples),
+                             say=lambda m: console.print(m, markup=False, soft_wrap=True))
     table = Table(title="fleet demo")
     for col in ("what", "figure"):
         table.add_column(col)

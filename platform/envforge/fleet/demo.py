@@ -36,7 +36,7 @@ class DemoOptions:
     samples: int = 4
     concurrency: int = 8
     capacity: int = 4
-    kill_after_placements: int = 6  # node-b dies once it has served this many sandboxes
+    kill_after_placements: int = 20  # node-b dies once the fleet has placed this many sandboxes (of ~2 per trajectory)
     gate_runs: int = 2
     source_kinds: tuple[str, ...] = ("specs", "runbooks")
     extras: dict[str, Any] = field(default_factory=dict)
@@ -77,7 +77,8 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
         def killer() -> None:
             deadline = time.monotonic() + 900
             while time.monotonic() < deadline:
-                if dispatcher.stats.placements.get(node_b.name, 0) >= options.kill_after_placements and node_b.leased:
+                placed = sum(dispatcher.stats.placements.values())
+                if placed >= options.kill_after_placements and node_b.leased:
                     kill["in_flight_on_node_b"] = node_b.leased
                     kill["at"] = time.perf_counter()
                     say(f"killing node-b (SIGKILL of its raylet and workers) with {node_b.leased} sandbox(es) "
