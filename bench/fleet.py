@@ -147,6 +147,7 @@ def bench_images(client, settings, base: str, task_image: str, task, with_base_b
             out["base_build_s_note"] = "not measured in this run (--with-base-build); docs/architecture.md: 78 s"
     finally:
         stop_engine(name)
+        subprocess.run(["umount", "-l", f"/var/lib/envforge-fleet/{name}"], capture_output=True, check=False)
         subprocess.run(["rm", "-rf", f"/var/lib/envforge-fleet/{name}"], check=False)
     return out
 

@@ -185,3 +185,33 @@ def test_a_node_without_an_engine_or_with_an_old_one_fails_at_start_naming_node_
     finally:
         cluster.kill_node("node-x")
     assert json.dumps(dispatcher.stats.placements)  # the shared dispatcher is untouched
+
+
+def test_a_node_whose_engine_dies_mid_batch_cools_down_and_its_trajectories_run_elsewhere(fleet, settings):
+    """Last: it stops node-b's engine, which node-c (node-b's host, rejoined) runs on."""
+    cluster, dispatcher, items, _ = fleet
+    node_c = next(n for n in dispatcher.alive_nodes() if n.name.startswith("node-c"))
+    node_a = next(n for n in dispatcher.alive_nodes() if n.name.startswith("node-a"))
+    node_a.full_until = time.monotonic() + 8  # the batch starts on node-c
+    stopped = threading.Event()
+
+    def stop_engine_under_node_c() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if node_c.leased > 0:
+                stop_engine("node-b")
+                stopped.set()
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=stop_engine_under_node_c, daemon=True)
+    thread.start()
+    result = run_batch_on_fleet(settings, dispatcher, items, ReplayPolicy(),
+                                RolloutConfig(n_samples=2, concurrency=4, max_infra_retries=5, backoff_s=0.2),
+                                "v-fleet", "fleet-engine-dies")
+    thread.join()
+    assert stopped.is_set()
+    frame = result.store.frame()
+    assert frame.height == len(items) * 2 and frame["trajectory_id"].n_unique() == frame.height
+    assert result.store.dropped() == [] and frame["resolved"].all()
+    assert result.report.infra_retries >= 1

@@ -33,6 +33,10 @@ from envforge.sandbox.container import SandboxOptions
 
 log = logging.getLogger(__name__)
 AGENT_PREFIX = "envforge-node-"
+# Faults that say the node's engine, not the sandbox, is broken; such a node cools down before reuse.
+ENGINE_CAUSES = frozenset({"engine_unavailable", "engine_error", "container_create_failed", "image_build_failed",
+                           "image_transfer_failed", "node_timeout", "node_error"})
+ENGINE_COOLDOWN_S = 15.0
 
 
 def _ray():
@@ -214,15 +218,19 @@ class FleetDispatcher:
             raise InfraError("node_timeout", f"node {node.name}: {method} did not answer in {timeout_s}s") from None
         except _lost_errors() as exc:
             raise self._node_lost(node, exc) from None
+        except ray.exceptions.RayTaskError as exc:
+            raise InfraError("node_error", f"node {node.name}: {method}: {_root_message(exc)}") from None
         return _unwrap(result)
 
     async def acall(self, node: NodeState, method: str, *args) -> Any:
         """`call` for asyncio: the actor call's reference is awaited, no thread is held."""
-        self._alive_or_raise(node)
+        ray = self._alive_or_raise(node)
         try:
             result = await getattr(node.handle, method).remote(*args)
         except _lost_errors() as exc:
             raise self._node_lost(node, exc) from None
+        except ray.exceptions.RayTaskError as exc:
+            raise InfraError("node_error", f"node {node.name}: {method}: {_root_message(exc)}") from None
         return _unwrap(result)
 
     def _alive_or_raise(self, node: NodeState):
@@ -260,6 +268,15 @@ class FleetDispatcher:
             try:
                 self.ensure_image(node, image)
                 got = self.call(node, "acquire", self.client_id, image, options)
+            except InfraError as exc:
+                # A node whose engine fails (dockerd died or hangs) gets no placements for a while, so
+                # the retry of this trajectory lands elsewhere instead of failing there again.
+                engine_fault = exc.cause in ENGINE_CAUSES
+                self._unreserve(node, full_for_s=ENGINE_COOLDOWN_S if engine_fault else 0.0)
+                if engine_fault:
+                    self.on_event(f"node {node.name}: engine fault ({exc.cause}); no placements for "
+                                  f"{ENGINE_COOLDOWN_S:.0f} s")
+                raise
             except BaseException:
                 self._unreserve(node)
                 raise

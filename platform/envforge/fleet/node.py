@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from docker.errors import DockerException
+from requests.exceptions import RequestException
 
 from envforge.config import Settings
 from envforge.errors import InfraError
@@ -64,6 +65,9 @@ class Fault:
 def _fault(exc: BaseException) -> Fault:
     if isinstance(exc, InfraError):
         return Fault("infra", exc.cause, exc.detail)
+    if isinstance(exc, (DockerException, RequestException)):
+        # The engine went away or broke mid-call (the SDK lets connection errors through unwrapped).
+        return Fault("infra", "engine_error", f"{type(exc).__name__}: {str(exc)[:300]}")
     return Fault(type(exc).__name__, type(exc).__name__, str(exc))
 
 
@@ -178,9 +182,7 @@ class NodeAgent:
             held.last_used = time.monotonic()
         try:
             return getattr(held.sandbox, method)(*args, **(kwargs or {}))
-        except InfraError as exc:
-            return _fault(exc)
-        except _PASSED_THROUGH as exc:
+        except (InfraError, DockerException, RequestException, *_PASSED_THROUGH) as exc:
             return _fault(exc)
         finally:
             with self._lock:
@@ -196,8 +198,11 @@ class NodeAgent:
 
     # -- images ----------------------------------------------------------------------------
 
-    def has_image(self, tag: str) -> bool:
-        return image_exists(self.client, tag)
+    def has_image(self, tag: str) -> bool | Fault:
+        try:
+            return image_exists(self.client, tag)
+        except (DockerException, RequestException) as exc:
+            return _fault(exc)
 
     def export_image(self, tag: str) -> bytes | Fault:
         try:
@@ -221,7 +226,7 @@ class NodeAgent:
             started = time.perf_counter()
             try:
                 op()
-            except InfraError as exc:
+            except (InfraError, DockerException, RequestException) as exc:
                 return _fault(exc)
             took = time.perf_counter() - started
             setattr(self.stats, counter, getattr(self.stats, counter) + 1)
@@ -249,7 +254,7 @@ class NodeAgent:
             try:
                 self._reclaim_stale_leases()
                 self._follow_demand()
-            except (InfraError, DockerException, RuntimeError):
+            except (InfraError, DockerException, RequestException, RuntimeError):
                 continue  # an engine hiccup: try again on the next tick
 
     def _reclaim_stale_leases(self) -> None:
