@@ -75,17 +75,22 @@ async def _timed_async(fn, n: int) -> list[float]:
 
 
 def bench_dispatch(client, dispatcher: FleetDispatcher, image: str, steps: int) -> dict:
+    """`client` is the engine of the node the fleet sandbox lands on: both paths drive the same engine."""
     local = Sandbox.start(client, image, SandboxOptions())
     pool = FleetSandboxPool(dispatcher)
     remote = pool.acquire(image, SandboxOptions())
     try:
         for sb in (local, remote):  # warm both paths
             asyncio.run(_timed_async(lambda sb=sb: sb.aexec("true"), 10))
-        inproc = asyncio.run(_timed_async(lambda: local.aexec("true"), steps))
-        fleet = asyncio.run(_timed_async(lambda: remote.aexec("true"), steps))
+        # Interleaved (one local step, one fleet step, ...), so load from elsewhere hits both alike.
+        inproc, fleet = [], []
+        for _ in range(steps):
+            inproc += asyncio.run(_timed_async(lambda: local.aexec("true"), 1))
+            fleet += asyncio.run(_timed_async(lambda: remote.aexec("true"), 1))
     finally:
         local.close()
         pool.release(remote)
+    assert local.stats.fallback_execs == 0, "the in-process sandbox lost its agent: the comparison would be unfair"
     return {"steps": steps, "in_process_p50_ms": ms(statistics.median(inproc)), "in_process_p90_ms": ms(pct(inproc, .9)),
             "fleet_p50_ms": ms(statistics.median(fleet)), "fleet_p90_ms": ms(pct(fleet, .9)),
             "added_p50_ms": ms(statistics.median(fleet) - statistics.median(inproc)), "target_added_p50_ms": 5.0}
@@ -125,10 +130,10 @@ def bench_images(client, settings, base: str, task_image: str, task, with_base_b
         build_image(target, recipe)
         out["task_build_s"] = round(time.perf_counter() - t0, 2)
         target.images.remove(task_image, force=True)
-        tdata = export_image(client, task_image)
         t0 = time.perf_counter()
+        tdata = export_image(client, task_image)
         target.images.load(tdata)
-        out["task_transfer_s"] = round(time.perf_counter() - t0, 2)
+        out["task_transfer_s"] = round(time.perf_counter() - t0, 2)  # save + load, as for the base
         out["task_image_save_mb"] = round(len(tdata) / 2**20, 1)
         if with_base_build:
             target.images.remove(task_image, force=True)
@@ -164,9 +169,19 @@ def _rss_kb(pids: list[int]) -> int:
     return total
 
 
-def _shim_pids() -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "containerd-shim"], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in out]
+def _shim_pids(container_ids: list[str]) -> list[int]:
+    """The containerd shims serving these containers (the engine's per-container processes)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "containerd-shim" in cmd and any(cid in cmd for cid in container_ids):
+            pids.append(int(proc.name))
+    return pids
 
 
 def _container_mem_mb(client, container_id: str) -> float:
@@ -178,12 +193,12 @@ def _container_mem_mb(client, container_id: str) -> float:
 
 def bench_footprint(client, task, image: str, n: int = 6) -> dict:
     """Memory and CPU of sandboxes: idle (agent + waiting shells), and while grading runs pytest."""
-    shims_before = _rss_kb(_shim_pids())
     boxes = [Sandbox.start(client, image, SandboxOptions(limits=task.spec.environment.limits)) for _ in range(n)]
     try:
         time.sleep(1.0)
         idle = [_container_mem_mb(client, sb.id) for sb in boxes]
-        engine_kb = (_rss_kb(_shim_pids()) - shims_before) / n
+        shims = _shim_pids([sb.id for sb in boxes])
+        engine_kb = _rss_kb(shims) / max(1, len(shims))
         peaks, cpu_s = [], []
         grader = Grader(client)
         for sb in boxes[:3]:
@@ -218,23 +233,27 @@ def bench_footprint(client, task, image: str, n: int = 6) -> dict:
             "limits": {"memory_mb": task.spec.environment.limits.memory_mb, "cpus": task.spec.environment.limits.cpus}}
 
 
-def capacity_model(fp: dict, steps_cpu_share: float = 0.25) -> dict:
+def capacity_model(fp: dict, core_s_per_trajectory: float, trajectory_wall_s: float = 120.0) -> dict:
     """Sandboxes per 32-core / 128 GiB node, from measured footprints.
 
-    Memory: each sandbox holds its working set plus the engine's per-container overhead; 10% of
-    the node stays for the OS, dockerd and the node agent. CPU: a sandbox is busy only while a
-    command runs (the policy thinks the rest of the time); `steps_cpu_share` is the fraction of a
-    core an agentic trajectory keeps busy on average (a test run per few turns), an assumption
-    stated here, not measured on a GPU-served policy.
+    Memory, two ways: by the measured peak working set of a grading run (what this workload used)
+    and by the task's configured memory limit (what Docker lets one sandbox take: the safe plan),
+    each plus the engine's per-container processes; 10% of the node stays for the OS, dockerd
+    and the node agent. CPU: the core-seconds a trajectory cost here (replay policy: commands and
+    grading, measured over a whole batch, so an upper bound) spread over a trajectory's wall time
+    with a served policy thinking between turns (`trajectory_wall_s`, an assumption).
     """
-    mem_per = fp["working_mem_mb_peak_p50"] + fp["engine_overhead_mb_per_container"]
-    by_mem = math.floor(0.9 * 128 * 1024 / mem_per)
-    by_cpu = math.floor(0.9 * 32 / steps_cpu_share)
-    per_node = min(by_mem, by_cpu)
-    return {"mem_per_sandbox_mb": round(mem_per, 1), "sandboxes_per_node_by_memory": by_mem,
-            "sandboxes_per_node_by_cpu": by_cpu, "cpu_share_per_sandbox_assumed": steps_cpu_share,
-            "sandboxes_per_node": per_node, "nodes_for_1000": math.ceil(1000 / per_node),
-            "nodes_for_10000": math.ceil(10000 / per_node)}
+    engine = max(0.0, fp["engine_overhead_mb_per_container"])
+    by_peak = math.floor(0.9 * 128 * 1024 / (fp["working_mem_mb_peak_p50"] + engine))
+    by_limit = math.floor(0.9 * 128 * 1024 / (fp["limits"]["memory_mb"] + engine))
+    cores_per_sandbox = core_s_per_trajectory / trajectory_wall_s
+    by_cpu = math.floor(0.9 * 32 / cores_per_sandbox)
+    per_node = min(by_limit, by_cpu)
+    return {"sandboxes_per_node_by_measured_memory": by_peak, "sandboxes_per_node_by_memory_limit": by_limit,
+            "core_s_per_trajectory_measured": round(core_s_per_trajectory, 2),
+            "trajectory_wall_s_assumed": trajectory_wall_s, "cores_per_sandbox": round(cores_per_sandbox, 4),
+            "sandboxes_per_node_by_cpu": by_cpu, "sandboxes_per_node": per_node,
+            "nodes_for_1000": math.ceil(1000 / per_node), "nodes_for_10000": math.ceil(10000 / per_node)}
 
 
 def main() -> None:
@@ -243,6 +262,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--with-base-build", action="store_true")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--only-dispatch", action="store_true", help="measure only the dispatch overhead")
     args = ap.parse_args()
     settings = Settings.from_env().with_data_dir(Path(tempfile.mkdtemp(prefix="bench-fleet-data-")))
     settings.ensure_dirs()
@@ -253,12 +273,12 @@ def main() -> None:
     items = [(t, build_task_image(client, t, base, settings).tag) for t in tasks]
     inventory = next((t, img) for t, img in items if t.id == "inventory-median-even")
     doc: dict = {"machine": "2 cores, shared; all nodes on this one machine", "tasks": len(items)}
-    log("images: transfer vs build on an empty engine")
-    doc["images"] = bench_images(client, settings, base, inventory[1], inventory[0], args.with_base_build)
-    log("footprint per sandbox")
-    doc["footprint"] = bench_footprint(client, inventory[0], inventory[1])
-    doc["capacity_model"] = capacity_model(doc["footprint"])
-    engines = own_engines(["node-a", "node-b"])
+    if not args.only_dispatch:
+        log("images: transfer vs build on an empty engine")
+        doc["images"] = bench_images(client, settings, base, inventory[1], inventory[0], args.with_base_build)
+        log("footprint per sandbox")
+        doc["footprint"] = bench_footprint(client, inventory[0], inventory[1])
+    engines = own_engines(["node-a"] if args.only_dispatch else ["node-a", "node-b"])
     config = FleetConfig(idle_shrink_after_s=60, discovery_interval_s=1.0)
     cluster = LocalCluster(config)
     try:
@@ -271,7 +291,12 @@ def main() -> None:
         dispatcher.ensure_image(node_a, inventory[1]) if inventory[1] in dispatcher.recipes else None
         FleetSandboxPool(dispatcher).register([inventory], 1, local_client=client)
         dispatcher.ensure_image(node_a, inventory[1])
-        doc["dispatch"] = bench_dispatch(client, dispatcher, inventory[1], args.steps)
+        import docker
+
+        doc["dispatch"] = bench_dispatch(docker.DockerClient(base_url=engines["node-a"], timeout=300), dispatcher,
+                                         inventory[1], args.steps)
+        if args.only_dispatch:
+            return _emit(doc, args.out)
         log("throughput, 1 node")
         batch(settings, dispatcher, items, 1, 8, client, "warm1")  # builds the task images on node-a once
         one_wall, one = batch(settings, dispatcher, items, args.samples, 8, client, "one")
@@ -281,6 +306,9 @@ def main() -> None:
         log("throughput, 2 nodes")
         batch(settings, dispatcher, items, 1, 8, client, "warm2")
         two_wall, two = batch(settings, dispatcher, items, args.samples, 8, client, "two")
+        # Core-seconds per trajectory: this machine's 2 cores over the 1-node batch (everything
+        # included: sandboxes, grading, Ray, the driver): an upper bound.
+        doc["capacity_model"] = capacity_model(doc["footprint"], 2 * one_wall / one["trajectories"])
         doc["throughput"] = {"one_node": one, "two_nodes": two,
                              "ratio_two_vs_one": round(one_wall / two_wall, 2),
                              "note": "both nodes share this machine's 2 cores: a mechanics check"}
@@ -307,10 +335,14 @@ def main() -> None:
         cluster.shutdown()
         for name in engines:
             stop_engine(name)
+    _emit(doc, args.out)
+
+
+def _emit(doc: dict, out: Path | None) -> None:
     text = json.dumps(doc, indent=2)
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    if out:
+        out.write_text(text + "\n")
 
 
 if __name__ == "__main__":
