@@ -64,6 +64,7 @@ def _check_address(address: str, timeout_s: float) -> None:
 
 def connect(config: FleetConfig) -> None:
     """Join the Ray cluster as a driver (once per process)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray = _ray()
     if ray.is_initialized():
         return

@@ -43,6 +43,9 @@ class LocalCluster:
     _cluster: Any = None
 
     def start(self) -> str:
+        import os
+
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # no usage report leaves this machine
         from ray.cluster_utils import Cluster
 
         self._cluster = Cluster(initialize_head=True, head_node_args={
