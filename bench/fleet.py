@@ -42,8 +42,8 @@ from envforge.fleet.images import ImageRecipe, export_image, parent_of  # noqa: 
 from envforge.fleet.local import LocalCluster, own_engines, stop_engine  # noqa: E402
 from envforge.fleet.pool import FleetSandboxPool, seed_images  # noqa: E402
 from envforge.fleet.run import run_batch_on_fleet  # noqa: E402
+from envforge.rollout.config import RolloutConfig  # noqa: E402
 from envforge.rollout.policies.replay import ReplayPolicy  # noqa: E402
-from envforge.rollout.scheduler import RolloutConfig  # noqa: E402
 from envforge.sandbox.container import Sandbox, SandboxOptions  # noqa: E402
 from envforge.sandbox.engine import docker_client  # noqa: E402
 from envforge.sandbox.images import build_base_image, build_task_image  # noqa: E402

@@ -22,13 +22,16 @@ from envforge.fleet.config import FleetConfig, FleetConfigError
 from envforge.fleet.dispatcher import FleetDispatcher
 from envforge.fleet.local import LocalCluster, start_engine, stop_engine
 from envforge.fleet.pool import FleetSandboxPool, seed_images
-from envforge.fleet.run import run_batch_on_fleet, validate_on_fleet
+from envforge.fleet.backend import dispatcher_from_env
+from envforge.fleet.run import run_batch_on_fleet
+from envforge.rollout.config import RolloutConfig
 from envforge.rollout.policies.replay import ReplayPolicy
-from envforge.rollout.scheduler import RolloutConfig
 from envforge.rollout.store import TrajectoryStore
 from envforge.sandbox.images import build_task_image
 from envforge.sources import load_sources
-from envforge.verify.gate import GateConfig
+from envforge.stages.gate import gate
+from envforge.stages.images import ImageSet
+from envforge.verify.config import GateConfig
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -98,7 +101,9 @@ def test_a_node_killed_mid_batch_costs_retries_on_the_survivor_not_trajectories(
     assert dispatcher.stats.builds >= 1  # node-b built task images from their recipes before it died
 
 
-def test_a_node_that_joins_takes_gate_work(fleet, settings, docker_client):
+def test_a_node_that_joins_takes_gate_work_of_the_gate_stage_configured_by_address(fleet, settings, docker_client,
+                                                                                     monkeypatch):
+    """The gate stage, given no pool, finds the fleet from ENVFORGE_RAY_ADDRESS (as the CLI and Dagster run it)."""
     cluster, dispatcher, items, host_b = fleet
     if "node-b" in cluster.nodes:
         pytest.fail("runs after the node-kill test (node-b is gone)")
@@ -106,20 +111,21 @@ def test_a_node_that_joins_takes_gate_work(fleet, settings, docker_client):
     cluster.add_node("node-c", host_b, 3)
     dispatcher.discover()
     assert "node-c" in [n.name.split("/")[0] for n in dispatcher.alive_nodes()]
-    node_a = next(n for n in dispatcher.alive_nodes() if n.name.startswith("node-a"))
+    monkeypatch.setenv("ENVFORGE_RAY_ADDRESS", cluster.address)
+    configured = dispatcher_from_env()  # the process's dispatcher: the one the stage uses
+    assert configured is not None and configured is dispatcher_from_env()
+    node_a = next(n for n in configured.alive_nodes() if n.name.startswith("node-a"))
     node_a.full_until = time.monotonic() + 120  # make node-a look full: the gate must go to node-c
-    before = dict(dispatcher.stats.placements)
+    before = dict(configured.stats.placements)
     tasks = [t for t, _ in items]
-    images = {t.content_hash: img for t, img in items}
+    images = ImageSet("", {t.content_hash: img for t, img in items})
     try:
-        report = validate_on_fleet(settings, dispatcher, tasks, images,
-                                   GateConfig(runs=1, shuffle=False, probes=False), concurrency=2,
-                                   local_client=docker_client)
+        result = gate(settings, GateConfig(runs=1, shuffle=False, probes=False, concurrency=2), tasks, images)
     finally:
         node_a.full_until = 0.0
-    assert [r.verdict for r in report.reports] == ["accepted"] * len(tasks)
-    assert not report.infra_failures
-    grew = {k: v - before.get(k, 0) for k, v in dispatcher.stats.placements.items()}
+    assert [r.verdict for r in result.reports] == ["accepted"] * len(tasks)
+    assert not result.infra_failures
+    grew = {k: v - before.get(k, 0) for k, v in configured.stats.placements.items()}
     assert any(k.startswith("node-c") and v > 0 for k, v in grew.items())
 
 
@@ -129,8 +135,8 @@ from envforge.config import Settings
 from envforge.fleet.config import FleetConfig
 from envforge.fleet.dispatcher import FleetDispatcher
 from envforge.fleet.run import run_batch_on_fleet
+from envforge.rollout.config import RolloutConfig
 from envforge.rollout.policies.replay import ReplayPolicy
-from envforge.rollout.scheduler import RolloutConfig
 from envforge.sources import load_sources
 images = dict(line.split(" ", 1) for line in open(sys.argv[3]).read().splitlines())
 tasks = [t for r in load_sources([sys.argv[4]]).values() for t in r.tasks]

@@ -9,7 +9,7 @@ import pytest
 
 from envforge.errors import InfraError
 from envforge.fleet.config import FleetConfig, FleetConfigError
-from envforge.fleet.dispatcher import NodeState, _check_address
+from envforge.fleet.dispatcher import NodeState, check_address
 from envforge.fleet.node import FULL, Fault, NodeAgent, engine_check
 from envforge.sandbox.container import SandboxOptions
 
@@ -26,9 +26,9 @@ def test_settings_come_from_the_environment_and_bad_values_name_the_variable():
 
 def test_an_address_that_does_not_answer_is_an_error_naming_the_setting():
     with pytest.raises(FleetConfigError, match=r"ENVFORGE_RAY_ADDRESS=127.0.0.1:9: nothing answers"):
-        _check_address("127.0.0.1:9", 2)
+        check_address("127.0.0.1:9", 2)
     with pytest.raises(FleetConfigError, match="expected HOST:PORT"):
-        _check_address("ray-head", 2)
+        check_address("ray-head", 2)
 
 
 def test_placement_prefers_a_warm_sandbox_then_the_image_then_room():
@@ -61,7 +61,8 @@ def test_an_engine_older_than_the_minimum_is_refused_naming_both_versions_and_th
 
 @pytest.mark.docker
 def test_node_agent_leases_up_to_capacity_reclaims_abandoned_leases_and_follows_demand(docker_client, task_image):
-    cfg = FleetConfig(max_idle_per_image=2, max_idle_per_node=3, idle_shrink_after_s=3.0, lease_idle_timeout_s=5.0)
+    # Warm sandboxes nobody takes go cold after idle_shrink_after_s: long enough to see them on a busy engine.
+    cfg = FleetConfig(max_idle_per_image=2, max_idle_per_node=3, idle_shrink_after_s=8.0, lease_idle_timeout_s=5.0)
     agent = NodeAgent(cfg, capacity=2, node_name="unit")
     try:
         opts = SandboxOptions()
@@ -90,8 +91,8 @@ def test_node_agent_leases_up_to_capacity_reclaims_abandoned_leases_and_follows_
         assert warm3
         agent.release(lease3)
         # ... and when nobody asks for it any more, it goes cold.
-        deadline = time.monotonic() + 30
-        while agent.info()["idle"].get(task_image, 0) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30  # idle drops when a trim pops them, `trimmed` once they are removed
+        while (agent.info()["idle"].get(task_image, 0) or agent.stats.trimmed < 2) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert agent.info()["idle"].get(task_image, 0) == 0 and agent.stats.trimmed >= 2
     finally:

@@ -90,6 +90,24 @@ def test_reports_and_task_set_parquet_are_published_to_the_store(s3_bucket, tmp_
     assert publish(None, "reports", local) is None
 
 
+def test_the_task_set_stage_publishes_its_parquet_under_the_store_url(s3_bucket, tmp_path, monkeypatch):
+    from envforge.catalog import Catalog
+    from envforge.sources import load_specs
+    from envforge.stages.configs import TaskSetConfig
+    from envforge.stages.task_set import Lineage, publish_task_set
+    from tests.conftest import BUNDLED_SPECS
+
+    monkeypatch.setenv("ENVFORGE_STORE_URL", f"s3://{s3_bucket}/envforge")
+    settings = Settings.from_env().with_data_dir(tmp_path / "data")
+    settings.ensure_dirs()
+    loaded = load_specs([BUNDLED_SPECS])
+    Catalog(settings.catalog_path).ingest(loaded, source_kind="spec")
+    result = publish_task_set(settings, TaskSetConfig(name="s3"), loaded.tasks, Lineage())
+    assert result.published == f"s3://{s3_bucket}/envforge/task_sets/{result.parquet.name}"
+    assert result.artifacts()["task_set.json"]["published"] == result.published
+    assert read_url(result.published) == result.parquet.read_bytes()
+
+
 def test_missing_or_wrong_credentials_and_a_missing_bucket_fail_at_start_naming_the_setting(s3_server, s3_bucket):
     endpoint, key, secret = s3_server
     url = f"s3://{s3_bucket}/rollouts"

@@ -3,7 +3,8 @@ Docker engine), a rollout batch and a gate across it, one worker killed mid-batc
 
 What it shows: the batch completes; what ran on the dead node ran again on the survivor; no
 trajectory is lost or stored twice; a node that joins afterwards takes gate work. The figures
-go to `<data dir>/fleet_demo.json`.
+go to `<data dir>/fleet_demo.json`. Like every entry point, it runs the rollout and the gate as
+their stages (tracked: one MLflow run each), handing them the fleet's pool.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from envforge.fleet.config import FleetConfig
 from envforge.fleet.dispatcher import FleetDispatcher
 from envforge.fleet.local import LocalCluster, own_engines, stop_engine
 from envforge.fleet.pool import FleetSandboxPool, seed_images
-from envforge.fleet.run import run_batch_on_fleet, validate_on_fleet
-from envforge.rollout.policies.replay import ReplayPolicy
-from envforge.rollout.scheduler import RolloutConfig
+from envforge.fleet.run import gate_pool, rollout_pool
+from envforge.rollout.config import RolloutConfig
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import build_base_image, build_task_image
 from envforge.sources import load_sources
-from envforge.verify.gate import GateConfig
+from envforge.stages.base import StageContext
+from envforge.stages.gate import gate
+from envforge.stages.images import ImageSet
+from envforge.stages.rollout import rollout
+from envforge.verify.config import GateConfig
 
 Say = Callable[[str], None]
 
@@ -49,6 +53,7 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
     tasks = [t for r in load_sources([settings.task_sources_dir / k for k in options.source_kinds]).values()
              for t in r.tasks]
     items = [(t, build_task_image(client, t, base, settings).tag) for t in tasks]
+    images = ImageSet(base, {t.content_hash: tag for t, tag in items})
     say(f"{len(items)} tasks, images built locally on the main engine")
     engines = own_engines(["node-a", "node-b"])
     say("engines: " + ", ".join(f"{k} {v}" for k, v in engines.items()))
@@ -93,10 +98,10 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
         config_r = RolloutConfig(n_samples=options.samples, concurrency=options.concurrency, max_infra_retries=4,
                                  backoff_s=0.1)
         batch_id = f"fleet-demo-{int(time.time())}"
-        result = run_batch_on_fleet(settings, dispatcher, items, ReplayPolicy(), config_r, "fleet-demo", batch_id,
-                                    local_client=client,
-                                    progress=lambda _s, what, done, total: say(f"  rollout {done}/{total} {what}")
-                                    if done % 8 == 0 or done == total else None)
+        progress = StageContext(progress=lambda _s, what, done, total: say(f"  rollout {done}/{total} {what}")
+                                if done % 8 == 0 or done == total else None)
+        result = rollout.tracked(settings, config_r, tasks, "replay", "fleet-demo", images, batch_id,
+                                 context=progress, pool=rollout_pool(dispatcher, items, config_r, client)).batch
         thread.join(timeout=1)
         frame = result.store.frame()
         summary["rollout"] = {
@@ -117,14 +122,13 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
         dispatcher.discover()
         before = dict(dispatcher.stats.placements)
         spec_tasks = [t for t in tasks if t.spec.source == "spec"] or tasks[:3]
-        images = {t.content_hash: img for t, img in items}
         t0 = time.perf_counter()
-        gate = validate_on_fleet(settings, dispatcher, spec_tasks, images,
-                                 GateConfig(runs=options.gate_runs, shuffle=True, probes=False), concurrency=2,
-                                 local_client=client)
+        config_g = GateConfig(runs=options.gate_runs, shuffle=True, probes=False, concurrency=2)
+        gated = gate.tracked(settings, config_g, spec_tasks, images,
+                             pool=gate_pool(dispatcher, images.items(spec_tasks), config_g, client))
         summary["gate"] = {
-            "tasks": len(spec_tasks), "accepted": sum(r.accepted for r in gate.reports),
-            "infra_failures": len(gate.infra_failures), "wall_s": round(time.perf_counter() - t0, 1),
+            "tasks": len(spec_tasks), "accepted": len(gated.accepted_hashes()),
+            "infra_failures": len(gated.infra_failures), "wall_s": round(time.perf_counter() - t0, 1),
             "placements": {k: v - before.get(k, 0) for k, v in dispatcher.stats.placements.items()
                            if v - before.get(k, 0)}}
         say(f"gate: {summary['gate']['accepted']}/{len(spec_tasks)} accepted, sandboxes placed "

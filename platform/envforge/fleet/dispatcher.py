@@ -48,7 +48,7 @@ def _ray():
     return ray
 
 
-def _check_address(address: str, timeout_s: float) -> None:
+def check_address(address: str, timeout_s: float) -> None:
     """Fail in seconds, naming the setting, when nothing answers at the Ray head's address."""
     hostport = address.split("://", 1)[-1]
     host, _, port = hostport.rpartition(":")
@@ -69,7 +69,7 @@ def connect(config: FleetConfig) -> None:
     if ray.is_initialized():
         return
     if config.ray_address and config.ray_address != "auto":
-        _check_address(config.ray_address, config.connect_timeout_s)
+        check_address(config.ray_address, config.connect_timeout_s)
     try:
         ray.init(address=config.ray_address or "auto", namespace=config.namespace, log_to_driver=False,
                  logging_level=logging.WARNING, configure_logging=False)

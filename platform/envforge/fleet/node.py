@@ -140,7 +140,9 @@ class NodeAgent:
     def info(self) -> dict[str, Any]:
         with self._lock:
             leased = len(self._leases)
-        images = sorted(t for img in self.client.images.list() for t in img.tags if t.startswith("envforge/"))
+        # One /images/json call: `images.list()` would inspect every image on the engine, one request each.
+        images = sorted(t for img in self.client.api.images() for t in img.get("RepoTags") or []
+                        if t.startswith("envforge/"))
         return {"node": self.node_name, "pid": os.getpid(), "docker_host": self.docker_host,
                 "engine_version": self.engine_version, "capacity": self.capacity, "leased": leased,
                 "idle": self.pool.idle_by_image(), "images": images, "pool": self.pool.stats.as_dict(),

@@ -1,4 +1,4 @@
-"""`envforge fleet ...`: the sandbox fleet's commands (mounted by envforge.cli)."""
+"""`envforge fleet demo | nodes`: the sandbox fleet on Ray (the `fleet` extra; docs/fleet.md)."""
 
 from __future__ import annotations
 
@@ -7,27 +7,29 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from envforge.config import Settings
+from envforge.cli.common import DataDir, console, fail, out, settings_for
+from envforge.errors import EnvforgeError
 
-fleet_app = typer.Typer(help="The sandbox fleet on Ray: nodes, and the local multi-node demo.", no_args_is_help=True)
-console = Console(stderr=True)
+app = typer.Typer(help="The sandbox fleet on Ray: nodes, and the local multi-node demo.", no_args_is_help=True)
 
 
-@fleet_app.command("demo")
+@app.command("demo")
 def demo(json_out: Optional[Path] = typer.Option(None, "--json", help="also write the summary here"),
          samples: int = typer.Option(4, help="samples per task in the rollout batch"),
-         data_dir: Optional[Path] = typer.Option(None, help="data directory (default ENVFORGE_DATA_DIR)")) -> None:
+         data_dir: Optional[Path] = DataDir) -> None:
     """A head and two worker nodes on this machine (each with its own dockerd), a rollout batch and a
     gate across them, one worker killed mid-batch: the batch completes, nothing lost or duplicated."""
     from envforge.fleet.demo import DemoOptions, run_fleet_demo
 
-    settings = Settings.from_env().with_data_dir(data_dir) if data_dir else Settings.from_env()
+    settings = settings_for(data_dir)
     settings.ensure_dirs()
-    summary = run_fleet_demo(settings, DemoOptions(samples=samples),
-                             say=lambda m: console.print(m, markup=False, soft_wrap=True))
+    try:
+        summary = run_fleet_demo(settings, DemoOptions(samples=samples),
+                                 say=lambda m: console.print(m, markup=False, soft_wrap=True))
+    except EnvforgeError as exc:  # a setting to fix (named in the message), or an infrastructure fault
+        fail(exc)
     table = Table(title="fleet demo")
     for col in ("what", "figure"):
         table.add_column(col)
@@ -42,20 +44,23 @@ def demo(json_out: Optional[Path] = typer.Option(None, "--json", help="also writ
                           + ", ".join(f"{k}: {v}" for k, v in g["placements"].items()))
     table.add_row("result", "OK: batch complete, none lost or duplicated" if summary["ok"] else "FAILED")
     table.add_row("wall", f"{summary['wall_s']} s")
-    Console().print(table)
-    out = json_out or settings.data_dir / "fleet_demo.json"
-    out.write_text(json.dumps(summary, indent=2) + "\n")
+    out.print(table)
+    path = json_out or settings.data_dir / "fleet_demo.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
     if not summary["ok"]:
         raise typer.Exit(1)
 
 
-@fleet_app.command("nodes")
+@app.command("nodes")
 def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
     """The sandbox nodes of the cluster at ENVFORGE_RAY_ADDRESS: capacity, leases, warm sandboxes, engine."""
     from envforge.fleet.config import FleetConfig
     from envforge.fleet.dispatcher import FleetDispatcher
 
-    dispatcher = FleetDispatcher(FleetConfig.from_env()).start(strict=False)
+    try:
+        dispatcher = FleetDispatcher(FleetConfig.from_env()).start(strict=False)
+    except EnvforgeError as exc:  # no address, nothing answering there, no Ray: the message names the setting
+        fail(exc)
     rows = [n.info for n in dispatcher.alive_nodes()]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
@@ -66,4 +71,4 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
     for i in rows:
         table.add_row(i["node"], i["engine_version"], i["docker_host"], str(i["capacity"]), str(i["leased"]),
                       str(sum(i["idle"].values())), str(len(i["images"])))
-    Console().print(table)
+    out.print(table)
