@@ -52,6 +52,9 @@ class Settings:
     task_sources_dir: Path = field(metadata={"env": "ENVFORGE_TASK_SOURCES", "help": "bundled/user task sources"})
     docker_host: str | None = field(default=None, metadata={"env": "DOCKER_HOST", "help": "default: local socket"})
     mlflow_experiment: str = field(default="envforge", metadata={"env": "ENVFORGE_MLFLOW_EXPERIMENT", "help": ""})
+    store_url: str | None = field(default=None, metadata={
+        "env": "ENVFORGE_STORE_URL",
+        "help": "s3://bucket/prefix for rollouts, task-set parquet and reports (default: the data dir)"})
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -65,6 +68,7 @@ class Settings:
             task_sources_dir=Path(env.get("ENVFORGE_TASK_SOURCES") or root / "task_sources").resolve(),
             docker_host=env.get("DOCKER_HOST") or None,
             mlflow_experiment=env.get("ENVFORGE_MLFLOW_EXPERIMENT") or "envforge",
+            store_url=(env.get("ENVFORGE_STORE_URL") or "").rstrip("/") or None,
         )
 
     def with_data_dir(self, data_dir: Path) -> "Settings":
@@ -82,6 +86,11 @@ class Settings:
     @property
     def mlflow_artifacts_dir(self) -> Path:
         return self.data_dir / "mlartifacts"
+
+    def artifact_root(self, kind: str) -> str:
+        """Where artifacts of a kind (`rollouts`, `task_sets`, `reports`) go: under ENVFORGE_STORE_URL
+        when it is set (object storage), else under the data directory."""
+        return f"{self.store_url}/{kind}" if self.store_url else str(self.data_dir / kind)
 
     @property
     def build_dir(self) -> Path:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import polars as pl
 
-from envforge import track
+from envforge import objectstore, track
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.errors import Problem
@@ -384,6 +384,8 @@ def build_run_report(settings: Settings, version: str | None, mlflow_run_id: str
     reports = settings.data_dir / "reports"
     path = _write_atomic(reports / f"run-report-{(version or 'no-task-set')[:12]}-{now:%Y%m%dT%H%M%SZ}.html", html)
     latest = _write_atomic(reports / "latest.html", html)
+    for written in (path, latest):
+        objectstore.publish(settings.store_url, "reports", written)
     sections = {"task_set": context["task_set"]["ran"], **{f"gate_{k}": g["ran"] for k, g in gates.items()},
                 "rollouts": context["rollouts"]["ran"],
                 **{k: context["training"][k]["ran"] for k in ("sft", "rl", "evaluation")}}

@@ -24,8 +24,8 @@ def rollout(task_set: str = typer.Option("latest", help="task-set version (prefi
                                                      "vllm:<path>"),
             config: RolloutConfig = RolloutConfig(),
             batch_id: Optional[str] = typer.Option(None, help="resume this batch (default: from set, policy, seed)"),
-            out_dir: Optional[str] = typer.Option(None, "--out", help="store root: a path or fsspec URL "
-                                                                       "(default: <data dir>/rollouts)"),
+            out_dir: Optional[str] = typer.Option(None, "--out", help="store root: a path or fsspec URL (default: "
+                                                                       "<ENVFORGE_STORE_URL or data dir>/rollouts)"),
             as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
     """Roll a policy out on a task set: n samples per task, graded, stored as parquet (resumable)."""
     from envforge.catalog import Catalog
@@ -78,7 +78,8 @@ def tiers(task_set: str = typer.Option("latest", help="task-set version (prefix)
 
 def rollout_export(batch_id: str = typer.Argument(...), path: Path = typer.Argument(...),
                    fmt: str = typer.Option("verl", "--format", help="verl (parquet) | jsonl"),
-                   root: Optional[str] = typer.Option(None, "--out", help="store root (default <data dir>/rollouts)"),
+                   root: Optional[str] = typer.Option(None, "--out", help="store root (default: <ENVFORGE_STORE_URL "
+                                                                          "or data dir>/rollouts)"),
                    service_url: Optional[str] = typer.Option(None, help="the environment service verl's reward "
                                                                         "function grades against (default: "
                                                                         "$ENVFORGE_SERVICE_URL or http://127.0.0.1:8080)"),
@@ -88,7 +89,7 @@ def rollout_export(batch_id: str = typer.Argument(...), path: Path = typer.Argum
     from envforge.rollout.store import TrajectoryStore
 
     settings = settings_for(data_dir)
-    store = TrajectoryStore(root or str(settings.data_dir / "rollouts"), batch_id)
+    store = TrajectoryStore(root or settings.artifact_root("rollouts"), batch_id)
     if store.manifest() is None:
         fail(EnvforgeError(f"no rollout batch {batch_id!r} under {store.root}"))
     if fmt == "verl":

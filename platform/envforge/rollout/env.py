@@ -155,8 +155,13 @@ class RolloutEnv:
         return await self.sandbox.adiff()
 
     async def verify(self) -> tuple[str, VerificationResult]:
-        """(final diff, verdict): the diff is graded on a pristine sandbox, never on this one."""
+        """(final diff, verdict): the diff is graded on a pristine sandbox, never on this one.
+
+        The episode's sandbox goes back to the pool before grading takes one, so a trajectory never
+        holds two: with a capacity-bound pool (a fleet node) nested acquires could deadlock.
+        """
         diff = await self.diff()
+        await self.close()
         result = await run_blocking(self.grader.grade, self.task, self.image, diff, "rollout")
         if result.infra_error:
             raise InfraError("grading", result.infra_error)

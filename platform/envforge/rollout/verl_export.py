@@ -26,9 +26,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import fsspec
 import polars as pl
 
+from envforge.objectstore import write_url
 from envforge.rollout.actions import TOOLS
 from envforge.rollout.scheduler import SYSTEM_PROMPT
 from envforge.rollout.trajectory import Trajectory
@@ -84,6 +84,5 @@ def verl_rows(trajectories: Iterable[Trajectory], service_url: str, splits: Mapp
 def write_verl_parquet(rows: list[dict[str, Any]], path: str | Path) -> int:
     buf = io.BytesIO()
     pl.DataFrame(rows).write_parquet(buf)
-    with fsspec.open(str(path), "wb") as fh:
-        fh.write(buf.getvalue())
+    write_url(str(path), buf.getvalue())  # a path or an object-store URL, with the store's credentials
     return len(rows)

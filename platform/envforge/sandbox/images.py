@@ -236,8 +236,17 @@ def build_task_image(client: docker.DockerClient, task: Task, base_tag: str, set
         return ImageBuild(tag, True, time.perf_counter() - started, task.id, _size_mb(client, tag))
     settings.build_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=settings.build_dir, prefix=f"task-{task.id}-") as tmp:
-        ctx = Path(tmp)
-        _write_workspace(task, ctx / "workspace")
-        (ctx / "Dockerfile").write_text(_task_dockerfile(parent, task))
-        _build(client, ctx, tag, {}, None, f"task {task.id}", log)
+        write_task_context(task, parent, Path(tmp))
+        build_from_context(client, Path(tmp), tag, f"task {task.id}", log)
     return ImageBuild(tag, False, time.perf_counter() - started, task.id, _size_mb(client, tag))
+
+
+def write_task_context(task: Task, parent: str, dest: Path) -> None:
+    """The build context of a task's image (its workspace and Dockerfile): what a fleet node that
+    lacks the image builds from, with the same content-hash tag."""
+    _write_workspace(task, dest / "workspace")
+    (dest / "Dockerfile").write_text(_task_dockerfile(parent, task))
+
+
+def build_from_context(client: docker.DockerClient, context: Path, tag: str, what: str, log: Log = _quiet) -> None:
+    _build(client, context, tag, {}, None, what, log)

@@ -128,6 +128,29 @@ class SandboxPool:
             self._idle[key].extend(started)
         return len(started)
 
+    def trim(self, image: str | None = None, keep: int = 0) -> int:
+        """Destroy idle sandboxes (of one image, or of every image) beyond `keep` per key; returns how many.
+
+        Elastic pools shrink with this when the queue no longer asks for an image.
+        """
+        doomed: list[Sandbox] = []
+        with self._lock:
+            for (img, _), q in self._idle.items():
+                if image is None or img == image:
+                    while len(q) > keep:
+                        doomed.append(q.pop())
+        for sb in doomed:
+            self._destroy(sb, "trimmed")
+        return len(doomed)
+
+    def idle_by_image(self) -> dict[str, int]:
+        with self._lock:
+            counts: dict[str, int] = {}
+            for (img, _), q in self._idle.items():
+                if q:
+                    counts[img] = counts.get(img, 0) + len(q)
+            return counts
+
     def idle_count(self, image: str | None = None) -> int:
         with self._lock:
             return sum(len(q) for (img, _), q in self._idle.items() if image is None or img == image)

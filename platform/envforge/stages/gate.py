@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -13,6 +14,7 @@ import docker
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.errors import InfraError, Problem
+from envforge.fleet.backend import dispatcher_from_env
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.pool import SandboxPool
 from envforge.stages.base import StageContext, StageResult, stage
@@ -72,24 +74,37 @@ class GateResult(StageResult):
 
 @stage("validate")
 def gate(settings: Settings, config: GateConfig, tasks: Sequence[Task], images: ImageSet,
-         context: StageContext = StageContext(), client: docker.DockerClient | None = None) -> GateResult:
+         context: StageContext = StageContext(), client: docker.DockerClient | None = None,
+         pool: SandboxPool | None = None) -> GateResult:
     """Run the flakiness gate on every task (tasks in parallel, one warm pool) and record the verdicts.
 
     A task without an image in `images` is not gated; it is reported as an infrastructure failure.
+    The sandboxes run in `pool` when one is given (it is not closed here), on the fleet when
+    `ENVFORGE_RAY_ADDRESS` is set (docs/fleet.md), else in a warm pool on this process's engine.
+    A task whose gate run hits an infrastructure fault (a fleet node lost mid-run) is gated again
+    from the start.
     """
     from envforge.charts import flake_chart
 
-    client = client or docker_client(settings)
     progress = context.progress
     result = GateResult(n_tasks=len(tasks))
     items = images.items(tasks)
     for t in images.missing(tasks):
         result.ungated.append((t, Problem(t.origin, "environment", "no image built for this task version")))
+    if pool is None and (fleet := dispatcher_from_env()) is not None:
+        from envforge.fleet.run import gate_pool
+
+        pool = gate_pool(fleet, items, config, client or docker_client(settings))
+    if pool is None:
+        client = client or docker_client(settings)
+        sandboxes = SandboxPool(client, max_idle_per_key=2, max_starting=config.concurrency)
+    else:
+        sandboxes = nullcontext(pool)
     progress("validate", "starting sandboxes", 0, len(items))
-    with SandboxPool(client, max_idle_per_key=2, max_starting=config.concurrency) as pool:
+    with sandboxes as pool:
         grader = Grader(client, pool)
         with ThreadPoolExecutor(max_workers=max(1, config.concurrency)) as ex:
-            futures = {ex.submit(validate_task, grader, t, image, config): t for t, image in items}
+            futures = {ex.submit(_gate_with_retries, grader, t, image, config): t for t, image in items}
             for done, fut in enumerate(as_completed(futures), start=1):
                 task = futures[fut]
                 try:
@@ -103,3 +118,15 @@ def gate(settings: Settings, config: GateConfig, tasks: Sequence[Task], images: 
                                                           context.dagster_run_id)
     result.chart = flake_chart(result.rows(), settings.charts_dir / "flake_report.png")
     return result
+
+
+def _gate_with_retries(grader: Grader, task: Task, image: str, config: GateConfig, attempts: int = 3) -> GateReport:
+    """`validate_task`, run again from the start when an infrastructure fault escapes its per-grade retries
+    (the reference diff or a probe's sandbox lost with its node)."""
+    for attempt in range(attempts):
+        try:
+            return validate_task(grader, task, image, config)
+        except InfraError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")

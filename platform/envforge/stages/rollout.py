@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from envforge.config import Settings
+from envforge.fleet.backend import dispatcher_from_env
 from envforge.rollout.batch import BatchResult
 from envforge.rollout.config import RolloutConfig
+from envforge.sandbox.pool import SandboxPool
 from envforge.stages.base import StageContext, StageResult, stage
 from envforge.stages.images import ImageSet, ensure_images
 from envforge.task import Task
@@ -37,13 +39,22 @@ class RolloutResult(StageResult):
 @stage("rollout")
 def rollout(settings: Settings, config: RolloutConfig, tasks: Sequence[Task], policy: str,
             task_set_version: str = "", images: ImageSet | None = None, batch_id: str | None = None,
-            root: str | None = None, context: StageContext = StageContext()) -> RolloutResult:
+            root: str | None = None, context: StageContext = StageContext(),
+            pool: SandboxPool | None = None) -> RolloutResult:
     """`config.n_samples` trajectories per task with `policy` (a policy spec), stored under `root`
-    (default <data dir>/rollouts); rerunning with the same batch id resumes."""
+    (default `<ENVFORGE_STORE_URL or data dir>/rollouts`); rerunning with the same batch id resumes.
+
+    The sandboxes run in `pool` when one is given, on the fleet when `ENVFORGE_RAY_ADDRESS` is set
+    (docs/fleet.md), else in a warm pool on this process's engine."""
     from envforge.rollout.batch import run_batch
     from envforge.rollout.policies.factory import make_policy
 
     items = ensure_images(settings, tasks, images, context).items(tasks)
+    if pool is None and (fleet := dispatcher_from_env()) is not None:
+        from envforge.fleet.run import rollout_pool
+        from envforge.sandbox.engine import docker_client
+
+        pool = rollout_pool(fleet, items, config, docker_client(settings))
     batch = run_batch(settings, items, make_policy(policy), config, task_set_version=task_set_version,
-                      batch_id=batch_id, root=root, progress=context.progress)
+                      batch_id=batch_id, root=root, progress=context.progress, pool=pool)
     return RolloutResult(batch, policy, task_set_version)
