@@ -228,6 +228,24 @@ class Catalog:
         self.write(frames)
         return IngestSummary(batch_id, len(new), len(result.tasks) - len(new), len(result.rejects))
 
+    def current_owners(self, task_ids: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
+        """{task id: [(source key, origin), ...]}: the sources whose latest load made each id current.
+
+        A task id belongs to one source: a second source yielding the same id would silently
+        shadow the first, so ingest rejects it instead, naming both.
+        """
+        ids = sorted(set(task_ids))
+        if not ids:
+            return {}
+        frame = self.query(
+            "SELECT t.task_id, l.source_key, t.origin FROM current_tasks t JOIN ("
+            "  SELECT source_key, unnest(task_hashes) AS content_hash FROM latest_source_loads) l USING (content_hash)"
+            " WHERE list_contains(?, t.task_id) ORDER BY l.source_key", [ids])
+        owners: dict[str, list[tuple[str, str]]] = {}
+        for r in frame.iter_rows(named=True):
+            owners.setdefault(r["task_id"], []).append((r["source_key"], r["origin"]))
+        return owners
+
     def known_hashes(self) -> set[str]:
         with self._connect() as con:
             return {r[0] for r in con.execute("SELECT content_hash FROM tasks").fetchall()}

@@ -83,6 +83,7 @@ class IngestReport:
     result: LoadResult  # every source merged
     summary: IngestSummary
     sources: list[SourceIngest] = field(default_factory=list)
+    skipped: list[Problem] = field(default_factory=list)  # files that look like sources but are not, and why
 
     def rows(self) -> list[dict]:
         return [{"source": s.key, "kind": s.kind, "valid": len(s.result.tasks), "rejected": len(s.result.rejects),
@@ -101,6 +102,10 @@ def derive_candidates(settings: Settings, result: LoadResult, client: docker.Doc
     except InfraError as exc:
         derived = LoadResult(rejects=[Problem(c.origin, c.field, f"infra: cannot run the tests to derive "
                                                                 f"FAIL_TO_PASS: {exc}") for c in result.candidates])
+    except Exception as exc:  # noqa: BLE001 - this source's candidates are lost, never the batch
+        from envforge.sources.guard import unexpected
+
+        derived = LoadResult(rejects=[unexpected(c.origin, exc) for c in result.candidates])
     result.candidates = []
     result.extend(derived)
 
@@ -112,19 +117,23 @@ def ingest(settings: Settings, paths: Sequence[Path], strict: bool = False, clie
 
     With strict=True a bad record anywhere refuses the whole batch (nothing is written).
     """
-    from envforge.sources import fingerprint, load_by_source
+    from envforge.sources import fingerprint, load_by_source, scan_sources
 
-    loaded, problems = load_by_source(paths)
+    discovery = scan_sources(paths)
+    loaded, problems = load_by_source(paths, discovery)
     root = settings.task_sources_dir
+    catalog = Catalog(settings.catalog_path)
     sources = []
     for i, (ref, res) in enumerate(loaded, start=1):
         progress("ingest", ref.key(root), i, len(loaded))
         derive_candidates(settings, res, client=client, progress=progress)
         sources.append(SourceIngest(ref.key(root), ref.kind, fingerprint(ref), res))
+    owners = catalog.current_owners(t.id for s in sources for t in s.result.tasks)
+    for s in sources:
+        _reject_ids_of_other_sources(owners, s.result, s.key)
     combined = LoadResult(rejects=list(problems))
     for s in sources:
         combined.extend(s.result)
-    catalog = Catalog(settings.catalog_path)
     if strict and combined.rejects:
         catalog.ingest(combined, strict=True)  # raises BatchRejectedError listing every problem
     summaries = [catalog.ingest(LoadResult(rejects=list(problems)), source_kind="path")] if problems else []
@@ -133,7 +142,22 @@ def ingest(settings: Settings, paths: Sequence[Path], strict: bool = False, clie
         summaries.append(s.summary)
     summary = IngestSummary(summaries[0].batch_id if summaries else "", sum(x.added for x in summaries),
                             sum(x.unchanged for x in summaries), sum(x.rejected for x in summaries))
-    return IngestReport(combined, summary, sources)
+    return IngestReport(combined, summary, sources, discovery.skipped)
+
+
+def _reject_ids_of_other_sources(owners: dict[str, list[tuple[str, str]]], result: LoadResult, key: str) -> None:
+    """A task id already current from another source is a reject naming both, not a silent shadow."""
+    kept = []
+    for task in result.tasks:
+        other = [(k, origin) for k, origin in owners.get(task.id, []) if k != key]
+        if other:
+            other_key, other_origin = other[0]
+            result.rejects.append(Problem(task.origin, "id", f"task id {task.id!r} is already current from source "
+                                                             f"{other_key} ({other_origin}); ids are unique across "
+                                                             "sources: rename one, or retire the other source"))
+        else:
+            kept.append(task)
+    result.tasks = kept
 
 
 def build_images(settings: Settings, tasks: Sequence[Task], client: docker.DockerClient | None = None,

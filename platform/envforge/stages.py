@@ -7,7 +7,7 @@ charts) so that every entry point logs the same things the same way.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,6 +28,7 @@ class TrackedIngest:
     summary: IngestSummary
     mlflow_run_id: str
     sources: list[pipeline.SourceIngest]
+    skipped: list = field(default_factory=list)  # Problem per file that looks like a source but is not
 
 
 def ingest(settings: Settings, paths: Sequence[Path], strict: bool = False, dagster_run_id: str | None = None,
@@ -43,7 +44,9 @@ def ingest(settings: Settings, paths: Sequence[Path], strict: bool = False, dags
         track.log_json([{"source": p.source, "field": p.field, "reason": p.reason} for p in result.rejects],
                        "rejects.json")
         track.log_json(report.rows(), "sources.json")
-        return TrackedIngest(result, summary, run.info.run_id, report.sources)
+        if report.skipped:
+            track.log_json([p.as_json() for p in report.skipped], "skipped.json")
+        return TrackedIngest(result, summary, run.info.run_id, report.sources, report.skipped)
 
 
 def decontaminate(settings: Settings, tasks: Sequence[Task], config: DedupConfig = DedupConfig(),

@@ -13,15 +13,35 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TASK_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{1,79}$"
 # Paths inside the sandbox. The workspace is what the policy edits; /run/envforge-verifier
 # is a root-owned tmpfs where the grader installs verifier files after the policy is done.
 WORKSPACE = "/workspace"
 VERIFIER_DIR = "/run/envforge-verifier/verifier"
+
+
+TEST_ID_PATTERN = r"^[^\s\x00-\x1f\x7f]{1,2000}$"
+_TEST_ID = re.compile(TEST_ID_PATTERN)
+
+
+def valid_test_id(value: str) -> bool:
+    return bool(_TEST_ID.match(value))
+
+
+def _test_id(value: str) -> str:
+    if not valid_test_id(value):
+        raise ValueError(f"test id {value[:200]!r} is empty, longer than 2000 characters, or has whitespace or control "
+                         "characters: ids are passed to the runner as one argument each and matched against its "
+                         "report, so such an id could never pass")
+    return value
+
+
+# A test id as the runner reports it (pytest node id, unittest id, TAP/pattern name).
+TestId = Annotated[str, AfterValidator(_test_id), Field(json_schema_extra={"pattern": TEST_ID_PATTERN})]
 
 
 class _Strict(BaseModel):
@@ -71,7 +91,8 @@ class RepositorySnapshot(_Strict):
     """A local git repository checked out at one commit as the workspace."""
 
     path: str = Field(description="git repository directory, relative to the spec file")
-    commit: str = Field(pattern=r"^[0-9a-fA-F]{7,40}$|^[A-Za-z0-9._/-]+$")
+    commit: str = Field(pattern=r"^[0-9a-fA-F]{7,40}$|^[A-Za-z0-9._/][A-Za-z0-9._/~^-]{0,199}$",
+                        description="a commit SHA, or a ref (`main`, `main~3`) that ingest resolves to its SHA")
 
 
 class Environment(_Strict):
@@ -108,8 +129,8 @@ class TestCheckpoint(_Strict):
     plugins: list[str] = Field(default_factory=list, description="pytest plugins to load (`-p NAME`); "
                                                                  "plugin autoload is always off")
     pattern: str | None = Field(None, description="pattern framework: regex with named groups `id` and `status`")
-    fail_to_pass: list[str] = Field(description="test ids that fail before and must pass after")
-    pass_to_pass: list[str] = Field(default_factory=list, description="test ids that must keep passing")
+    fail_to_pass: list[TestId] = Field(description="test ids that fail before and must pass after")
+    pass_to_pass: list[TestId] = Field(default_factory=list, description="test ids that must keep passing")
     timeout_s: float = Field(300, gt=0, le=86400)
 
     @model_validator(mode="after")

@@ -29,6 +29,8 @@ from envforge.verify.grader import Grader, options_for
 from envforge.verify.result import VerificationResult
 
 MAX_OBSERVATION_CHARS = 8000
+# The first observation holds the instruction (capped at ingest, 64 KiB by default) and the file list.
+MAX_FIRST_OBSERVATION_CHARS = 80_000
 MAX_LISTED_FILES = 200
 
 
@@ -91,8 +93,8 @@ class RolloutEnv:
         self._deadline = time.monotonic() + self.limits.trajectory_timeout_s
         listing = await self.sandbox.aexec("git ls-files | head -n %d" % MAX_LISTED_FILES, timeout_s=60)
         files = listing.text().strip() or "(empty)"
-        return Observation(f"{self.task.spec.instruction.strip()}\n\nThe repository is in {WORKSPACE}. "
-                           f"Files:\n{files}")
+        return Observation(_clip(f"{self.task.spec.instruction.strip()}\n\nThe repository is in {WORKSPACE}. "
+                                 f"Files:\n{files}", MAX_FIRST_OBSERVATION_CHARS))
 
     def _remaining(self) -> float:
         return self._deadline - time.monotonic()
