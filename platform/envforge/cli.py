@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from envforge.config import Settings
-from envforge.errors import BatchRejectedError, EnvforgeError, InfraError
+from envforge.errors import BatchRejectedError, EnvforgeError, InfraError, PolicyOutcome
 
 app = typer.Typer(help="Turn workflows into verifiable RL environments.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -41,6 +41,9 @@ def _settings(data_dir: Optional[Path]) -> Settings:
 
 
 DataDir = typer.Option(None, "--data-dir", help="data directory (default: $ENVFORGE_DATA_DIR or ./.envforge)")
+# Exit codes: 0 done, 1 error or not resolved, 2 infrastructure fault, 3 a rollout batch dropped
+# more of its groups than --max-dropped-fraction allows.
+EXIT_TOO_MANY_DROPPED = 3
 
 
 def _fail(exc: Exception) -> None:
@@ -204,9 +207,16 @@ def verify(task: str = typer.Option(..., "--task", help="spec file/folder or cat
                 diff, notes = patch.read_text(), []
             else:
                 lines = [ln for ln in commands.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-                diff, notes = grader.commands_diff(t, image, lines)
-            result = grader.grade(t, image, diff, "patch" if patch else "commands")
-            result.reasons += notes
+                try:
+                    diff, notes = grader.commands_diff(t, image, lines)
+                except PolicyOutcome as exc:  # what the commands did is their outcome: not resolved, exit 1
+                    diff, notes = None, [f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason]
+            if diff is None:
+                result = VerificationResult(task_id=t.id, solution="commands", reward=0.0, resolved=False,
+                                            reasons=notes, image=image)
+            else:
+                result = grader.grade(t, image, diff, "patch" if patch else "commands")
+                result.reasons += notes
     except InfraError as exc:
         result = VerificationResult(task_id=task, solution="patch" if patch else "commands", reward=0.0,
                                     resolved=False, infra_error=f"{exc.cause}: {exc.detail}")
@@ -280,6 +290,9 @@ def rollout(task_set: str = typer.Option("latest", help="task-set version (prefi
             seed: int = typer.Option(0), temperature: float = typer.Option(1.0),
             max_tokens: int = typer.Option(512), max_turns: Optional[int] = typer.Option(None),
             max_infra_retries: int = typer.Option(3, help="per trajectory, on a fresh sandbox each time"),
+            max_dropped_fraction: float = typer.Option(
+                0.1, min=0.0, max=1.0, help=f"exit {EXIT_TOO_MANY_DROPPED} when more than this fraction of the "
+                                            "batch's groups was dropped (infrastructure faults outlasted the retries)"),
             batch_id: Optional[str] = typer.Option(None, help="resume this batch (default: from set, policy, seed)"),
             out_dir: Optional[str] = typer.Option(None, "--out", help="store root: a path or fsspec URL "
                                                                        "(default: <data dir>/rollouts)"),
@@ -310,18 +323,26 @@ def rollout(task_set: str = typer.Option("latest", help="task-set version (prefi
                                     root=out_dir, progress=progress)
     except (EnvforgeError, ValueError) as exc:
         _fail(exc if isinstance(exc, EnvforgeError) else EnvforgeError(str(exc)))
+    dropped = len(result.store.dropped())
+    fraction = dropped / len(tasks) if tasks else 0.0
     doc = {"batch_id": result.store.batch_id, "location": f"{result.store.root}/{result.store.batch_id}",
            "stored_this_run": result.report.stored, "resumed": result.report.resumed,
-           "dropped_groups": [g.to_json() for g in result.report.dropped_groups], "metrics": result.metrics,
-           "mlflow_run_id": result.mlflow_run_id}
+           "dropped_groups": [g.to_json() for g in result.report.dropped_groups], "dropped_fraction": round(fraction, 4),
+           "metrics": result.metrics, "mlflow_run_id": result.mlflow_run_id}
+    too_many = fraction > max_dropped_fraction
     if as_json:
         sys.stdout.write(json.dumps(doc) + "\n")
-        return
-    m = result.metrics
-    out.print(f"batch {doc['batch_id']}: {int(m['trajectories'])} trajectories ({result.report.stored} new, "
-              f"{result.report.resumed} resumed), pass@1 {m['pass_at_1']:.3f}, {len(result.report.dropped_groups)} "
-              f"dropped group(s), {int(m['infra_retries'])} infra retries, {m['steps_per_s']:.1f} steps/s")
-    out.print(f"stored in {doc['location']}")
+    else:
+        m = result.metrics
+        out.print(f"batch {doc['batch_id']}: {int(m['trajectories'])} trajectories ({result.report.stored} new, "
+                  f"{result.report.resumed} resumed), pass@1 {m['pass_at_1']:.3f}, {len(result.report.dropped_groups)} "
+                  f"dropped group(s), {int(m['infra_retries'])} infra retries, {m['steps_per_s']:.1f} steps/s")
+        out.print(f"stored in {doc['location']}")
+    if too_many:
+        console.print(f"[red]{dropped} of {len(tasks)} groups ({fraction:.0%}) were dropped, over "
+                      f"--max-dropped-fraction {max_dropped_fraction:g}:[/red] infrastructure faults outlasted the "
+                      "retries; rerun the same command to resume the batch")
+        raise typer.Exit(EXIT_TOO_MANY_DROPPED)
 
 
 @app.command()

@@ -22,6 +22,10 @@ TASK_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{1,79}$"
 # is a root-owned tmpfs where the grader installs verifier files after the policy is done.
 WORKSPACE = "/workspace"
 VERIFIER_DIR = "/run/envforge-verifier/verifier"
+# Writable tmpfs mounts besides /workspace and /tmp (/dev/shm and /run/envforge, 16 MiB each), and
+# the memory kept for the in-sandbox agent when a policy fills them all.
+EXTRA_TMPFS_MB = 32
+AGENT_RESERVE_MB = 48
 
 
 TEST_ID_PATTERN = r"^[^\s\x00-\x1f\x7f]{1,2000}$"
@@ -61,11 +65,14 @@ class Limits(_Strict):
 
     @model_validator(mode="after")
     def _tmpfs_fits_in_memory(self) -> "Limits":
-        # tmpfs pages are charged to the sandbox's memory cgroup: a full disk must hit ENOSPC,
-        # not the OOM killer, so the writable mounts have to fit below the memory limit.
-        if self.workspace_mb + self.tmp_mb >= self.memory_mb:
-            raise ValueError(f"workspace_mb + tmp_mb ({self.workspace_mb + self.tmp_mb}) must be below "
-                             f"memory_mb ({self.memory_mb}): tmpfs pages count against memory")
+        # tmpfs pages are charged to the sandbox's memory cgroup and no OOM kill frees them: a
+        # full disk must hit ENOSPC, not the OOM killer, and the agent must keep room to work
+        # when a policy fills every mount it can write to.
+        need = self.workspace_mb + self.tmp_mb + EXTRA_TMPFS_MB + AGENT_RESERVE_MB
+        if need > self.memory_mb:
+            raise ValueError(f"workspace_mb + tmp_mb + {EXTRA_TMPFS_MB + AGENT_RESERVE_MB} ({need}) must not exceed "
+                             f"memory_mb ({self.memory_mb}): tmpfs pages count against memory, /dev/shm and "
+                             f"/run/envforge take {EXTRA_TMPFS_MB} MiB and the agent keeps {AGENT_RESERVE_MB} MiB")
         return self
 
 

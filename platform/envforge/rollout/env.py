@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from envforge.errors import InfraError
+from envforge.errors import InfraError, PolicyOutcome
 from envforge.rollout.actions import Action, ActionError, ApplyPatch, ReadFile, Run, Submit, WriteFile
 from envforge.sandbox.container import Sandbox, run_blocking
 from envforge.sandbox.pool import SandboxPool
@@ -120,6 +120,18 @@ class RolloutEnv:
         return obs, self.done, info
 
     async def _execute(self, action: Action) -> Observation:
+        """The action's effect as an observation. A tool that fails for what the policy did (a full
+        /tmp under apply_patch, a path that is a directory) answers with an error; only an
+        infrastructure fault leaves the episode, as InfraError."""
+        try:
+            return await self._run_tool(action)
+        except InfraError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a tool error is an observation, never an escape
+            return Observation(f"error: {action.name} failed: {type(exc).__name__}: {exc}"[:2000], 1,
+                               error="tool_failed")
+
+    async def _run_tool(self, action: Action) -> Observation:
         sb = self.sandbox
         assert sb is not None
         timeout = max(1.0, min(self.limits.step_timeout_s, self._remaining()))
@@ -157,8 +169,17 @@ class RolloutEnv:
         return await self.sandbox.adiff()
 
     async def verify(self) -> tuple[str, VerificationResult]:
-        """(final diff, verdict): the diff is graded on a pristine sandbox, never on this one."""
-        diff = await self.diff()
+        """(final diff, verdict): the diff is graded on a pristine sandbox, never on this one.
+
+        A workspace the policy made impossible to diff (too large, or its files leave no memory
+        to diff them in) scores 0 with the reason: a model outcome, not a fault to retry.
+        """
+        try:
+            diff = await self.diff()
+        except PolicyOutcome as exc:
+            return "", VerificationResult(task_id=self.task.id, solution="rollout", reward=0.0, resolved=False,
+                                          reasons=[f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason],
+                                          image=self.image)
         result = await run_blocking(self.grader.grade, self.task, self.image, diff, "rollout")
         if result.infra_error:
             raise InfraError("grading", result.infra_error)

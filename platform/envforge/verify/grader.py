@@ -16,6 +16,7 @@ import time
 
 import docker
 
+from envforge.errors import PolicyOutcome
 from envforge.sandbox.container import Sandbox, SandboxOptions
 from envforge.sandbox.pool import SandboxPool
 from envforge.task import Task
@@ -116,7 +117,9 @@ class Grader:
         return method, tests, checkpoints, failures
 
     def commands_diff(self, task: Task, image: str, commands: list[str]) -> tuple[str, list[str]]:
-        """Run commands as a policy would (fresh sandbox, workspace as cwd); returns (diff, failures)."""
+        """Run commands as a policy would (fresh sandbox, workspace as cwd); returns (diff, failures).
+
+        Raises PolicyOutcome when the commands leave a workspace that cannot be diffed."""
         sandbox = self.pool.acquire(image, options_for(task))
         try:
             failures = []
@@ -134,4 +137,7 @@ class Grader:
             return "", []
         if task.reference_patch is not None:
             return task.reference_patch, []
-        return self.commands_diff(task, image, list(task.spec.reference_solution.commands or []))
+        try:
+            return self.commands_diff(task, image, list(task.spec.reference_solution.commands or []))
+        except PolicyOutcome as exc:  # the reference itself cannot be graded: the gate quarantines the task
+            return "", [exc.reason]
