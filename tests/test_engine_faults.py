@@ -92,7 +92,7 @@ _CHURN = textwrap.dedent("""
 
 @pytest.mark.docker
 def test_two_envforge_processes_share_one_engine(task_image):
-    procs = [subprocess.Popen([sys.executable, "-c", _CHURN, task_image, "25"], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", _CHURN, task_image, "15"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     docs = []
@@ -100,7 +100,7 @@ def test_two_envforge_processes_share_one_engine(task_image):
         assert p.returncode == 0, err[-2000:]
         docs.append(json.loads(out))
     for doc in docs:
-        assert doc["ops"] >= 3 and doc["errors"] == [], doc["errors"][:5]
+        assert doc["ops"] >= 2 and doc["errors"] == [], doc["errors"][:5]
     assert not set(docs[0]["ids"]) & set(docs[1]["ids"])
     client = docker.from_env()
     for p in procs:  # each removed its own
@@ -160,7 +160,7 @@ def test_a_rollout_survives_a_dockerd_restart(tmp_path, docker_client, base_imag
     data = tmp_path / "data"
     settings = Settings.from_env().with_data_dir(data)
     tasks = ingest(settings, [REPO / "task_sources" / "specs", REPO / "task_sources" / "runbooks"]).result.tasks
-    samples = 6
+    samples = 4
     total = len(tasks) * samples
     cmd = [ENVFORGE, "rollout", "--task-set", "current", "--samples", str(samples), "--concurrency", "6",
            "--max-infra-retries", "3", "--batch-id", "restart-1", "--json", "--data-dir", str(data)]
@@ -170,7 +170,7 @@ def test_a_rollout_survives_a_dockerd_restart(tmp_path, docker_client, base_imag
     batch_dir = data / "rollouts" / "restart-1"
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
-        if len(list(batch_dir.glob("pending/*.json"))) + 6 * len(list(batch_dir.glob("*.parquet"))) >= 6:
+        if len(list(batch_dir.glob("pending/*.json"))) + samples * len(list(batch_dir.glob("*.parquet"))) >= 6:
             break
         time.sleep(0.2)
     assert proc.poll() is None, proc.stderr.read()[-2000:]

@@ -5,9 +5,6 @@ reset sandbox is as clean as a fresh one, whatever the episode wrote (real Docke
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -133,14 +130,16 @@ def test_an_agent_killed_during_an_oom_is_the_commands_oom(docker_client, task_i
 
 
 def test_verify_exits_1_not_2_for_what_the_commands_did(tmp_path):
+    from typer.testing import CliRunner
+
+    from envforge.cli import app
+
     cmds = tmp_path / "cmds.sh"
     cmds.write_text("dd if=/dev/zero of=/tmp/fill bs=1M 2>/dev/null; true\nhead -c 200M /dev/zero > blob.bin; true\n")
-    env = {**os.environ, "ENVFORGE_DATA_DIR": str(tmp_path / "data")}
-    proc = subprocess.run([str(Path(sys.executable).with_name("envforge")), "verify", "--task",
-                           str(BUNDLED_SPECS / "inventory-median-even"), "--commands", str(cmds), "--json"],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    doc = json.loads(proc.stdout)
+    result = CliRunner().invoke(app, ["verify", "--task", str(BUNDLED_SPECS / "inventory-median-even"), "--commands",
+                                      str(cmds), "--json", "--data-dir", str(tmp_path / "data")])
+    assert result.exit_code == 1, result.output[-2000:]
+    doc = json.loads(result.stdout.splitlines()[-1])
     assert doc["reward"] == 0.0 and doc["infra_error"] is None
     assert any(r.startswith("diff_too_large") for r in doc["reasons"])
 

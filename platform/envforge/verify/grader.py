@@ -82,7 +82,7 @@ class Grader:
         if diff.strip():
             try:
                 method = sb.apply_patch(diff)
-            except ValueError:
+            except (ValueError, OSError):  # OSError: a diff too large to stage in the sandbox's /tmp
                 return None, {}, [], ["patch_failed"]
             # The guard that does not depend on parsing the diff: whatever the applied diff
             # changed in the tree, protected paths go back to their initial state, and so
@@ -95,7 +95,7 @@ class Grader:
         if task.test_patch:
             try:
                 sb.apply_patch(task.test_patch)
-            except ValueError:
+            except (ValueError, OSError):
                 return method, {}, [], ["test_patch_failed"]
         sb.exec(PURGE_CACHES, timeout_s=120)
         install_verifier_files(sb, task)
