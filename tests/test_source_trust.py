@@ -161,3 +161,17 @@ def test_derived_test_ids_that_could_never_pass_are_left_out(tmp_path):
     task = task_from_runs(cand, runs)
     assert task.spec.verification.tests.fail_to_pass == ["tests/t.py::test_a"]
     assert task.spec.metadata["unselectable_tests"] == ["tests/t.py::test_b[x y]"]
+
+
+def test_tasks_stored_under_older_rules_still_load_from_the_catalog():
+    """Test ids and limits are checked at ingest; a catalog written before a rule got stricter stays readable."""
+    from envforge.task import Task
+
+    task = load_spec_file(BUNDLED_SPECS / "inventory-median-even" / "task.yaml")
+    old = task.model_dump_json().replace("tests/test_stats.py::test_mean", "tests/test_stats.py::test mean") \
+        .replace('"memory_mb":512', '"memory_mb":200')
+    with pytest.raises(Exception, match="whitespace"):
+        Task.model_validate_json(old)
+    stored = Task.from_stored(old)
+    assert "tests/test_stats.py::test mean" in stored.spec.verification.tests.pass_to_pass
+    assert stored.spec.environment.limits.memory_mb == 200

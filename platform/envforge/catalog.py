@@ -258,7 +258,7 @@ class Catalog:
         frame = self.tasks()
         if task_ids is not None:
             frame = frame.filter(pl.col("task_id").is_in(list(task_ids)))
-        return [Task.model_validate_json(j) for j in frame["task_json"]]
+        return [Task.from_stored(j) for j in frame["task_json"]]
 
     def rejects(self) -> pl.DataFrame:
         """Every reject ever recorded (history)."""
@@ -474,7 +474,7 @@ class Catalog:
         """The exact task versions a task set holds."""
         frame = self.query("""SELECT t.task_json FROM task_set_members m JOIN tasks t USING (content_hash)
                               WHERE m.version = ? ORDER BY m.task_id""", [self.resolve_task_set(version)])
-        return [Task.model_validate_json(j) for j in frame["task_json"]]
+        return [Task.from_stored(j) for j in frame["task_json"]]
 
     def export_task_set(self, version: str, path: Path) -> Path:
         """Write a task-set version's member tasks to parquet."""

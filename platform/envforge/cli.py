@@ -558,7 +558,7 @@ def taskset_export_swebench(version: str, path: Path, data_dir: Optional[Path] =
         frame = cat.task_set_frame(_version(cat, version))
     except (EnvforgeError, KeyError) as exc:
         _fail(exc)
-    n = export_swebench([Task.model_validate_json(j) for j in frame["task_json"]], path)
+    n = export_swebench([Task.from_stored(j) for j in frame["task_json"]], path)
     out.print(f"{n} instance(s) written to {path}")
 
 

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 TASK_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{1,79}$"
 # Paths inside the sandbox. The workspace is what the policy edits; /run/envforge-verifier
@@ -36,7 +36,11 @@ def valid_test_id(value: str) -> bool:
     return bool(_TEST_ID.match(value))
 
 
-def _test_id(value: str) -> str:
+def _test_id(value: str, info: ValidationInfo) -> str:
+    # Tasks read back from the catalog (context `stored`) were checked when they were ingested, under
+    # the rules of their time: a stricter rule must not make an existing catalog unreadable.
+    if (info.context or {}).get("stored"):
+        return value
     if not valid_test_id(value):
         raise ValueError(f"test id {value[:200]!r} is empty, longer than 2000 characters, or has whitespace or control "
                          "characters: ids are passed to the runner as one argument each and matched against its "
@@ -64,11 +68,13 @@ class Limits(_Strict):
     trajectory_timeout_s: float = Field(1800, gt=0, le=604800, description="wall time for a whole episode")
 
     @model_validator(mode="after")
-    def _tmpfs_fits_in_memory(self) -> "Limits":
+    def _tmpfs_fits_in_memory(self, info: ValidationInfo) -> "Limits":
         # tmpfs pages are charged to the sandbox's memory cgroup and no OOM kill frees them: a
         # full disk must hit ENOSPC, not the OOM killer, and the agent must keep room to work
         # when a policy fills every mount it can write to.
         need = self.workspace_mb + self.tmp_mb + EXTRA_TMPFS_MB + AGENT_RESERVE_MB
+        if (info.context or {}).get("stored"):  # checked at ingest, under that time's rule (see _test_id)
+            need = self.workspace_mb + self.tmp_mb + 1
         if need > self.memory_mb:
             raise ValueError(f"workspace_mb + tmp_mb + {EXTRA_TMPFS_MB + AGENT_RESERVE_MB} ({need}) must not exceed "
                              f"memory_mb ({self.memory_mb}): tmpfs pages count against memory, /dev/shm and "
@@ -275,6 +281,11 @@ class Task(BaseModel):
     @property
     def id(self) -> str:
         return self.spec.id
+
+    @classmethod
+    def from_stored(cls, task_json: str) -> "Task":
+        """A task as the catalog stored it (checked at ingest; not re-checked against newer ingest rules)."""
+        return cls.model_validate_json(task_json, context={"stored": True})
 
     def verifier_bytes(self) -> dict[str, bytes]:
         return {k: base64.b64decode(v) for k, v in self.verifier_files.items()}
