@@ -71,13 +71,13 @@ def test_a_full_tmp_is_the_policys_own_business(settings, docker_client, invento
     """apply_patch after filling /tmp used to raise OSError out of the episode and kill the batch;
     a full /tmp used to make the final diff an infrastructure fault."""
     task, _ = inventory
-    failed = _one(settings, docker_client, inventory, [FILL_TMP, ApplyPatch(task.reference_patch)], "full-tmp-1")
-    assert "No space left" in failed.turns[0].observation or "100%" in failed.turns[0].observation
-    assert failed.turns[1].observation.startswith("error:") and "No space left" in failed.turns[1].observation
-    assert failed.reward == 0.0 and failed.end_reason == "submitted" and failed.infra_retries == 0
-    solved = _one(settings, docker_client, inventory,
-                  [FILL_TMP, WriteFile("inventory/stats.py", _fixed_stats(task))], "full-tmp-2")
-    assert solved.resolved and solved.reward == 1.0  # a full /tmp does not stop the diff it earned
+    traj = _one(settings, docker_client, inventory,
+                [FILL_TMP, ApplyPatch(task.reference_patch), WriteFile("inventory/stats.py", _fixed_stats(task))],
+                "full-tmp")
+    assert "No space left" in traj.turns[0].observation or "100%" in traj.turns[0].observation
+    assert traj.turns[1].observation.startswith("error:") and "No space left" in traj.turns[1].observation
+    assert traj.turns[2].observation.startswith("wrote")
+    assert traj.resolved and traj.reward == 1.0 and traj.infra_retries == 0  # a full /tmp does not stop its diff
 
 
 def test_a_huge_file_scores_zero_with_the_reason(settings, docker_client, inventory):
