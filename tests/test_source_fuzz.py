@@ -107,26 +107,24 @@ def _blank_lines(recs: list) -> int:
     return sum(1 for r in recs if isinstance(r, bytes) and not r.replace(b"\n", b" ").strip())
 
 
-@given(data=st.data())
-def test_swebench_records_never_crash_or_vanish(fx, data):
-    recs = data.draw(records(_swe_record(fx)))
+def _record_source(fx: Fixture, config: str, records_file: str, recs: list, target: str) -> None:
+    """A record file beside its config (naming the fixture's bundle as acme/calc), loaded and checked."""
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         shutil.copy(fx.bundle, d / "calc.bundle")
-        (d / "swebench.yaml").write_text("repos:\n  acme/calc: calc.bundle\n")
-        (d / "instances.jsonl").write_bytes(_lines(recs))
-        _check(_load(d / "instances.jsonl"), len(recs) - _blank_lines(recs))
+        (d / config).write_text("repos:\n  acme/calc: calc.bundle\n")
+        (d / records_file).write_bytes(_lines(recs))
+        _check(_load(d / target), len(recs) - _blank_lines(recs))
+
+
+@given(data=st.data())
+def test_swebench_records_never_crash_or_vanish(fx, data):
+    _record_source(fx, "swebench.yaml", "instances.jsonl", data.draw(records(_swe_record(fx))), "instances.jsonl")
 
 
 @given(data=st.data())
 def test_review_records_never_crash_or_vanish(fx, data):
-    recs = data.draw(records(_review_record(fx)))
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        shutil.copy(fx.bundle, d / "calc.bundle")
-        (d / "reviews.yaml").write_text("repos:\n  acme/calc: calc.bundle\n")
-        (d / "reviews.jsonl").write_bytes(_lines(recs))
-        _check(_load(d / "reviews.yaml"), len(recs) - _blank_lines(recs))
+    _record_source(fx, "reviews.yaml", "reviews.jsonl", data.draw(records(_review_record(fx))), "reviews.yaml")
 
 
 @given(data=st.data())
