@@ -113,27 +113,32 @@ def test_the_rollout_cli_exits_3_when_too_many_groups_were_dropped(tmp_path, mon
     below runs the real thing."""
     from typer.testing import CliRunner
 
-    from envforge import stages
-    from envforge.cli import EXIT_TOO_MANY_DROPPED, app
-    from envforge.pipeline import ingest
-    from envforge.rollout.batch import BatchResult
+    import envforge.stages.rollout as rollout_stage
+    from envforge.cli import app
+    from envforge.cli.common import EXIT_TOO_MANY_DROPPED
+    from envforge.rollout import batch
     from envforge.rollout.scheduler import BatchReport
     from envforge.rollout.store import TrajectoryStore
     from envforge.rollout.trajectory import DroppedGroup
+    from envforge.stages.configs import IngestConfig
+    from envforge.stages.images import ImageSet
+    from envforge.stages.ingest import ingest
 
     settings = Settings.from_env().with_data_dir(tmp_path / "data")
-    tasks = ingest(settings, [REPO / "task_sources" / "specs"]).result.tasks
+    tasks = ingest(settings, IngestConfig(), [REPO / "task_sources" / "specs"]).result.tasks
     assert len(tasks) == 3
 
-    def fake_rollout(settings, tasks, policy, config, **kwargs):
+    def run_batch(settings, items, policy, config, **kwargs):
         store = TrajectoryStore(str(tmp_path / "rollouts"), "b")
-        for t in tasks[:2]:
+        for t, _ in items[:2]:
             store.record_dropped(DroppedGroup("b", t.id, "retry budget exhausted", {}, []))
-        report = BatchReport("b", len(tasks), 1, dropped_groups=store.dropped())
-        return BatchResult(report, store, {"trajectories": 0.0, "pass_at_1": 0.0, "infra_retries": 6.0,
-                                           "steps_per_s": 0.0})
+        report = BatchReport("b", len(items), 1, dropped_groups=store.dropped())
+        return batch.BatchResult(report, store, {"trajectories": 0.0, "pass_at_1": 0.0, "infra_retries": 6.0,
+                                                 "steps_per_s": 0.0})
 
-    monkeypatch.setattr(stages, "rollout", fake_rollout)
+    monkeypatch.setattr(batch, "run_batch", run_batch)
+    monkeypatch.setattr(rollout_stage, "ensure_images", lambda settings, tasks, images, context: ImageSet(
+        "not-built", {t.content_hash: "not-built" for t in tasks}))
     args = ["rollout", "--task-set", "current", "--json", "--data-dir", str(settings.data_dir)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == EXIT_TOO_MANY_DROPPED == 3, result.output
@@ -154,12 +159,14 @@ def _restart_engine() -> float:
 @pytest.mark.docker
 @pytest.mark.slow
 def test_a_rollout_survives_a_dockerd_restart(tmp_path, docker_client, base_image):
-    from envforge.pipeline import ingest
     from envforge.rollout.store import TrajectoryStore
+    from envforge.stages.configs import IngestConfig
+    from envforge.stages.ingest import ingest
 
     data = tmp_path / "data"
     settings = Settings.from_env().with_data_dir(data)
-    tasks = ingest(settings, [REPO / "task_sources" / "specs", REPO / "task_sources" / "runbooks"]).result.tasks
+    tasks = ingest(settings, IngestConfig(), [REPO / "task_sources" / "specs",
+                                              REPO / "task_sources" / "runbooks"]).result.tasks
     samples = 4
     total = len(tasks) * samples
     cmd = [ENVFORGE, "rollout", "--task-set", "current", "--samples", str(samples), "--concurrency", "6",

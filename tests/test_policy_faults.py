@@ -16,7 +16,7 @@ from envforge.rollout.actions import ApplyPatch, Run, WriteFile, to_text
 from envforge.rollout.batch import run_batch
 from envforge.rollout.env import RolloutEnv
 from envforge.rollout.policies.base import PolicyOutput
-from envforge.rollout.scheduler import RolloutConfig
+from envforge.rollout.config import RolloutConfig
 from envforge.sandbox.container import Sandbox, SandboxOptions
 from envforge.sandbox.pool import SandboxPool
 from envforge.task import Limits

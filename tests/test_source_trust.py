@@ -17,9 +17,10 @@ from envforge import safefs
 from envforge.config import Settings
 from envforge.errors import ImageBuildError
 from envforge.hashing import tree_digest
-from envforge.pipeline import ingest
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.specs import load_spec_file
+from envforge.stages.configs import IngestConfig
+from envforge.stages.ingest import ingest
 from tests.conftest import BUNDLED_SPECS, REPO
 from tests.malformed_sources import make_socket, run_cases, tally
 
@@ -51,7 +52,7 @@ def test_one_bad_source_costs_that_source_not_the_batch(sources, tmp_path, monke
     make_socket(ws / "agent.sock")
     os.mkfifo(ws / "pipe")
     (sources / "runbooks" / "notes.md").write_text("# Notes\n\nnot a runbook\n")
-    report = ingest(Settings.from_env().with_data_dir(tmp_path / "data"), [sources])
+    report = ingest(Settings.from_env().with_data_dir(tmp_path / "data"), IngestConfig(), [sources])
     assert len(report.result.tasks) == 7  # 8 bundled minus the spec with the socket and the FIFO
     reasons = {(Path(p.file).name, p.field): p.reason for p in report.result.rejects}
     assert "dictionary" in reasons[("bad-metadata.md", "front matter.metadata")]
@@ -63,18 +64,18 @@ def test_one_bad_source_costs_that_source_not_the_batch(sources, tmp_path, monke
 def test_the_same_id_from_another_source_is_a_reject_naming_both(sources, tmp_path, monkeypatch):
     monkeypatch.setenv("ENVFORGE_SOURCE_ROOTS", "")
     settings = Settings.from_env().with_data_dir(tmp_path / "data")
-    first = ingest(settings, [sources / "specs" / "inventory-median-even"])
+    first = ingest(settings, IngestConfig(), [sources / "specs" / "inventory-median-even"])
     assert [t.id for t in first.result.tasks] == ["inventory-median-even"]
     other = tmp_path / "team-b" / "median"
     shutil.copytree(sources / "specs" / "inventory-median-even", other)
     (other / "task.yaml").write_text((other / "task.yaml").read_text().replace("do not\n  change the tests.",
                                                                               "keep the tests as they are."))
-    second = ingest(settings, [other])
+    second = ingest(settings, IngestConfig(), [other])
     assert second.result.tasks == []
     [problem] = second.result.rejects
     assert problem.field == "id" and "already current from source" in problem.reason
     assert str(sources / "specs" / "inventory-median-even") in problem.reason
-    again = ingest(settings, [sources / "specs" / "inventory-median-even"])  # its own source may re-ingest it
+    again = ingest(settings, IngestConfig(), [sources / "specs" / "inventory-median-even"])  # its own source may re-ingest it
     assert [t.id for t in again.result.tasks] == ["inventory-median-even"] and not again.result.rejects
 
 

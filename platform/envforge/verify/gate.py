@@ -16,23 +16,12 @@ from typing import Callable
 from envforge.errors import InfraError, PolicyOutcome
 from envforge.sandbox.container import Sandbox
 from envforge.task import Task
+from envforge.verify.config import GateConfig
 from envforge.verify.grader import Grader, options_for
 from envforge.verify.probes import STANDARD_PROBES, Probe, guard_for
 from envforge.verify.result import VerificationResult
 
 INFRA_RETRIES = 2
-
-
-@dataclass
-class GateConfig:
-    """Gate parameters; they are part of a task-set version."""
-
-    runs: int = 5
-    shuffle: bool = True
-    probes: bool = True
-
-    def as_params(self) -> dict:
-        return {"gate": "flakiness", "runs": self.runs, "shuffle": self.shuffle, "probes": self.probes}
 
 
 @dataclass
