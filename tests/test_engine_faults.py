@@ -22,7 +22,7 @@ import pytest
 from envforge.config import Settings
 from envforge.errors import InfraError
 from envforge.sandbox.container import Sandbox
-from envforge.sandbox.engine import MANAGED_LABEL, OWNER_LABEL, engine_answers, wait_for_engine
+from envforge.sandbox.engine import OWNER_LABEL, engine_answers, wait_for_engine
 from envforge.sandbox.pool import SandboxPool
 from tests.conftest import REPO
 
@@ -206,5 +206,4 @@ def test_a_rollout_survives_a_dockerd_restart(tmp_path, docker_client, base_imag
                "exit_code": proc.returncode}
     print("dockerd restart during a rollout:", json.dumps(figures))
     (Path(os.environ.get("ENVFORGE_FIGURES_DIR", tmp_path)) / "dockerd_restart.json").write_text(json.dumps(figures))
-    assert MANAGED_LABEL  # the engine is back for the next tests
-    assert engine_answers(docker_client) or wait_for_engine(docker_client, 60) >= 0
+    wait_for_engine(docker_client, 60)  # the engine is back for the next tests
