@@ -137,6 +137,7 @@ def test_the_rollout_cli_exits_3_when_too_many_groups_were_dropped(tmp_path, mon
                                                  "steps_per_s": 0.0})
 
     monkeypatch.setattr(batch, "run_batch", run_batch)
+    monkeypatch.setattr(rollout_stage.rollout, "tracked", rollout_stage.rollout)  # MLflow is tested elsewhere
     monkeypatch.setattr(rollout_stage, "ensure_images", lambda settings, tasks, images, context: ImageSet(
         "not-built", {t.content_hash: "not-built" for t in tasks}))
     args = ["rollout", "--task-set", "current", "--json", "--data-dir", str(settings.data_dir)]

@@ -22,7 +22,6 @@ from envforge.sources.fields import StrictModel
 from envforge.sources.gitrepo import SplitChange, materialize_repo, resolve_commit, tree_footprint
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import built_records
-from envforge.sources.specs import _pydantic_problems
 from envforge.task import Limits, Task, TaskSpec, valid_test_id
 
 if TYPE_CHECKING:
@@ -87,7 +86,7 @@ class Candidate:
         try:
             spec = TaskSpec.model_validate(data)
         except ValidationError as err:
-            raise SpecError(_pydantic_problems(self.origin, err)) from None
+            raise SpecError(guard.validation_problems(self.origin, err)) from None
         task = Task(spec=spec, origin=self.origin, base_dir=str(self.base_dir),
                     reference_patch=self.change.source_patch, test_patch=self.change.test_patch,
                     workspace_digest=f"git:{self.workspace_commit}")
@@ -165,4 +164,4 @@ def load_config(path: Path, model: type[BaseModel], policy: SourcePolicy) -> Bas
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_pydantic_problems(str(path), err)) from None
+        raise SpecError(guard.validation_problems(str(path), err)) from None

@@ -5,7 +5,8 @@
 - YAML is composed first and its size with every alias expanded is bounded (a 1 KB alias bomb
   would otherwise become a 69 MB task), and recursive aliases are refused;
 - free text has NUL and control characters (except tab and newlines) stripped, and a length cap;
-- commits given as branches or relative refs are resolved to their SHA (or refused).
+- commits given as branches or relative refs are resolved to their SHA (or refused);
+- a pydantic validation error becomes one reject per field, named as the source writes it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from envforge import safefs
 from envforge.errors import Problem, SpecError
@@ -26,6 +28,44 @@ _HEX_SHA = re.compile(r"^[0-9a-fA-F]{7,64}$")
 
 def reject(where: str, field: str, reason: str) -> SpecError:
     return SpecError([Problem(where, field, reason)])
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}
+
+
+def _is_type_tag(part: object) -> bool:
+    """Pydantic names the union member it tried in an error's location ('str', 'function-after[...]',
+    'ReviewComment'): those are not fields, and a reject names fields."""
+    if not isinstance(part, str):
+        return False
+    return part in _TYPE_TAGS or "[" in part or (part[:1].isupper() and part.isalnum() and not part.isupper())
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if _is_type_tag(part):
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def validation_problems(source: str, err: ValidationError) -> list[Problem]:
+    """A pydantic error as one reject per field, named as the source writes it (`a.b[0]`)."""
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    for e in err.errors():
+        field = _field_path(e["loc"])
+        if field in seen:  # a union reports once per member: the first says enough
+            continue
+        seen.add(field)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see docs/task-spec.md)"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        problems.append(Problem(source, field, msg))
+    return problems
 
 
 def confined(base: Path, rel: str, where: str, field: str, policy: SourcePolicy) -> Path:

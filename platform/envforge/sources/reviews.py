@@ -37,7 +37,6 @@ from envforge.sources.gitrepo import git, is_ancestor, resolve_commit, split_cha
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import blank
 from envforge.sources.result import LoadResult
-from envforge.sources.specs import _pydantic_problems
 
 CONFIG_NAME = "reviews.yaml"
 REQUIRED = ("id", "repository", "change_commit", "comment", "follow_up_commit")
@@ -108,7 +107,7 @@ def review_to_candidate(rec: dict[str, Any], where: str, cfg: ReviewSourceConfig
     try:
         r = ReviewRecord.model_validate(rec)
     except ValidationError as err:
-        raise SpecError(_pydantic_problems(where, err)) from None
+        raise SpecError(guard.validation_problems(where, err)) from None
     body, context = _comment(r.comment, where, policy)
     git_dir = repos.get(r.repository)
     if git_dir is None:

@@ -31,7 +31,6 @@ from envforge.errors import Problem, SpecError
 from envforge.sources import guard
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.result import LoadResult
-from envforge.sources.specs import _pydantic_problems
 from envforge.task import Limits, Task, TaskSpec
 
 SECTIONS = ("setup", "files", "checks", "solution")
@@ -69,7 +68,7 @@ def _front_matter(text: str, src: str, policy: SourcePolicy) -> tuple[FrontMatte
         allowed = "unknown field (allowed: id, tags, max_turns, limits, metadata)"
         raise SpecError([Problem(p.source, f"front matter.{p.field}" if p.field else "front matter",
                                  allowed if p.reason.startswith("unknown field") else p.reason)
-                         for p in _pydantic_problems(src, err)]) from None
+                         for p in guard.validation_problems(src, err)]) from None
     return front, text[end + 4:].lstrip("\n")
 
 
@@ -167,7 +166,7 @@ def load_runbook(path: Path, policy: SourcePolicy | None = None) -> Task:
     try:
         spec = TaskSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_pydantic_problems(src, err)) from None
+        raise SpecError(guard.validation_problems(src, err)) from None
     task = Task(spec=spec, origin=src, base_dir=str(path.parent), workspace_digest="runbook")
     return task.model_copy(update={"content_hash": task.compute_content_hash()})
 

@@ -48,43 +48,6 @@ def discover_spec_files(paths: Iterable[Path]) -> tuple[list[Path], list[Problem
     return found, problems
 
 
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}
-
-
-def _is_type_tag(part: object) -> bool:
-    """Pydantic names the union member it tried in an error's location ('str', 'function-after[...]',
-    'ReviewComment'): those are not fields, and a reject names fields."""
-    if not isinstance(part, str):
-        return False
-    return part in _TYPE_TAGS or "[" in part or (part[:1].isupper() and part.isalnum() and not part.isupper())
-
-
-def _field_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if _is_type_tag(part):
-            continue
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _pydantic_problems(source: str, err: ValidationError) -> list[Problem]:
-    problems: list[Problem] = []
-    seen: set[str] = set()
-    for e in err.errors():
-        field = _field_path(e["loc"])
-        if field in seen:  # a union reports once per member: the first says enough
-            continue
-        seen.add(field)
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see docs/task-spec.md)"
-        elif e["type"] == "missing":
-            msg = "required field is missing"
-        problems.append(Problem(source, field, msg))
-    return problems
-
-
 def _read_yaml(path: Path, policy: SourcePolicy) -> dict[str, Any]:
     data = guard.load_yaml_file(path, str(path), policy)
     if not isinstance(data, dict):
@@ -175,7 +138,7 @@ def load_spec_file(path: Path, policy: SourcePolicy | None = None) -> Task:
     try:
         spec = TaskSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_pydantic_problems(src, err)) from None
+        raise SpecError(guard.validation_problems(src, err)) from None
     instruction = guard.check_text(spec.instruction, src, "instruction", policy)
     env = spec.environment
     r = _Resolved(path, policy)

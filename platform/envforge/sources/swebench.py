@@ -28,7 +28,6 @@ from envforge.sources.gitrepo import materialize_repo, patch_applies, resolve_co
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import blank, built_records
 from envforge.sources.result import LoadResult
-from envforge.sources.specs import _pydantic_problems
 from envforge.task import Limits, Task, TaskSpec, TestId
 
 CONFIG_NAME = "swebench.yaml"
@@ -102,7 +101,7 @@ def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, Path]
     try:
         r = SweBenchRecord.model_validate(rec)
     except ValidationError as err:
-        raise SpecError(_pydantic_problems(where, err)) from None
+        raise SpecError(guard.validation_problems(where, err)) from None
     statement = guard.check_text(r.problem_statement, where, "problem_statement", policy)
     if r.repo_path:
         repo_path = guard.confined(base_dir, r.repo_path, where, "repo_path", policy)
@@ -147,7 +146,7 @@ def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, Path]
     try:
         spec = TaskSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_pydantic_problems(where, err)) from None
+        raise SpecError(guard.validation_problems(where, err)) from None
     task = Task(spec=spec, origin=where, base_dir=str(base_dir), reference_patch=r.patch,
                 test_patch=r.test_patch, workspace_digest=f"git:{sha}")
     return task.model_copy(update={"content_hash": task.compute_content_hash()})

@@ -33,7 +33,6 @@ from envforge.sources.gitrepo import first_parent, resolve_commit, split_change
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import blank, get_path
 from envforge.sources.result import LoadResult
-from envforge.sources.specs import _pydantic_problems
 
 CONFIG_NAME = "tickets.yaml"
 FIELDS = ("id", "title", "body", "fix_commit", "labels")
@@ -113,7 +112,7 @@ def ticket_to_candidate(rec: dict[str, Any], where: str, export: TicketExport, c
     try:
         ticket = TicketFields.model_validate({k: v for k, v in values.items() if v is not None})
     except ValidationError as err:
-        problems = _pydantic_problems(where, err)
+        problems = guard.validation_problems(where, err)
         raise SpecError([Problem(p.source, fmap.get(p.field.split(".")[0].split("[")[0], p.field), p.reason)
                          for p in problems]) from None
     fix_field = fmap["fix_commit"]
