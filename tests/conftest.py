@@ -23,6 +23,14 @@ def settings(tmp_path: Path) -> Settings:
     return s
 
 
+@pytest.fixture
+def allow_tmp_sources(tmp_path: Path, monkeypatch) -> Path:
+    """Allow sources under this test's tmp_path to name paths anywhere under it (a deployment does
+    this with ENVFORGE_SOURCE_ROOTS): tests keep repositories beside, not inside, their sources."""
+    monkeypatch.setenv("ENVFORGE_SOURCE_ROOTS", str(tmp_path))
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     from envforge.sandbox.engine import docker_client as make_client

@@ -40,9 +40,14 @@ def test_ingest_json_reports_valid_and_rejects(tmp_path):
     bad = specs / "broken"
     bad.mkdir()
     (bad / "task.yaml").write_text("id: broken-task\ninstruction: short\nmax_turns: lots\n")
+    (specs / "runbooks").mkdir()
+    (specs / "runbooks" / "notes.md").write_text("# Notes\n\nno front matter, so not a runbook\n")
     proc = run(["ingest", str(specs), "--json"], tmp_path / "data")
     doc = json.loads(proc.stdout)
     assert doc["valid"] == len(list(BUNDLED_SPECS.rglob("task.yaml"))) and doc["rejected"] >= 3
+    assert [Path(s["source"]).name for s in doc["skipped"]] == ["notes.md"]  # reported, not silently ignored
+    found = json.loads(run(["sources", "list", str(specs), "--json"], tmp_path / "data").stdout)
+    assert [Path(s["source"]).name for s in found["skipped"]] == ["notes.md"]
     fields = {r["field"] for r in doc["rejects"] if r["source"].endswith("broken/task.yaml")}
     assert {"instruction", "max_turns", "verification", "reference_solution"} <= fields
 

@@ -17,7 +17,7 @@ from envforge.sources.reviews import load_review_source
 from envforge.sources.tickets import load_ticket_source
 from tests.test_history_sources import make_calc_repo, write_review_source, write_ticket_source
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("allow_tmp_sources")]  # repositories beside the sources
 
 
 @pytest.fixture

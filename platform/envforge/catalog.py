@@ -183,6 +183,24 @@ class Catalog:
         self.write(frames)
         return IngestSummary(batch_id, len(new), len(result.tasks) - len(new), len(result.rejects))
 
+    def current_owners(self, task_ids: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
+        """{task id: [(source key, origin), ...]}: the sources whose latest load made each id current.
+
+        A task id belongs to one source: a second source yielding the same id would silently
+        shadow the first, so ingest rejects it instead, naming both.
+        """
+        ids = sorted(set(task_ids))
+        if not ids:
+            return {}
+        frame = self.query(
+            "SELECT t.task_id, l.source_key, t.origin FROM current_tasks t JOIN ("
+            "  SELECT source_key, unnest(task_hashes) AS content_hash FROM latest_source_loads) l USING (content_hash)"
+            " WHERE list_contains(?, t.task_id) ORDER BY l.source_key", [ids])
+        owners: dict[str, list[tuple[str, str]]] = {}
+        for r in frame.iter_rows(named=True):
+            owners.setdefault(r["task_id"], []).append((r["source_key"], r["origin"]))
+        return owners
+
     def known_hashes(self) -> set[str]:
         with self._connect() as con:
             return {r[0] for r in con.execute("SELECT content_hash FROM tasks").fetchall()}
@@ -195,7 +213,7 @@ class Catalog:
         frame = self.tasks()
         if task_ids is not None:
             frame = frame.filter(pl.col("task_id").is_in(list(task_ids)))
-        return [Task.model_validate_json(j) for j in frame["task_json"]]
+        return [Task.from_stored(j) for j in frame["task_json"]]
 
     def load_versions(self, content_hashes: Iterable[str]) -> list[Task]:
         """Exactly these task versions (current or not), ordered by task id; unknown hashes raise KeyError."""
@@ -205,7 +223,7 @@ class Catalog:
         unknown = set(wanted) - set(frame["content_hash"])
         if unknown:
             raise KeyError(f"task versions not in the catalog: {sorted(unknown)[:5]}")
-        return [Task.model_validate_json(j) for j in frame["task_json"]]
+        return [Task.from_stored(j) for j in frame["task_json"]]
 
     def task_listing(self) -> pl.DataFrame:
         """Current tasks with their latest gate verdict, for people (`envforge catalog list`)."""
@@ -487,7 +505,7 @@ class Catalog:
         """The exact task versions a task set holds."""
         frame = self.query("""SELECT t.task_json FROM task_set_members m JOIN tasks t USING (content_hash)
                               WHERE m.version = ? ORDER BY m.task_id""", [self.resolve_task_set(version)])
-        return [Task.model_validate_json(j) for j in frame["task_json"]]
+        return [Task.from_stored(j) for j in frame["task_json"]]
 
     def export_task_set(self, version: str, path: Path) -> Path:
         """Write a task-set version's member tasks to parquet."""

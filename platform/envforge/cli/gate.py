@@ -12,7 +12,7 @@ import typer
 from envforge.cli.common import DataDir, console, fail, out, run_stage, settings_for
 from envforge.cli.images import current_tasks
 from envforge.cli.options import config_options
-from envforge.errors import EnvforgeError, InfraError
+from envforge.errors import EnvforgeError, InfraError, PolicyOutcome
 from envforge.verify.config import GateConfig
 
 
@@ -53,9 +53,16 @@ def verify(task: str = typer.Option(..., "--task", help="spec file/folder or cat
                 diff, notes = patch.read_text(), []
             else:
                 lines = [ln for ln in commands.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-                diff, notes = grader.commands_diff(t, image, lines)
-            result = grader.grade(t, image, diff, "patch" if patch else "commands")
-            result.reasons += notes
+                try:
+                    diff, notes = grader.commands_diff(t, image, lines)
+                except PolicyOutcome as exc:  # what the commands did is their outcome: not resolved, exit 1
+                    diff, notes = None, [f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason]
+            if diff is None:
+                result = VerificationResult(task_id=t.id, solution="commands", reward=0.0, resolved=False,
+                                            reasons=notes, image=image)
+            else:
+                result = grader.grade(t, image, diff, "patch" if patch else "commands")
+                result.reasons += notes
     except InfraError as exc:
         result = VerificationResult(task_id=task, solution="patch" if patch else "commands", reward=0.0,
                                     resolved=False, infra_error=f"{exc.cause}: {exc.detail}")

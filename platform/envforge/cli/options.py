@@ -128,13 +128,16 @@ def config_options(command: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:
         built = {}
-        for name, (cls, options, optional) in configs.items():
-            values = {o.name: kwargs.pop(o.name) for o in options}
-            if optional:
-                values = {k: v for k, v in values.items() if v is not None}
-                built[name] = build_config(cls, values, options) if values else None
-            else:
-                built[name] = build_config(cls, values, options)
+        try:  # a config's own check of its values (__post_init__) is a usage error
+            for name, (cls, options, optional) in configs.items():
+                values = {o.name: kwargs.pop(o.name) for o in options}
+                if optional:
+                    values = {k: v for k, v in values.items() if v is not None}
+                    built[name] = build_config(cls, values, options) if values else None
+                else:
+                    built[name] = build_config(cls, values, options)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
         return command(**kwargs, **built)
 
     del wrapper.__wrapped__  # typer must see the expanded signature, not the command's

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from envforge.cli.common import DataDir, fail, out, resolve_version, run_stage, settings_for
+from envforge.cli.common import EXIT_TOO_MANY_DROPPED, DataDir, console, fail, out, resolve_version, run_stage, settings_for
 from envforge.cli.options import config_options
 from envforge.errors import EnvforgeError
 from envforge.rollout.config import RolloutConfig
@@ -27,7 +27,8 @@ def rollout(task_set: str = typer.Option("latest", help="task-set version (prefi
             out_dir: Optional[str] = typer.Option(None, "--out", help="store root: a path or fsspec URL (default: "
                                                                        "<ENVFORGE_STORE_URL or data dir>/rollouts)"),
             as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
-    """Roll a policy out on a task set: n samples per task, graded, stored as parquet (resumable)."""
+    """Roll a policy out on a task set: n samples per task, graded, stored as parquet (resumable). Exits 3 when
+    more than --max-dropped-fraction of the groups were dropped, 2 on an infrastructure fault outside the batch."""
     from envforge.catalog import Catalog
     from envforge.stages.rollout import rollout as rollout_stage
 
@@ -45,16 +46,22 @@ def rollout(task_set: str = typer.Option("latest", help="task-set version (prefi
     batch = result.batch
     doc = {"batch_id": batch.store.batch_id, "location": result.location(),
            "stored_this_run": batch.report.stored, "resumed": batch.report.resumed,
-           "dropped_groups": [g.to_json() for g in batch.report.dropped_groups], "metrics": batch.metrics,
+           "dropped_groups": [g.to_json() for g in batch.report.dropped_groups],
+           "dropped_fraction": round(result.dropped_fraction, 4), "metrics": batch.metrics,
            "mlflow_run_id": result.mlflow_run_id}
     if as_json:
         sys.stdout.write(json.dumps(doc) + "\n")
-        return
-    m = batch.metrics
-    out.print(f"batch {doc['batch_id']}: {int(m['trajectories'])} trajectories ({batch.report.stored} new, "
-              f"{batch.report.resumed} resumed), pass@1 {m['pass_at_1']:.3f}, {len(batch.report.dropped_groups)} "
-              f"dropped group(s), {int(m['infra_retries'])} infra retries, {m['steps_per_s']:.1f} steps/s")
-    out.print(f"stored in {doc['location']}")
+    else:
+        m = batch.metrics
+        out.print(f"batch {doc['batch_id']}: {int(m['trajectories'])} trajectories ({batch.report.stored} new, "
+                  f"{batch.report.resumed} resumed), pass@1 {m['pass_at_1']:.3f}, {len(batch.report.dropped_groups)} "
+                  f"dropped group(s), {int(m['infra_retries'])} infra retries, {m['steps_per_s']:.1f} steps/s")
+        out.print(f"stored in {doc['location']}")
+    if result.dropped_fraction > config.max_dropped_fraction:
+        console.print(f"[red]{result.dropped_fraction:.0%} of the batch's groups were dropped, over "
+                      f"--max-dropped-fraction {config.max_dropped_fraction:g}:[/red] infrastructure faults outlasted "
+                      "the retries (the dropped groups are recorded in the batch)")
+        raise typer.Exit(EXIT_TOO_MANY_DROPPED)
 
 
 @config_options

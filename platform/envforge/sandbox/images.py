@@ -22,6 +22,7 @@ import docker
 import yaml
 from docker.errors import APIError, BuildError, ImageNotFound
 
+from envforge import safefs
 from envforge.config import Settings
 from envforge.errors import ImageBuildError
 from envforge.hashing import digest_parts, tree_digest
@@ -212,7 +213,10 @@ def _write_workspace(task: Task, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     src = task.workspace_path()
     if src is not None:
-        shutil.copytree(src, dest, dirs_exist_ok=True, symlinks=True)
+        try:  # checked at ingest; checked again here, since the folder may have changed since
+            safefs.copy_tree(src, dest)
+        except (safefs.UnsafePath, OSError) as exc:
+            raise ImageBuildError(f"task {task.id}: environment.files: {exc}") from None
         return
     repo = task.spec.environment.repository
     if repo is not None:

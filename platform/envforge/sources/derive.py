@@ -34,7 +34,7 @@ from envforge.progress import Progress, no_progress
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import build_base_image, build_task_image
 from envforge.sandbox.pool import SandboxPool
-from envforge.sources.candidate import Candidate
+from envforge.sources.candidate import Candidate, derivable_ids
 from envforge.sources.result import LoadResult
 from envforge.task import Task
 from envforge.verify.checkpoints import install_verifier_files, run_suite
@@ -99,15 +99,23 @@ def task_from_runs(candidate: Candidate, runs: SuiteRuns) -> Task:
         raise SpecError([Problem(candidate.origin, candidate.field,
                                  f"the test suite produced no results after the change "
                                  f"({', '.join(runs.after_reasons)}); check the `tests.command` of the source")])
-    if not runs.fail_to_pass:
+    fail_to_pass, odd_f2p = derivable_ids(runs.fail_to_pass)
+    pass_to_pass, odd_p2p = derivable_ids(runs.pass_to_pass)
+    if not fail_to_pass:
         failing_after = sorted(t for t, s in runs.after.items() if s != "passed")
         detail = f"{len(runs.after)} tests ran after the change, {len(runs.pass_to_pass)} already passed before"
         if failing_after:
             detail += f", {len(failing_after)} still fail ({', '.join(failing_after[:3])})"
+        if odd_f2p:
+            detail += f", {len(odd_f2p)} cannot be required (ids with whitespace or control characters)"
         raise SpecError([Problem(candidate.origin, candidate.field,
                                  f"the change has no failing-then-passing test: {detail}")])
-    return candidate.to_task(runs.fail_to_pass, runs.pass_to_pass,
-                             {"broken_by_change": runs.broken_by_change} if runs.broken_by_change else None)
+    extra: dict = {}
+    if runs.broken_by_change:
+        extra["broken_by_change"] = runs.broken_by_change
+    if odd_f2p or odd_p2p:
+        extra["unselectable_tests"] = odd_f2p + odd_p2p
+    return candidate.to_task(fail_to_pass, pass_to_pass, extra or None)
 
 
 def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: docker.DockerClient | None = None,

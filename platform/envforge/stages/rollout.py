@@ -21,6 +21,12 @@ class RolloutResult(StageResult):
     policy: str
     task_set_version: str
 
+    @property
+    def dropped_fraction(self) -> float:
+        """The share of the batch's groups dropped (this run's and earlier runs' of a resumed batch)."""
+        n = self.batch.report.n_tasks
+        return len(self.batch.store.dropped()) / n if n else 0.0
+
     def location(self) -> str:
         return f"{self.batch.store.root}/{self.batch.store.batch_id}"
 
@@ -29,7 +35,7 @@ class RolloutResult(StageResult):
                 "n_tasks": self.batch.report.n_tasks}
 
     def metrics(self) -> dict[str, float]:
-        return dict(self.batch.metrics)
+        return {**self.batch.metrics, "dropped_fraction": round(self.dropped_fraction, 4)}
 
     def artifacts(self) -> dict[str, Any]:
         return {"rollout_batch.json": {"batch_id": self.batch.store.batch_id, "location": self.location(),

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
-from envforge.errors import InfraError
+from envforge.errors import InfraError, PolicyOutcome
 from envforge.sandbox.container import Sandbox
 from envforge.task import Task
 from envforge.verify.config import GateConfig
@@ -62,6 +62,8 @@ def probe_diff(grader: Grader, task: Task, image: str, probe: Probe) -> str:
     try:
         sandbox.exec(probe.script(task), timeout_s=120)
         return sandbox.diff()
+    except PolicyOutcome:
+        return ""  # a probe whose workspace cannot be diffed scores what the empty diff scores
     finally:
         grader.pool.release(sandbox)
 

@@ -16,6 +16,7 @@ import time
 
 import docker
 
+from envforge.errors import PolicyOutcome
 from envforge.sandbox.container import Sandbox, SandboxOptions
 from envforge.sandbox.pool import SandboxPool
 from envforge.task import Task
@@ -81,7 +82,7 @@ class Grader:
         if diff.strip():
             try:
                 method = sb.apply_patch(diff)
-            except ValueError:
+            except (ValueError, OSError):  # OSError: a diff too large to stage in the sandbox's /tmp
                 return None, {}, [], ["patch_failed"]
             # The guard that does not depend on parsing the diff: whatever the applied diff
             # changed in the tree, protected paths go back to their initial state, and so
@@ -94,7 +95,7 @@ class Grader:
         if task.test_patch:
             try:
                 sb.apply_patch(task.test_patch)
-            except ValueError:
+            except (ValueError, OSError):
                 return method, {}, [], ["test_patch_failed"]
         sb.exec(PURGE_CACHES, timeout_s=120)
         install_verifier_files(sb, task)
@@ -116,7 +117,9 @@ class Grader:
         return method, tests, checkpoints, failures
 
     def commands_diff(self, task: Task, image: str, commands: list[str]) -> tuple[str, list[str]]:
-        """Run commands as a policy would (fresh sandbox, workspace as cwd); returns (diff, failures)."""
+        """Run commands as a policy would (fresh sandbox, workspace as cwd); returns (diff, failures).
+
+        Raises PolicyOutcome when the commands leave a workspace that cannot be diffed."""
         sandbox = self.pool.acquire(image, options_for(task))
         try:
             failures = []
@@ -134,4 +137,7 @@ class Grader:
             return "", []
         if task.reference_patch is not None:
             return task.reference_patch, []
-        return self.commands_diff(task, image, list(task.spec.reference_solution.commands or []))
+        try:
+            return self.commands_diff(task, image, list(task.spec.reference_solution.commands or []))
+        except PolicyOutcome as exc:  # the reference itself cannot be graded: the gate quarantines the task
+            return "", [exc.reason]
