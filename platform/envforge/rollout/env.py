@@ -154,14 +154,17 @@ class RolloutEnv:
         assert self.sandbox is not None
         return await self.sandbox.adiff()
 
-    async def verify(self) -> tuple[str, VerificationResult]:
+    async def verify(self, keep_sandbox: bool = False) -> tuple[str, VerificationResult]:
         """(final diff, verdict): the diff is graded on a pristine sandbox, never on this one.
 
         The episode's sandbox goes back to the pool before grading takes one, so a trajectory never
-        holds two: with a capacity-bound pool (a fleet node) nested acquires could deadlock.
+        holds two: with a capacity-bound pool (a fleet node) nested acquires could deadlock. An
+        episode that goes on after the grade (the service's mid-episode verify) keeps it
+        (`keep_sandbox`); its grade then waits for room like any acquire.
         """
         diff = await self.diff()
-        await self.close()
+        if not keep_sandbox:
+            await self.close()
         result = await run_blocking(self.grader.grade, self.task, self.image, diff, "rollout")
         if result.infra_error:
             raise InfraError("grading", result.infra_error)
