@@ -129,6 +129,65 @@ def test_a_node_that_joins_takes_gate_work_of_the_gate_stage_configured_by_addre
     assert any(k.startswith("node-c") and v > 0 for k, v in grew.items())
 
 
+def test_the_service_configured_by_address_runs_sessions_on_a_fleet_node(fleet, settings, docker_client, base_image,
+                                                                        monkeypatch):
+    """`create_app` with no backend picks the fleet from ENVFORGE_RAY_ADDRESS: an episode's sandbox
+    (and its mid-episode grade's, after which the episode goes on) run on the second engine's node,
+    and /healthz says the fleet serves."""
+    import docker
+    from fastapi.testclient import TestClient
+
+    from envforge.catalog import Catalog
+    from envforge.service.app import create_app
+    from envforge.service.config import ServiceConfig
+    from envforge.sources.result import LoadResult
+    from tests.service.conftest import create_key
+
+    cluster, _, items, host_b = fleet
+    task, image = next((t, img) for t, img in items if t.id == "inventory-median-even")
+    catalog = Catalog(settings.catalog_path)
+    catalog.ingest(LoadResult(tasks=[task]))
+    catalog.record_images([(task, build_task_image(docker_client, task, base_image, settings))])
+    catalog.create_task_set("main", [task])
+    key = {"Authorization": f"Bearer {create_key(settings, 'team-a', ['main'])}"}
+    monkeypatch.setenv("ENVFORGE_RAY_ADDRESS", cluster.address)
+    configured = dispatcher_from_env()  # the process's dispatcher: the one the service's backend uses
+    node_a = next(n for n in configured.alive_nodes() if n.name.startswith("node-a"))
+    other = next(n for n in configured.alive_nodes() if not n.name.startswith("node-a"))  # on host_b's engine
+    node_a.full_until = time.monotonic() + 120  # node-a shares this process's engine: send the work elsewhere
+    engine_b = docker.DockerClient(base_url=host_b)
+    app = create_app(settings, ServiceConfig(mlflow=False, record_every_sessions=1))
+    try:
+        with TestClient(app) as http:
+            health = http.get("/healthz").json()["backend"]
+            assert health["backend"] == "fleet" and health["ray_address"] == cluster.address
+            assert {n["name"] for n in health["nodes"]} >= {node_a.name, other.name}
+            created = http.post("/sessions", json={"task_set": "main", "index": 0}, headers=key)
+            assert created.status_code == 201, created.text
+            sid = created.json()["session_id"]
+            busy = {n["name"]: n["in_use"] for n in http.get("/healthz").json()["backend"]["nodes"]}
+            assert busy[other.name] == 1 and busy[node_a.name] == 0
+            assert engine_b.containers.list(filters={"ancestor": image}), "no sandbox of the image on the second engine"
+            out = http.post(f"/sessions/{sid}/step", headers=key, json={"tool_call": {
+                "type": "function", "function": {"name": "run", "arguments": {"command": "ls inventory"}}}})
+            assert out.status_code == 200 and "stats.py" in out.json()["observation"]["text"], out.text
+            patch = {"name": "apply_patch", "arguments": {"patch": task.reference_patch}}
+            out = http.post(f"/sessions/{sid}/step", headers=key, json={"tool_call": {"type": "function",
+                                                                                     "function": patch}})
+            assert out.json()["observation"]["text"].startswith("patch applied"), out.text
+            verified = http.post(f"/sessions/{sid}/verify", headers=key).json()
+            assert verified["result"]["reward"] == 1.0 and verified["result"]["resolved"] and not verified["done"]
+            out = http.post(f"/sessions/{sid}/step", headers=key, json={"tool_call": {  # the episode goes on
+                "type": "function", "function": {"name": "run", "arguments": {"command": "echo still-here"}}}})
+            assert out.status_code == 200 and out.json()["observation"]["text"].endswith("still-here\n"), out.text
+            assert http.delete(f"/sessions/{sid}", headers=key).status_code == 200
+            after = http.get("/healthz").json()["backend"]
+            assert after["in_use"] == 0 and after["hits"] + after["misses"] >= 2  # the episode's and the grade's
+    finally:
+        node_a.full_until = 0.0
+    assert Catalog(settings.catalog_path).service_sessions("team-a").height == 1  # recorded as on one machine
+
+
 _DRIVER = """
 import sys
 from envforge.config import Settings

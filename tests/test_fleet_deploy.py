@@ -111,11 +111,12 @@ def test_the_raycluster_gives_every_worker_its_own_engine_and_sandbox_capacity()
     assert "envforge-env" in instance["run_launcher"]["config"]["env_config_maps"]
 
 
-def test_the_compose_overlay_sends_the_code_location_to_the_ray_head():
+def test_the_compose_overlay_sends_the_code_location_and_the_service_to_the_ray_head():
     from envforge.deployment import Deployment
 
     overlay = yaml.safe_load((PROD / "docker-compose.fleet.yaml").read_text())["services"]
     assert overlay["envforge"]["environment"]["ENVFORGE_RAY_ADDRESS"] == "ray-head:6379"
+    assert overlay["service"]["environment"]["ENVFORGE_RAY_ADDRESS"] == "ray-head:6379"  # sessions too
     assert "--head" in overlay["ray-head"]["command"] and overlay["ray-worker"]["privileged"]
     assert "volumes" not in overlay["ray-worker"]  # two engines must never share a data root
     Deployment.from_env({"ENVFORGE_ENV": "production", "MLFLOW_TRACKING_URI": "http://mlflow:5000",

@@ -188,3 +188,20 @@ def test_keys_are_managed_from_the_cli(settings):
     store = TenantStore(tenants_path(settings))
     assert store.authenticate(doc["key"]) is None
     store.close()
+
+
+def test_the_service_picks_the_fleet_by_address_and_an_unreachable_one_fails_the_start(settings, monkeypatch):
+    """The stages' rule: ENVFORGE_RAY_ADDRESS set means the fleet, joined at start-up, before any engine
+    is touched (the fleet on a real cluster: tests/test_fleet.py)."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        pytest.skip("this process already joined a Ray cluster (its dispatcher would be reused)")
+    from fastapi.testclient import TestClient
+
+    from envforge.fleet.config import FleetConfigError
+    from envforge.service.app import create_app
+
+    monkeypatch.setenv("ENVFORGE_RAY_ADDRESS", "127.0.0.1:9")
+    with pytest.raises(FleetConfigError, match=r"ENVFORGE_RAY_ADDRESS=127.0.0.1:9: nothing answers"):
+        with TestClient(create_app(settings, ServiceConfig(mlflow=False))):
+            pass

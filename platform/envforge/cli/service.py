@@ -45,8 +45,9 @@ def _limit(name: str) -> Any:
 def serve(host: Optional[str] = _setting("host"), port: Optional[int] = _setting("port"),
           idle_timeout_s: Optional[float] = _setting("idle_timeout_s"),
           data_dir: Optional[Path] = DataDir) -> None:
-    """Serve the environment API (uvicorn) over the catalog's task sets, on the sandbox pool; every setting
-    of the service's config from its environment variable (docs/service.md), these three also here."""
+    """Serve the environment API (uvicorn) over the catalog's task sets, on the local sandbox pool (on the
+    fleet when ENVFORGE_RAY_ADDRESS is set); every setting of the service's config from its environment
+    variable (docs/service.md), these three also here."""
     import uvicorn
 
     from envforge.deployment import Deployment, DeploymentError

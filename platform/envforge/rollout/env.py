@@ -168,22 +168,26 @@ class RolloutEnv:
         assert self.sandbox is not None
         return await self.sandbox.adiff()
 
-    async def verify(self) -> tuple[str, VerificationResult]:
+    async def verify(self, keep_sandbox: bool = False) -> tuple[str, VerificationResult]:
         """(final diff, verdict): the diff is graded on a pristine sandbox, never on this one.
 
         The episode's sandbox goes back to the pool before grading takes one, so a trajectory never
-        holds two: with a capacity-bound pool (a fleet node) nested acquires could deadlock. A
-        workspace the policy made impossible to diff (too large, or its files leave no memory to diff
-        them in) scores 0 with the reason: a model outcome, not a fault to retry.
+        holds two: with a capacity-bound pool (a fleet node) nested acquires could deadlock. An
+        episode that goes on after the grade (the service's mid-episode verify) keeps it
+        (`keep_sandbox`); its grade then waits for room like any acquire. A workspace the policy made
+        impossible to diff (too large, or its files leave no memory to diff them in) scores 0 with the
+        reason: a model outcome, not a fault to retry.
         """
         try:
             diff = await self.diff()
         except PolicyOutcome as exc:
-            await self.close()
+            if not keep_sandbox:
+                await self.close()
             return "", VerificationResult(task_id=self.task.id, solution="rollout", reward=0.0, resolved=False,
                                           reasons=[f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason],
                                           image=self.image)
-        await self.close()
+        if not keep_sandbox:
+            await self.close()
         result = await run_blocking(self.grader.grade, self.task, self.image, diff, "rollout")
         if result.infra_error:
             raise InfraError("grading", result.infra_error)

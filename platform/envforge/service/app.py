@@ -1,6 +1,6 @@
 """The FastAPI app: routes, authentication, error bodies, request caps, metrics, the reaper.
 
-    app = create_app(settings, ServiceConfig())          # backend: the local sandbox pool
+    app = create_app(settings, ServiceConfig())          # sandboxes: the fleet or the local pool
     uvicorn.run(app, host=..., port=...)                 # `envforge service serve` does this
 
 Every route but /healthz, /metrics and the spec needs `Authorization: Bearer <key>` (or
@@ -31,7 +31,7 @@ from envforge.config import Settings
 from envforge.rollout.actions import TOOLS
 from envforge.rollout.scheduler import SYSTEM_PROMPT
 from envforge.service import models as m
-from envforge.service.backend import EnvBackend, LocalPoolBackend
+from envforge.service.backend import EnvBackend, backend_from_env
 from envforge.service.config import ServiceConfig
 from envforge.service.metrics import ServiceMetrics
 from envforge.service.openenv_ws import add_openenv_route
@@ -129,19 +129,17 @@ class RequestMetrics:
 def create_app(settings: Settings, config: ServiceConfig | None = None, backend: EnvBackend | None = None,
                boot_id: str | None = None) -> FastAPI:
     """The service over `settings` (catalog, tenants file, MLflow). Without a backend, the lifespan
-    starts a `LocalPoolBackend` on the configured Docker engine."""
+    starts one by `backend_from_env`: the sandbox fleet when `ENVFORGE_RAY_ADDRESS` is set, else a
+    warm pool on the configured Docker engine."""
     config = config or ServiceConfig()
     metrics = ServiceMetrics()
     state: dict[str, Any] = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        from envforge.sandbox.engine import docker_client
-
         settings.ensure_dirs()
         store = TenantStore(tenants_path(settings))
-        used_backend = backend or LocalPoolBackend(settings, await asyncio.to_thread(docker_client, settings),
-                                                   config.pool_idle_per_image, config.pool_max_starting)
+        used_backend = backend or await asyncio.to_thread(backend_from_env, settings, config)
         manager = SessionManager(used_backend, TaskDirectory(Catalog(settings.catalog_path)), QuotaTracker(store),
                                  SessionRecorder(settings, config.record_every_sessions, config.record_every_s,
                                                  mlflow=config.mlflow),
@@ -248,7 +246,7 @@ def create_app(settings: Settings, config: ServiceConfig | None = None, backend:
     async def healthz() -> dict[str, Any]:
         mgr = manager()
         return {"status": "ok", "boot_id": mgr.boot_id, "sessions_open": mgr.open_count(),
-                "backend": mgr.backend.stats()}
+                "backend": await asyncio.to_thread(mgr.backend.stats)}  # the fleet's asks its nodes
 
     @app.get("/metrics", tags=["service"], response_class=Response,
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},

@@ -228,4 +228,5 @@ class Health(_Model):
     status: Literal["ok"]
     boot_id: str = Field(description="changes when the service restarts; session ids carry it")
     sessions_open: int
-    backend: dict[str, Any]
+    backend: dict[str, Any] = Field(description="the sandbox backend serving sessions (`backend`: `local-pool`, or "
+                                    "`fleet` with its `nodes`, `in_use` and `idle_sandboxes`) and its statistics")

@@ -228,8 +228,9 @@ class SessionManager:
 
     async def _grade(self, session: Session) -> dict[str, Any]:
         started = time.perf_counter()
+        self._charge(session)  # a final grade gives the sandbox back first: charge its time up to now
         try:
-            _, result = await session.env.verify()
+            _, result = await session.env.verify(keep_sandbox=not session.env.done)  # mid-episode: it goes on
         except InfraError as exc:
             await self._lose(session, f"infrastructure fault while grading ({exc})")
             raise InfraFault(f"session {session.id} could not be graded: infrastructure fault ({exc}); start a "
