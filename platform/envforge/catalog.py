@@ -54,6 +54,10 @@ CREATE TABLE IF NOT EXISTS validations (
     empty_fails BIGINT NOT NULL, probes_json VARCHAR NOT NULL, verifier_median_s DOUBLE NOT NULL,
     infra_retries BIGINT NOT NULL, params_json VARCHAR NOT NULL, mlflow_run_id VARCHAR, dagster_run_id VARCHAR,
     created_at TIMESTAMP NOT NULL);
+-- Added for incremental gating (catalogs written before keep their rows, with NULLs here).
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS image_digest VARCHAR;
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS gate_key VARCHAR;
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS stats_json VARCHAR;
 CREATE TABLE IF NOT EXISTS quality (
     content_hash VARCHAR NOT NULL, task_id VARCHAR NOT NULL, status VARCHAR NOT NULL, corpus VARCHAR,
     doc_id VARCHAR, est_jaccard DOUBLE NOT NULL, exact_jaccard DOUBLE NOT NULL,
@@ -343,7 +347,19 @@ class Catalog:
              "empty_fails": r.empty_fails, "probes_json": json.dumps(r.probe_results, sort_keys=True),
              "verifier_median_s": float(r.median_verifier_s), "infra_retries": r.infra_retries,
              "params_json": params_json, "mlflow_run_id": mlflow_run_id, "dagster_run_id": dagster_run_id,
-             "created_at": at} for r in reports])})
+             "created_at": at, "image_digest": r.image_digest or None, "gate_key": r.gate_key or None,
+             "stats_json": json.dumps(r.stats(), sort_keys=True)} for r in reports])})
+
+    def validations_by_key(self, keys: Iterable[str]) -> dict[str, dict]:
+        """The newest verdict row stored under each of the given gate keys (see verify.gate.gate_key)."""
+        keys = sorted(set(keys))
+        if not keys:
+            return {}
+        frame = self.query("""
+            SELECT * EXCLUDE (rn) FROM (
+                SELECT *, row_number() OVER (PARTITION BY gate_key ORDER BY created_at DESC) AS rn
+                FROM validations WHERE gate_key IN (SELECT unnest(?::VARCHAR[]))) WHERE rn = 1""", [keys])
+        return {row["gate_key"]: row for row in frame.to_dicts()}
 
     def _latest_per_current_task(self, table: str) -> pl.DataFrame:
         """The newest row of `table` for each current task version."""

@@ -233,8 +233,14 @@ def verify(task: str = typer.Option(..., "--task", help="spec file/folder or cat
 @app.command()
 def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these task ids"),
              runs: int = typer.Option(5, help="grades of the empty and of the reference solution, each"),
-             shuffle: bool = typer.Option(True, help="one more reference run with the test order shuffled"),
-             probes: bool = typer.Option(True, help="run the standard reward-hacking probes"),
+             shuffle: bool = typer.Option(True, help="the order check: one more reference run of the whole suite "
+                                                     "in reversed order"),
+             probes: bool = typer.Option(True, help="run the reward-hacking probes that apply to each task"),
+             full_suite: bool = typer.Option(False, help="the exhaustive gate: the whole suite on every grading, "
+                                                         "every run and probe graded even after a disagreement"),
+             workers: int = typer.Option(2, min=1, help="gradings of one task in parallel"),
+             force: bool = typer.Option(False, help="re-gate tasks whose content, image and gate parameters are "
+                                                    "unchanged (by default they keep their verdict)"),
              as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
     """The flakiness gate on the catalog's current tasks: accept or quarantine each, with the reason."""
     from envforge import stages
@@ -248,19 +254,24 @@ def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these
     try:
         images, _ = stages.build_images(settings, tasks)
         with rich_progress(console) as progress:
-            report, _, chart = stages.validate(settings, tasks, images.image_for(), GateConfig(runs, shuffle, probes),
-                                               progress=progress)
+            report, _, chart = stages.validate(settings, tasks, images.image_for(),
+                                               GateConfig(runs, shuffle, probes, full_suite, workers),
+                                               progress=progress, force=force)
     except EnvforgeError as exc:
         _fail(exc)
     if as_json:
         sys.stdout.write(json.dumps({"tasks": report.rows(), "chart": str(chart),
                                      "probes": {r.task_id: r.probe_results for r in report.reports},
+                                     "probes_skipped": {r.task_id: r.probes_skipped for r in report.reports},
                                      "infra_failures": [str(p) for p in report.infra_failures]}) + "\n")
     else:
         for r in report.rows():
+            how = "kept: unchanged since its last gate" if r["kept"] else (
+                f"{r['gradings']} gradings, {r['gate_s']} s" + (", stopped at the first disagreement"
+                                                                 if r["stopped_early"] else ""))
             out.print(f"{r['task_id']}: {r['verdict']} (reference {r['reference_passes']}/{r['runs']}, "
-                      f"empty failed {r['empty_fails']}/{r['runs']}, probes {r['probes_caught']}/{r['probes']})"
-                      + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else ""))
+                      f"empty failed {r['empty_fails']}/{r['empty_runs']}, probes {r['probes_caught']}/{r['probes']}"
+                      f"; {how})" + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else ""))
         out.print(f"flake report: {chart}")
     if report.infra_failures:
         raise typer.Exit(2)

@@ -6,6 +6,7 @@ returns a small report; MLflow logging and progress display are the callers' bus
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from envforge.catalog import Catalog, IngestSummary
 from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError, Problem
 from envforge.sandbox.engine import docker_client
-from envforge.sandbox.images import ImageBuild, build_base_image, build_task_image
+from envforge.sandbox.images import ImageBuild, build_base_image, build_task_image, image_digest
 from envforge.sources import LoadResult
 from envforge.task import Task
 from envforge.quality.dedup import Cluster, ContaminationRecord, DuplicatePair, clusters, near_duplicate_pairs
@@ -25,7 +26,7 @@ from envforge.quality.dedup import decontaminate as decontaminate_tasks
 from envforge.quality.params import DedupConfig
 from envforge.quality.reference_index import ReferenceIndex, SyncReport
 from envforge.sandbox.pool import SandboxPool
-from envforge.verify.gate import GateConfig, GateReport, validate_task
+from envforge.verify.gate import GateConfig, GateReport, gate_key, validate_task
 from envforge.verify.grader import Grader
 
 # (stage, detail, done, total): called as work advances, so callers can draw bars or log lines.
@@ -52,19 +53,42 @@ class ImagesReport:
 
 @dataclass
 class ValidationReport:
-    reports: list[GateReport] = field(default_factory=list)
+    reports: list[GateReport] = field(default_factory=list)  # every task's verdict, kept ones included
     infra_failures: list[Problem] = field(default_factory=list)
 
     def accepted(self, tasks: Sequence[Task]) -> list[Task]:
         ok = {r.content_hash for r in self.reports if r.accepted}
         return [t for t in tasks if t.content_hash in ok]
 
+    @property
+    def kept(self) -> list[GateReport]:
+        """Verdicts of unchanged tasks (same content, image and gate parameters), not re-gated."""
+        return [r for r in self.reports if r.reused_from is not None]
+
     def rows(self) -> list[dict]:
         return [{"task_id": r.task_id, "verdict": r.verdict, "reference_passes": r.reference_passes,
-                 "empty_fails": r.empty_fails, "runs": r.runs, "disagreements": r.disagreements[:5],
+                 "empty_fails": r.empty_fails, "runs": r.runs, "empty_runs": r.empty_runs,
+                 "disagreements": r.disagreements[:5],
                  "probes_caught": sum(p["reward"] == 0 for p in r.probe_results.values()),
-                 "probes": len(r.probe_results), "verifier_median_s": round(r.median_verifier_s, 2)}
+                 "probes": len(r.probe_results), "probes_skipped": len(r.probes_skipped),
+                 "gradings": r.gradings, "stopped_early": r.stopped_early, "kept": r.reused_from is not None,
+                 "gate_s": round(r.wall_s, 2), "sandbox_s": round(r.sandbox_s, 2),
+                 "verifier_median_s": round(r.median_verifier_s, 2)}
                 for r in self.reports]
+
+
+def kept_report(row: dict) -> GateReport:
+    """A stored verdict (a `validations` row) as the report of an unchanged task."""
+    stats = json.loads(row.get("stats_json") or "{}")
+    return GateReport(
+        task_id=row["task_id"], content_hash=row["content_hash"], accepted=row["verdict"] == "accepted",
+        disagreements=list(row["disagreements"]), reference_passes=row["reference_passes"],
+        empty_fails=row["empty_fails"], runs=row["runs"], probe_results=json.loads(row["probes_json"]),
+        verifier_seconds=[row["verifier_median_s"]], infra_retries=row["infra_retries"],
+        empty_runs=stats.get("empty_runs", row["runs"]), probes_skipped=stats.get("probes_skipped", {}),
+        not_run=stats.get("not_run", []), gradings=stats.get("gradings", 0), sandbox_s=stats.get("sandbox_s", 0.0),
+        wall_s=stats.get("wall_s", 0.0), image_digest=row["image_digest"], gate_key=row["gate_key"],
+        reused_from=row["created_at"])
 
 
 @dataclass
@@ -158,32 +182,51 @@ def build_images(settings: Settings, tasks: Sequence[Task], client: docker.Docke
 
 def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], config: GateConfig = GateConfig(),
              concurrency: int = 2, client: docker.DockerClient | None = None, progress: Progress = _no_progress,
-             mlflow_run_id: str | None = None, dagster_run_id: str | None = None) -> ValidationReport:
-    """Run the flakiness gate on every task (tasks in parallel, one warm pool) and record the verdicts."""
+             mlflow_run_id: str | None = None, dagster_run_id: str | None = None,
+             force: bool = False) -> ValidationReport:
+    """Run the flakiness gate on every task (tasks in parallel, one warm pool) and record the verdicts.
+
+    A task whose content hash, image digest and gate parameters (and the verifier's code) are
+    unchanged keeps its stored verdict without a sandbox: the nightly refresh re-gates only
+    what changed. `force=True` re-gates everything.
+    """
     client = client or docker_client(settings)
     report = ValidationReport()
-    todo = []
+    keyed: list[tuple[Task, str, str]] = []
     for t in tasks:
-        if t.content_hash in images:
-            todo.append(t)
-        else:
+        digest = image_digest(client, images[t.content_hash]) if t.content_hash in images else None
+        if digest is None:
             report.infra_failures.append(Problem(t.origin, "environment", "no image built for this task version"))
-    progress("validate", "starting sandboxes", 0, len(todo))
-    with SandboxPool(client, max_idle_per_key=2, max_starting=concurrency) as pool:
-        grader = Grader(client, pool)
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as ex:
-            futures = {ex.submit(validate_task, grader, t, images[t.content_hash], config): t for t in todo}
-            for done, fut in enumerate(as_completed(futures), start=1):
-                task = futures[fut]
-                try:
-                    report.reports.append(fut.result())
-                except InfraError as exc:
-                    report.infra_failures.append(Problem(task.origin, "verification", str(exc)))
-                progress("validate", task.id, done, len(todo))
-    report.reports.sort(key=lambda r: r.task_id)
+        else:
+            keyed.append((t, digest, gate_key(t, digest, config)))
+    kept = {} if force else Catalog(settings.catalog_path).validations_by_key(k for *_, k in keyed)
+    report.reports += [kept_report(kept[k]) for _, _, k in keyed if k in kept]
+    todo = [(t, d, k) for t, d, k in keyed if k not in kept]
     if report.reports:
-        Catalog(settings.catalog_path).record_validations(report.reports, config.as_params(), mlflow_run_id,
-                                                          dagster_run_id)
+        progress("validate", f"{len(report.reports)} unchanged tasks keep their verdicts", 0, len(todo))
+    if todo:
+        progress("validate", "starting sandboxes", 0, len(todo))
+        with SandboxPool(client, max_idle_per_key=max(2, config.workers), max_starting=concurrency) as pool:
+            grader = Grader(client, pool)
+            with ThreadPoolExecutor(max_workers=max(1, concurrency)) as ex:
+                futures = {ex.submit(validate_task, grader, t, images[t.content_hash], config): (t, d, k)
+                           for t, d, k in todo}
+                new = []
+                for done, fut in enumerate(as_completed(futures), start=1):
+                    task, digest, key = futures[fut]
+                    try:
+                        gate = fut.result()
+                    except InfraError as exc:
+                        report.infra_failures.append(Problem(task.origin, "verification", str(exc)))
+                    else:
+                        gate.image_digest, gate.gate_key = digest, key
+                        new.append(gate)
+                    progress("validate", task.id, done, len(todo))
+        if new:
+            Catalog(settings.catalog_path).record_validations(new, config.as_params(), mlflow_run_id,
+                                                              dagster_run_id)
+        report.reports += new
+    report.reports.sort(key=lambda r: r.task_id)
     return report
 
 

@@ -100,6 +100,9 @@ class ValidationRow(_Table):
     mlflow_run_id: str = pa.Field(nullable=True)
     dagster_run_id: str = pa.Field(nullable=True)
     created_at: datetime
+    image_digest: str = pa.Field(nullable=True)  # the task image's id when it was gated
+    gate_key: str = pa.Field(nullable=True)  # content hash + image digest + gate params + verifier code
+    stats_json: str = pa.Field(nullable=True)  # gradings run, skipped probes, sandbox and wall seconds
 
 
 

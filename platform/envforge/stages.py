@@ -84,12 +84,13 @@ def build_images(settings: Settings, tasks: Sequence[Task], dagster_run_id: str 
 
 def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], config: GateConfig = GateConfig(),
              dagster_run_id: str | None = None, nested: bool = False, concurrency: int = 2,
-             progress: Progress = _no_progress) -> tuple[ValidationReport, str, Path]:
+             progress: Progress = _no_progress, force: bool = False) -> tuple[ValidationReport, str, Path]:
     """The flakiness gate, logged: verdicts, the flake report table and its chart."""
-    with track.mlflow_run(settings, "validate", "validate", {"n_tasks": len(tasks), **config.as_params()},
+    with track.mlflow_run(settings, "validate", "validate", {"n_tasks": len(tasks), **config.as_params(),
+                                                             "workers": config.workers, "force": force},
                           dagster_run_id, nested) as run:
         report = pipeline.validate(settings, tasks, images, config, concurrency=concurrency, progress=progress,
-                                   mlflow_run_id=run.info.run_id, dagster_run_id=dagster_run_id)
+                                   mlflow_run_id=run.info.run_id, dagster_run_id=dagster_run_id, force=force)
         rows = report.rows()
         accepted = sum(r.accepted for r in report.reports)
         track.log_metrics({
@@ -98,6 +99,8 @@ def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], 
             "infra_failures": len(report.infra_failures),
             "infra_retries": sum(r.infra_retries for r in report.reports),
             "verifier_median_s": statistics.median([r.median_verifier_s for r in report.reports] or [0.0]),
+            "tasks_kept": len(report.kept), "gradings": sum(r.gradings for r in report.reports if not r.reused_from),
+            "gate_sandbox_s": sum(r.sandbox_s for r in report.reports if not r.reused_from),
         })
         chart = flake_chart(rows, settings.data_dir / "charts" / "flake_report.png")
         track.log_png(chart)

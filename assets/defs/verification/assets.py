@@ -14,13 +14,17 @@ class GateRunConfig(dg.Config):
     runs: int = int(os.environ.get("ENVFORGE_GATE_RUNS", "5"))
     shuffle: bool = True
     probes: bool = True
+    full_suite: bool = False
+    workers: int = 2
+    force: bool = False  # re-gate tasks whose content, image and gate parameters are unchanged
 
 
 @dg.asset(
     group_name="verification", kinds={"docker", "duckdb"}, owners=["team:envforge"], deps=["environment_images"],
     description="Every current task through the flakiness gate: empty and reference solutions graded N times on "
-                "pristine copies, once more shuffled, and every standard reward-hacking probe. Tasks that disagree "
-                "are quarantined with the exact disagreement.",
+                "pristine copies (the test files that decide the verdict), the whole suite once in reversed order, "
+                "and every reward-hacking probe that applies. Tasks that disagree are quarantined with the exact "
+                "disagreement; unchanged tasks (content, image, gate parameters) keep their verdict.",
     op_tags={"envforge/sandbox-heavy": "true"}, pool=SANDBOX_POOL,
 )
 def validated_tasks(context: dg.AssetExecutionContext, config: GateRunConfig, catalog: CatalogResource,
@@ -32,13 +36,14 @@ def validated_tasks(context: dg.AssetExecutionContext, config: GateRunConfig, ca
     progress = log_progress(context)
 
     report, run_id, chart = stages.validate(settings, tasks, cat.latest_images(),
-                                            GateConfig(config.runs, config.shuffle, config.probes),
-                                            dagster_run_id=context.run.run_id, progress=progress)
+                                            GateConfig(config.runs, config.shuffle, config.probes, config.full_suite,
+                                                       config.workers),
+                                            dagster_run_id=context.run.run_id, progress=progress, force=config.force)
     rows = report.rows()
     quarantined = [r for r in rows if r["verdict"] != "accepted"]
     return dg.MaterializeResult(metadata={
         "tasks": len(tasks), "accepted": len(rows) - len(quarantined), "quarantined": len(quarantined),
-        "quarantine_rate": len(quarantined) / max(1, len(rows)),
+        "quarantine_rate": len(quarantined) / max(1, len(rows)), "kept": len(report.kept),
         "flake_report": dg.MetadataValue.json(rows), "infra_failures": problems_table(report.infra_failures),
         "chart": png(chart), "mlflow_run": mlflow_run(settings, run_id),
     })
