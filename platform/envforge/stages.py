@@ -106,6 +106,7 @@ def validate(settings: Settings, tasks: Sequence[Task], images: dict[str, str], 
         track.log_png(chart)
         track.log_json(rows, "flake_report.json")
         track.log_json({r.task_id: r.probe_results for r in report.reports}, "probes.json")
+        track.log_json({r.task_id: r.probes_skipped for r in report.reports}, "probes_skipped.json")
         return report, run.info.run_id, chart
 
 

@@ -3,6 +3,7 @@
 import os
 
 import dagster as dg
+from pydantic import Field
 
 from assets.defs.metadata import log_progress, mlflow_run, png, problems_table
 from assets.defs.resources import SANDBOX_POOL, CatalogResource, DockerResource, MlflowResource, settings_from
@@ -11,12 +12,13 @@ from envforge.verify.gate import GateConfig
 
 
 class GateRunConfig(dg.Config):
-    runs: int = int(os.environ.get("ENVFORGE_GATE_RUNS", "5"))
-    shuffle: bool = True
-    probes: bool = True
-    full_suite: bool = False
-    workers: int = 2
-    force: bool = False  # re-gate tasks whose content, image and gate parameters are unchanged
+    runs: int = Field(int(os.environ.get("ENVFORGE_GATE_RUNS", "5")),
+                      description="gradings of the empty and of the reference solution, each")
+    shuffle: bool = Field(True, description="the order check: the reference once more, whole suite, reversed")
+    probes: bool = Field(True, description="the reward-hacking probes that apply to each task")
+    full_suite: bool = Field(False, description="the exhaustive gate: whole suite every grading, no early stop")
+    workers: int = Field(2, ge=1, description="gradings of one task in parallel")
+    force: bool = Field(False, description="re-gate tasks whose content, image and gate parameters are unchanged")
 
 
 @dg.asset(

@@ -44,11 +44,14 @@ ORDER_CHECK = TestRun("suite", "reverse")
 class GateConfig:
     """Gate parameters. `as_params()` (what decides a verdict) is part of a task-set version."""
 
-    runs: int = 5  # gradings of the empty and of the reference solution, each
-    shuffle: bool = True  # the order check: one more reference grading, whole suite, reversed order
-    probes: bool = True  # the hack probes that apply to the task
-    full_suite: bool = False  # the exhaustive gate: whole suite every time, no early stop, no shared copies
-    workers: int = 2  # gradings of one task in parallel (does not change verdicts)
+    runs: int = field(default=5, metadata={"help": "gradings of the empty and of the reference solution, each"})
+    shuffle: bool = field(default=True, metadata={
+        "help": "the order check: the reference once more, on the whole suite, in reversed order"})
+    probes: bool = field(default=True, metadata={"help": "run the reward-hacking probes that apply to the task"})
+    full_suite: bool = field(default=False, metadata={
+        "help": "the exhaustive gate: the whole suite on every grading, every run and probe graded even after a "
+                "disagreement, no shared copies"})
+    workers: int = field(default=2, metadata={"help": "gradings of one task in parallel (verdicts do not depend on it)"})
 
     def as_params(self) -> dict:
         return {"gate": "flakiness", "runs": self.runs, "shuffle": self.shuffle, "probes": self.probes,
