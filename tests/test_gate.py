@@ -54,6 +54,13 @@ def test_a_verdict_decided_by_the_first_runs_stops_there(grader, bundled_images)
     assert not report.accepted and report.gradings == 2 and report.stopped_early
     assert report.disagreements == ["empty_passed_fail_to_pass:tests/test_stats.py::test_mean:run1"]
 
+    ops, ops_image = bundled_images["ops-service-config"]
+    failing_commands = ops.model_copy(update={"spec": ops.spec.model_copy(update={
+        "reference_solution": ops.spec.reference_solution.model_copy(update={"commands": ["false"]})})})
+    report = validate_task(grader, failing_commands, ops_image, GateConfig())
+    assert report.disagreements == ["reference_solution_command_failed:0"] and report.gradings == 0
+    assert report.stopped_early and "reference:run1" in report.not_run
+
 
 def test_flaky_tasks_are_still_caught(grader, bundled_images):
     flaky, image = bundled_images["flaky-ttl-cache"]

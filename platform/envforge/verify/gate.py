@@ -177,15 +177,16 @@ def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = G
     if task.reference_patch is None:  # the reference commands ran in a sandbox
         report.sandbox_s += time.perf_counter() - started
     report.disagreements += [f"reference_{f}" for f in ref_failures]
-    if ref_failures and not config.full_suite:
+    plan = _plan(task, ref_diff, config, grader, image, report)
+    if ref_failures and not config.full_suite:  # the reference's own commands failed: decided already
+        report.not_run = [g.name for g in plan]
         report.wall_s = time.perf_counter() - started
         return report
 
     def stop(name: str, result: VerificationResult) -> bool:
         return not config.full_suite and bool(_judge(task, name, result))
 
-    outcome = grade_batch(grader, task, image, _plan(task, ref_diff, config, grader, image, report),
-                          workers=config.workers, stop=stop)
+    outcome = grade_batch(grader, task, image, plan, workers=config.workers, stop=stop)
     for name, result in outcome.results.items():
         report.disagreements += _judge(task, name, result)
         kind, _, which = name.partition(":")
