@@ -14,7 +14,7 @@ from envforge import pipeline
 from envforge.catalog import Catalog
 from envforge.sandbox.images import build_task_image, image_digest
 from envforge.sources.specs import load_spec_file
-from envforge.verify.gate import GateConfig, validate_task
+from envforge.verify.gate import ORDER_CHECK, GateConfig, validate_task
 from envforge.verify.selection import SUITE
 
 pytestmark = pytest.mark.docker
@@ -167,3 +167,34 @@ def test_probes_on_a_task_verified_by_shell_checkpoints(copy_spec, grader, bundl
         assert report.disagreements == ["probe_scored:fake_checkpoint_output:1.0"], report.disagreements
     finally:
         docker_client.images.remove(weak_image, force=True)
+
+
+def test_unittest_tasks_are_graded_by_id_and_discovered_for_the_order_check(tmp_path, grader, docker_client,
+                                                                           base_image, settings):
+    root = tmp_path / "unittest-task"
+    (root / "workspace" / "tests").mkdir(parents=True)
+    (root / "workspace" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (root / "workspace" / "tests" / "__init__.py").write_text("")
+    (root / "workspace" / "tests" / "test_calc.py").write_text(
+        "import unittest\nfrom calc import add\n\n\nclass Add(unittest.TestCase):\n"
+        "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n\n"
+        "    def test_zero(self):\n        self.assertEqual(add(0, 0), 0)\n")
+    (root / "solution.patch").write_text("--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
+                                         "-    return a - b\n+    return a + b\n")
+    (root / "task.yaml").write_text(yaml.safe_dump({
+        "id": f"gate-unittest-{uuid.uuid4().hex[:8]}", "instruction": "add() subtracts; make it add.",
+        "environment": {"image": "base", "files": "workspace"},
+        "verification": {"tests": {"framework": "unittest", "fail_to_pass": ["tests.test_calc.Add.test_add"],
+                                   "pass_to_pass": ["tests.test_calc.Add.test_zero"]}},
+        "reference_solution": {"patch": "solution.patch"}}))
+    task = load_spec_file(root / "task.yaml")
+    image = build_task_image(docker_client, task, base_image, settings).tag
+    try:
+        assert grader.grade(task, image, task.reference_patch).reasons == []
+        empty = grader.grade(task, image, "")
+        assert empty.reasons == ["test_failed:tests.test_calc.Add.test_add"]
+        # The order check discovers the whole suite: its ids must be the ones the task names.
+        whole = grader.grade(task, image, task.reference_patch, run=ORDER_CHECK)
+        assert whole.reasons == [] and set(whole.tests.values()) == {"passed"}
+    finally:
+        docker_client.images.remove(image, force=True)
