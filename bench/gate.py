@@ -106,8 +106,7 @@ def main() -> None:
         client = docker_client(settings)
         log("ingesting ledger, geokit and the flaky examples (derivations are cached in the data dir)")
         ingest = pipeline.ingest(settings, SOURCES, client=client)
-        if ingest.result.rejects:
-            log(f"rejects: {[str(p) for p in ingest.result.rejects]}")
+        log(f"{len(ingest.result.tasks)} tasks, {len(ingest.result.rejects)} rejects (the bundled bad records)")
         tasks = Catalog(settings.catalog_path).load_tasks()
         wanted = set(args.task) or (QUICK if args.quick else None)
         tasks = [t for t in tasks if wanted is None or t.id in wanted]
