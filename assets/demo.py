@@ -37,10 +37,10 @@ from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from envforge.config import Settings  # noqa: E402
+from envforge.rollout.tiers import TIERS  # noqa: E402
 from envforge.sources import discover_sources  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-TIERS = ("unsolved", "hard", "medium", "easy", "trivial")
 console = Console(stderr=True)
 out = Console()
 
@@ -62,18 +62,24 @@ class DemoConfig:
         return cls(gate_runs=2, sft_epochs=2, rl_rounds=1, rl_group_size=2, rollout_samples=2)
 
     def main_run_config(self) -> dict:
-        ops = {"validated_tasks": {"runs": self.gate_runs}, "sft_checkpoint": {"epochs": self.sft_epochs},
-               "rl_checkpoint": {"rounds": self.rl_rounds, "group_size": self.rl_group_size}}
-        return _run_config(ops)
+        training = {"sft_epochs": self.sft_epochs, "rl_rounds": self.rl_rounds, "group_size": self.rl_group_size}
+        return _run_config({"validated_tasks": {"runs": self.gate_runs}}, resources={"training": training})
 
     def rollout_run_config(self) -> dict:
-        return _run_config({"rollout_batch": {"samples": self.rollout_samples}})
+        return _run_config({"rollout_batch": {"n_samples": self.rollout_samples}})
 
 
-def _run_config(ops: dict[str, dict[str, Any]], log_level: str = "INFO") -> dict:
-    configs = {op: {k: v for k, v in values.items() if v is not None} for op, values in ops.items()}
-    return {"ops": {op: {"config": c} for op, c in configs.items() if c},
-            "loggers": {"console": {"config": {"log_level": log_level}}}}
+def _run_config(ops: dict[str, dict[str, Any]], log_level: str = "INFO",
+                resources: dict[str, dict[str, Any]] | None = None) -> dict:
+    def given(values: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in values.items() if v is not None}
+
+    doc: dict[str, Any] = {"ops": {op: {"config": given(c)} for op, c in ops.items() if given(c)},
+                           "loggers": {"console": {"config": {"log_level": log_level}}}}
+    chosen = {name: {"config": given(c)} for name, c in (resources or {}).items() if given(c)}
+    if chosen:
+        doc["resources"] = chosen
+    return doc
 
 
 @dataclass
@@ -146,8 +152,6 @@ def run_demo(settings: Settings, config: DemoConfig, instance: dg.DagsterInstanc
 
 def graph_status(instance: dg.DagsterInstance) -> dict[str, dict[str, str]]:
     """What the UI shows for the whole graph: each asset's latest materialization, each check's latest result."""
-    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
-
     from assets.definitions import defs
 
     graph = defs.resolve_asset_graph()
@@ -158,8 +162,8 @@ def graph_status(instance: dg.DagsterInstance) -> dict[str, dict[str, str]]:
     checks = {}
     for key in check_keys:
         record = latest.get(key)
-        passed = record is not None and record.status == AssetCheckExecutionRecordStatus.SUCCEEDED
-        checks[key.to_user_string()] = "passed" if passed else (record.status.value.lower() if record else "never run")
+        status = record.status.value.lower() if record else "never run"  # planned | succeeded | failed | skipped
+        checks[key.to_user_string()] = "passed" if status == "succeeded" else status
     return {"assets": assets, "checks": checks}
 
 

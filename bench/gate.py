@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,12 +38,16 @@ sys.path.insert(0, str(REPO / "platform"))
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
-from envforge import pipeline  # noqa: E402
 from envforge.catalog import Catalog  # noqa: E402
 from envforge.config import Settings  # noqa: E402
 from envforge.sandbox.engine import docker_client  # noqa: E402
 from envforge.sandbox.pool import SandboxPool  # noqa: E402
-from envforge.verify.gate import GateConfig, GateReport, validate_task  # noqa: E402
+from envforge.stages.configs import ImagesConfig, IngestConfig  # noqa: E402
+from envforge.stages.gate import gate as gate_stage  # noqa: E402
+from envforge.stages.images import build_images  # noqa: E402
+from envforge.stages.ingest import ingest  # noqa: E402
+from envforge.verify.config import GateConfig  # noqa: E402
+from envforge.verify.gate import GateReport, validate_task  # noqa: E402
 from envforge.verify.grader import Grader  # noqa: E402
 
 SOURCES = [REPO / "task_sources" / "projects" / "ledger", REPO / "task_sources" / "examples"]  # examples: geokit, flaky
@@ -105,12 +110,13 @@ def main() -> None:
         settings.ensure_dirs()
         client = docker_client(settings)
         log("ingesting ledger, geokit and the flaky examples (derivations are cached in the data dir)")
-        ingest = pipeline.ingest(settings, SOURCES, client=client)
-        log(f"{len(ingest.result.tasks)} tasks, {len(ingest.result.rejects)} rejects (the bundled bad records)")
+        loaded = ingest(settings, IngestConfig(), SOURCES, client=client)
+        log(f"{len(loaded.result.tasks)} tasks, {len(loaded.result.rejects)} rejects (the bundled bad records)")
         tasks = Catalog(settings.catalog_path).load_tasks()
         wanted = set(args.task) or (QUICK if args.quick else None)
         tasks = [t for t in tasks if wanted is None or t.id in wanted]
-        images = pipeline.build_images(settings, tasks, client=client).image_for()
+        image_set = build_images(settings, ImagesConfig(), tasks, client=client).image_set
+        images = {t.content_hash: image for t, image in image_set.items(tasks)}
         tasks = [t for t in tasks if t.content_hash in images]
         log(f"{len(tasks)} tasks")
         rows = []
@@ -132,17 +138,18 @@ def main() -> None:
                 bar.advance(progress)
         log("the pipeline's default gate over every task, 2 tasks at a time")
         started = time.perf_counter()
-        report = pipeline.validate(settings, tasks, images, DEFAULT, client=client, force=True)
+        report = gate_stage(settings, replace(DEFAULT, force=True), tasks, image_set, client=client)
         pipeline_s = time.perf_counter() - started
         started = time.perf_counter()
-        again = pipeline.validate(settings, tasks, images, DEFAULT, client=client)
+        again = gate_stage(settings, DEFAULT, tasks, image_set, client=client)
         regate_s = time.perf_counter() - started
         assert len(again.kept) == len(report.reports), "unchanged tasks must keep their verdicts"
         load_avg["end"] = round(os.getloadavg()[0], 2)
         groups = {g: summary([r for r in rows if r["group"] == g]) for g in sorted({r["group"] for r in rows})}
         doc = {
             "benchmark": "gate", "tasks": len(rows), "cpus": os.cpu_count(), "load_avg_1m": load_avg,
-            "settings": {"full": FULL.as_params() | {"workers": 1}, "default": DEFAULT.as_params() | {"workers": 2}},
+            "settings": {"full": FULL.as_params() | {"workers": FULL.workers},
+                         "default": DEFAULT.as_params() | {"workers": DEFAULT.workers}},
             **summary(rows), "groups": groups,
             "tasks_per_hour": {"pipeline_default_2_at_a_time": round(3600 * len(tasks) / pipeline_s, 1),
                                "serial_default": round(3600 * len(rows) / sum(r["default"]["wall_s"] for r in rows), 1),

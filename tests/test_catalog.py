@@ -119,3 +119,24 @@ def test_catalog_file_is_plain_duckdb(catalog, bundled):
         assert con.execute("SELECT count(*) FROM tasks").fetchone()[0] == len(bundled.tasks)
     finally:
         con.close()
+
+
+def test_each_table_is_defined_once_by_its_pandera_model(catalog):
+    """The DuckDB tables are created from the pandera models: same columns in the same order, same types,
+    NOT NULL exactly where the model says not nullable, and the model's unique columns as the primary key."""
+    from envforge.schemas import TABLE_SCHEMAS, duckdb_type, primary_key
+
+    con = duckdb.connect(str(catalog.path), read_only=True)
+    try:
+        for table, model in TABLE_SCHEMAS.items():
+            schema = model.to_schema()
+            columns = con.execute("SELECT column_name, data_type, is_nullable FROM duckdb_columns() "
+                                  "WHERE table_name = ? ORDER BY column_index", [table]).fetchall()
+            assert columns == [(name, duckdb_type(col.dtype.type), col.nullable)
+                               for name, col in schema.columns.items()], table
+            keys = con.execute("SELECT constraint_column_names FROM duckdb_constraints() WHERE table_name = ? "
+                               "AND constraint_type = 'PRIMARY KEY'", [table]).fetchall()
+            assert [k[0] for k in keys] == ([primary_key(table)] if primary_key(table) else []), table
+    finally:
+        con.close()
+    assert primary_key("task_set_members") == ["version", "task_id"] and primary_key("tasks") == ["content_hash"]

@@ -26,7 +26,8 @@ def run(args: list[str], data_dir: Path, check: bool = True) -> subprocess.Compl
 
 @pytest.mark.parametrize("cmd", [[], ["ingest"], ["images"], ["images", "build"], ["catalog"], ["catalog", "list"],
                                  ["demo"], ["schema"], ["verify"], ["validate"], ["dedup"], ["dedup", "run"],
-                                 ["dedup", "index"], ["taskset"], ["taskset", "diff"], ["taskset", "lineage"]])
+                                 ["dedup", "index"], ["taskset"], ["taskset", "diff"], ["taskset", "lineage"],
+                                 ["train", "sft"], ["train", "rl"], ["train", "evaluate"], ["rollout"], ["tiers"]])
 def test_help_everywhere(cmd, tmp_path):
     proc = run([*cmd, "--help"], tmp_path)
     assert "Usage" in proc.stdout
@@ -66,3 +67,27 @@ def test_dedup_run_and_index_with_a_user_corpus(tmp_path):
     assert status["orders-daily-summary"]["status"] == "contaminated"
     assert status["orders-daily-summary"]["doc_id"] == "leak-1"
     assert status["inventory-median-even"]["status"] == "clean"
+
+
+def test_command_options_are_the_stage_configs_fields():
+    """One definition per setting: each config field is an option of the command that runs the stage, with the
+    field's default and help text; the command gets the config object built from them."""
+    from dataclasses import fields
+
+    from typer.testing import CliRunner
+
+    from envforge.cli import app
+    from envforge.quality.params import DedupConfig
+    from envforge.rollout.config import RolloutConfig
+    from envforge.stages.configs import TierConfig
+    from envforge.train.config import TrainingConfig
+    from envforge.verify.config import GateConfig
+
+    runner = CliRunner()
+    for command, config in ((["train", "sft"], TrainingConfig), (["dedup", "run"], DedupConfig),
+                            (["validate"], GateConfig), (["rollout"], RolloutConfig), (["tiers"], TierConfig)):
+        text = runner.invoke(app, [*command, "--help"], terminal_width=240, env={"COLUMNS": "240"}).output
+        for f in fields(config):
+            flags = f.metadata.get("cli") or (f"--{f.name.replace('_', '-')}",)
+            assert flags[0] in text, (command, f.name)
+    assert "GRPO sampling temperature" in runner.invoke(app, ["train", "rl", "--help"], terminal_width=240).output

@@ -15,7 +15,7 @@ from assets.defs.environments.checks import environment_images_complete
 from assets.defs.resources import default_resources
 from assets.defs.sources.assets import candidate_tasks, source_assets
 from assets.defs.quality.assets import contamination_report, decontaminated_tasks
-from assets.defs.quality.checks import no_contaminated_task_remains, splits_leak_free
+from assets.defs.quality.checks import no_contaminated_task_remains
 from assets.defs.sources.checks import candidate_tasks_schema, reject_rate_checks
 from assets.defs.verification.assets import validated_tasks
 from assets.defs.verification.checks import quarantine_rate
@@ -72,15 +72,14 @@ def test_materialize_first_assets_in_process(settings, docker_client):
     assert all(e.passed for r in sources for e in r.get_asset_check_evaluations())
     result = dg.materialize(
         [candidate_tasks, decontaminated_tasks, contamination_report, environment_images, validated_tasks,
-         candidate_tasks_schema, no_contaminated_task_remains, splits_leak_free, environment_images_complete,
-         quarantine_rate],
+         candidate_tasks_schema, no_contaminated_task_remains, environment_images_complete, quarantine_rate],
         resources=default_resources(settings), instance=instance,
         run_config={"ops": {"validated_tasks": {"config": {"runs": 1, "shuffle": False, "probes": True}}}},
     )
     assert result.success
     checks = {e.asset_check_key.name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks == {"candidate_tasks_schema": True, "environment_images_complete": True, "quarantine_rate": True,
-                      "no_contaminated_task_remains": True, "splits_leak_free": True}
+                      "no_contaminated_task_remains": True}
     quality_md = result.asset_materializations_for_node("decontaminated_tasks")[0].metadata
     assert quality_md["clean"].value == 8 and quality_md["contaminated"].value == 0
     assert quality_md["index_docs_added"].value == 164  # HumanEval, indexed once
@@ -100,48 +99,25 @@ def test_materialize_first_assets_in_process(settings, docker_client):
         tagged = mlflow.search_runs(experiment_names=[settings.mlflow_experiment], output_format="list",
                                     filter_string=f"tags.`dagster.run_id` = '{source_run.run_id}'")
         assert [r.data.tags["envforge.stage"] for r in tagged] == ["ingest"]
-    # Rollouts: the tiered task set registers its version as a partition; one batch per (version, policy).
-    from assets.defs.rollouts.assets import rollout_batch, tiered_task_set
-    from assets.defs.rollouts.checks import rollout_infra_failure_rate, tiers_complete
+    # The tiered task set registers its version as a partition of rollout_batch, one per (version, policy).
+    from assets.defs.rollouts.assets import tiered_task_set
+    from assets.defs.rollouts.checks import splits_leak_free, tiers_complete
 
-    tiered = dg.materialize([tiered_task_set, tiers_complete], resources=default_resources(settings),
+    tiered = dg.materialize([tiered_task_set, tiers_complete, splits_leak_free], resources=default_resources(settings),
                             instance=instance)
     assert tiered.success
     tier_md = tiered.asset_materializations_for_node("tiered_task_set")[0].metadata
     assert tier_md["tasks"].value == 8 and tier_md["method"].value == "static"
     assert tier_md["histogram"].value.startswith("![tiers-")
-    assert [e.passed for e in tiered.get_asset_check_evaluations()] == [True]
+    assert [e.passed for e in tiered.get_asset_check_evaluations()] == [True, True]
+    # The version's lineage is complete: the sources, what was removed (nothing here), and the params in its hash.
+    lineage = tier_md["lineage"].value
+    assert len(lineage["sources"]) == 8 and lineage["removed"] == []
+    assert lineage["gates"]["gate"]["runs"] == 1 and lineage["gates"]["dedup"]["threshold"] == 0.5
     key = tier_md["partition_key"].value
     assert instance.get_dynamic_partitions("task_set_versions") == [key]
     assert instance.get_dynamic_partitions("rollout_policies") == ["replay"]
-    batch = dg.materialize([rollout_batch, rollout_infra_failure_rate], resources=default_resources(settings),
-                           instance=instance, partition_key=dg.MultiPartitionKey({"task_set": key, "policy": "replay"}),
-                           run_config={"ops": {"rollout_batch": {"config": {"samples": 2, "concurrency": 4}}}})
-    assert batch.success
-    batch_md = batch.asset_materializations_for_node("rollout_batch")[0].metadata
-    assert batch_md["trajectories"].value == 16 and batch_md["pass_at_1"].value == 1.0
-    assert [e.passed for e in batch.get_asset_check_evaluations()] == [True]
-    tagged = mlflow.search_runs(experiment_names=[settings.mlflow_experiment], output_format="list",
-                                filter_string=f"tags.`dagster.run_id` = '{batch.run_id}'")
-    [rollout_run] = tagged
-    assert rollout_run.data.metrics["pass_at_1"] == 1.0 and "steps_per_s" in rollout_run.data.metrics
-    # Training on the tiered set: SFT -> GRPO -> evaluation, each a tracked, registered checkpoint.
-    from assets.defs.training.assets import evaluation_report, rl_checkpoint, sft_checkpoint
-
-    trained = dg.materialize(
-        [sft_checkpoint, rl_checkpoint, evaluation_report], resources=default_resources(settings), instance=instance,
-        run_config={"ops": {"sft_checkpoint": {"config": {"epochs": 2}},
-                            "rl_checkpoint": {"config": {"rounds": 1, "group_size": 2}}}})
-    assert trained.success
-    sft_md = trained.asset_materializations_for_node("sft_checkpoint")[0].metadata
-    assert sft_md["steps"].value > 0 and sft_md["final_loss"].value < sft_md["first_loss"].value
-    rl_md = trained.asset_materializations_for_node("rl_checkpoint")[0].metadata
-    assert rl_md["rounds"].value == 1 and (settings.data_dir / "checkpoints").is_dir()
-    eval_md = trained.asset_materializations_for_node("evaluation_report")[0].metadata
-    assert set(eval_md["pass_at_1"].value) == {"before", "after SFT", "after RL"}
-    assert eval_md["by_tier"].value.startswith("![evaluation-by_tier")
-    versions = mlflow.MlflowClient().search_model_versions("name='envforge-policy'")
-    assert versions and mlflow.MlflowClient().get_model_version_by_alias("envforge-policy", "best")
+    # rollout_batch, SFT, GRPO and the evaluation run in tests/test_demo.py (the whole graph, --quick).
 
 
 def test_task_sources_sensor_requests_the_affected_partitions(tmp_path, monkeypatch):
@@ -215,3 +191,54 @@ def test_nightly_schedule_requests_a_full_refresh_with_a_valid_run_config():
             "tiered_task_set"} <= keys
     assert not keys & {"rollout_batch", "sft_checkpoint", "spec_tasks"}
     assert dg.validate_run_config(job, request.run_config)
+
+
+def test_versions_travel_between_assets_not_through_the_catalogs_newest(settings):
+    """tiered_task_set records the version it made; run_report, later in the same run, reports that version even
+    when another version lands in the catalog between the two steps, and so does a later run of the report alone.
+    The version's lineage names its sources and carries the gate and dedup params that are part of its hash."""
+    from assets.defs.reporting.assets import run_report
+    from assets.defs.rollouts.assets import tiered_task_set
+    from envforge.catalog import Catalog
+    from envforge.quality.params import DedupConfig
+    from envforge.stages.configs import IngestConfig
+    from envforge.stages.images import ImageSet
+    from envforge.stages.ingest import ingest
+    from envforge.verify.config import GateConfig
+    from tests.conftest import BUNDLED_SPECS
+
+    ingest(settings, IngestConfig(), [BUNDLED_SPECS])  # specs need no sandbox
+    cat = Catalog(settings.catalog_path)
+    tasks = cat.load_tasks()
+    hashes = [t.content_hash for t in tasks]
+    instance = dg.DagsterInstance.ephemeral()
+    upstream = {"decontaminated_tasks": {"clean_versions": hashes, "removed": [], "params": DedupConfig().as_params()},
+                "validated_tasks": {"accepted_versions": hashes, "removed": [], "params": GateConfig(runs=1).as_params()},
+                "environment_images": {"image_set": ImageSet("").to_json()}}
+    for asset, values in upstream.items():
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset, metadata={k: dg.MetadataValue.json(v) for k, v in values.items()}))
+    landed: list[str] = []
+
+    @dg.success_hook
+    def another_version_lands(context):
+        if context.op.name == "tiered_task_set":
+            landed.append(cat.create_task_set("elsewhere", tasks[:1], {}))
+
+    job = dg.define_asset_job("tiers_then_report", selection=["tiered_task_set", "run_report"],
+                              hooks={another_version_lands})
+    defs = dg.Definitions(assets=[tiered_task_set, run_report], jobs=[job], resources=default_resources(settings))
+    result = defs.resolve_job_def("tiers_then_report").execute_in_process(instance=instance)
+    assert result.success
+    tiered = result.asset_materializations_for_node("tiered_task_set")[0].metadata
+    made = tiered["version"].value
+    assert landed and cat.resolve_task_set("latest") == landed[0] != made
+    assert result.asset_materializations_for_node("run_report")[0].metadata["task_set_version"].value == made
+    alone = dg.materialize([run_report], instance=instance, resources=default_resources(settings))
+    assert alone.asset_materializations_for_node("run_report")[0].metadata["task_set_version"].value == made
+    lineage = cat.lineage(made)
+    assert lineage == tiered["lineage"].value
+    assert sorted(s["key"] for s in lineage["sources"]) == sorted(
+        f"specs/{t.id}/task.yaml" for t in tasks) and all(s["fingerprint"] for s in lineage["sources"])
+    assert lineage["gates"] == {"dedup": DedupConfig().as_params()["dedup"], "gate": GateConfig(runs=1).as_params()}
+    assert made == cat.task_set_version(tasks, lineage["gates"]) != cat.task_set_version(tasks, {})

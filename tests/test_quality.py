@@ -70,6 +70,16 @@ def test_recall_weighted_banding_catches_pairs_at_the_threshold():
     assert collision_probability(0.5, b, r) > 0.8 and collision_probability(0.8, b, r) > 0.999
 
 
+@pytest.mark.parametrize("threshold", [0.3, 0.5, 0.8])
+def test_banding_matches_datasketchs_choice(threshold):
+    """Our optimiser is datasketch's (MinHashLSH exposes the bands and rows it chose), without its private helper."""
+    from datasketch import MinHashLSH
+
+    for weights in ((0.1, 0.9), (0.5, 0.5)):
+        lsh = MinHashLSH(threshold=threshold, num_perm=128, weights=weights)
+        assert banding(threshold, 128, weights) == (lsh.b, lsh.r)
+
+
 def test_band_index_finds_near_duplicates_and_round_trips(tmp_path):
     rng = random.Random(3)
     base = [doc(rng) for _ in range(300)]

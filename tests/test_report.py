@@ -11,12 +11,18 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from envforge import stages, track
+from envforge import track
 from envforge.catalog import Catalog
 from envforge.errors import Problem
-from envforge.report import NOT_RUN, build_run_report
+from envforge.report import NOT_RUN
 from envforge.rollout.tiers import TIERS
 from envforge.sources import LoadResult
+from envforge.stages.base import StageContext
+from envforge.stages.configs import IngestConfig, ReportConfig, TaskSetConfig, TierConfig
+from envforge.stages.ingest import ingest
+from envforge.stages.report import report
+from envforge.stages.task_set import Lineage, publish_task_set
+from envforge.stages.tiers import tier_task_set
 from envforge.verify.gate import GateReport
 from tests.conftest import BUNDLED_SPECS
 
@@ -25,22 +31,26 @@ EVIL = "<script>alert('pwned')</script> & <img src=x onerror=alert(1)>"
 
 def _tiered_task_set(settings) -> tuple[str, list[dict]]:
     """Bundled specs ingested, one malicious reject, every task through the gate, a task set with static tiers."""
-    stages.ingest(settings, [BUNDLED_SPECS])
+    ingest(settings, IngestConfig(), [BUNDLED_SPECS])
     cat = Catalog(settings.catalog_path)
     cat.ingest(LoadResult(rejects=[Problem("tickets/evil.yaml:7", "title", EVIL)]), source_kind="ticket",
                source_key="tickets/evil.yaml")
     tasks = cat.load_tasks()
     cat.record_validations([GateReport(t.id, t.content_hash, True, runs=3, reference_passes=3, empty_fails=3)
                             for t in tasks], {})
-    with track.mlflow_run(settings, "task_set", "task_set", {}):
-        version, _ = stages.create_task_set(settings, "main", cat.accepted_tasks(), {"source": "test"})
-    rows, chart, _ = stages.tier_task_set(settings, version, eval_fraction=0.34)  # static tiers, histogram PNG
-    assert chart.is_file()
-    return version, rows
+    version = publish_task_set.tracked(settings, TaskSetConfig(), cat.accepted_tasks(), Lineage()).version
+    tiers = tier_task_set.tracked(settings, TierConfig(eval_fraction=0.34), version)  # static tiers, histogram PNG
+    assert tiers.chart.is_file()
+    return version, tiers.rows
+
+
+def build_run_report(settings, version: str | None, dagster_run_id: str | None = None):
+    """The report stage as the CLI and the run_report asset call it (tracked: the page is kept in MLflow)."""
+    return report.tracked(settings, ReportConfig(), version, context=StageContext(dagster_run_id=dagster_run_id)).report
 
 
 def _log_training(settings, version: str) -> None:
-    """What sft_stage, rl_stage and evaluation_stage record, without a model or a sandbox."""
+    """What the sft, rl and evaluate stages record, without a model or a sandbox."""
     with track.mlflow_run(settings, "sft", "sft", {"task_set_version": version, "base_model": "tiny"}):
         for step in range(10):
             track.log_metrics({"sft_loss": 2.0 - 0.15 * step}, step=step)
@@ -71,7 +81,7 @@ def test_report_of_a_tiered_task_set(settings):
         "pass_at_1": 0.5, "metrics_json": '{"pass_at_1": 0.5, "pass_at_4": 0.75, "infra_retries": 2.0, '
                                           '"steps_per_s": 12.5}'})
 
-    report = build_run_report(settings, "latest", dagster_run_id="dagster-run-42")
+    report = build_run_report(settings, version, dagster_run_id="dagster-run-42")
 
     assert report.task_set_version == version
     assert report.path.parent == settings.data_dir / "reports"
@@ -105,7 +115,7 @@ def test_report_of_a_tiered_task_set(settings):
 
     # after training: SFT, GRPO and the evaluation appear, with the training curves
     _log_training(settings, version)
-    again = build_run_report(settings, version[:8])
+    again = build_run_report(settings, Catalog(settings.catalog_path).resolve_task_set(version[:8]))
     html = again.path.read_text()
     _self_contained(html)
     assert again.sections["sft"] and again.sections["rl"] and again.sections["evaluation"]
@@ -128,8 +138,11 @@ def test_report_before_any_task_set_and_cli(tmp_path):
 
 
 def test_unknown_version_is_an_error(settings):
+    from envforge.report import report_version
+
     with pytest.raises(ValueError, match="matches 0 versions"):
-        build_run_report(settings, "0123abcd")
+        report_version(Catalog(settings.catalog_path), "0123abcd")
+    assert report_version(Catalog(settings.catalog_path), "latest") is None  # no task set yet: the report says so
 
 
 def test_run_report_asset(settings):

@@ -98,7 +98,11 @@ def test_writes_outside_the_workspace_fail(sandbox):
 
 
 def test_fork_bomb_is_stopped_by_the_process_limit(sandbox, bystander):
-    res = sandbox.exec("bomb() { bomb | bomb & }; bomb; wait", timeout_s=8)
+    # The shell itself spins on builtins for a few seconds so that the orphaned forks, which
+    # share its stderr, have time to hit the limit before the command's output is collected
+    # (the agent returns as soon as the shell exits, background jobs or not).
+    res = sandbox.exec("bomb() { bomb | bomb & }; bomb; SECONDS=0; while (( SECONDS < 4 )); do :; done",
+                       timeout_s=15)
     assert "Resource temporarily unavailable" in res.err_text()  # forks were refused at the limit
     # Builtins only: while the bomb (still running in the background) holds every pid slot,
     # even `cat` could not start.

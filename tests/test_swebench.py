@@ -101,10 +101,11 @@ def test_history_is_scrubbed_and_the_instance_grades(instance, docker_client, ba
 def test_ingest_finds_instances_beside_a_repo_map_and_exports_a_task_set(instance, tmp_path):
     from envforge.catalog import Catalog
     from envforge.config import Settings
-    from envforge.pipeline import ingest
+    from envforge.stages.configs import IngestConfig
+    from envforge.stages.ingest import ingest
 
     settings = Settings.from_env().with_data_dir(tmp_path / "data")
-    report = ingest(settings, [instance])
+    report = ingest(settings, IngestConfig(), [instance])
     result, summary = report.result, report.summary
     assert [t.id for t in result.tasks] == ["acme__calc-1"] and summary.rejected == 5
     cat = Catalog(settings.catalog_path)

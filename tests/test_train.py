@@ -310,3 +310,20 @@ def test_round_items_samples_a_seeded_batch_per_round():
     assert len(first) == len(second) == 4 and len(set(first)) == 4 and set(first) <= set(items)
     assert first == round_items(items, cfg, 0) and first != second  # reproducible, and rounds differ
     assert round_items(items, GRPORounds(tasks_per_round=50), 0) == items
+
+
+def test_one_training_config_sets_sft_grpo_and_evaluation():
+    """The base model, temperature and token budget are defined once: GRPO samples at the temperature its loss
+    takes behaviour log-probs at, and 0 tasks per round means every task."""
+    from dataclasses import fields
+
+    from envforge.train.config import TrainingConfig
+    from envforge.train.loop import GRPORounds
+
+    cfg = TrainingConfig(temperature=0.7, max_tokens=32, tasks_per_round=0, seed=3)
+    rounds = cfg.grpo_rounds(pad_id=5)
+    assert rounds.grpo.temperature == 0.7 and "temperature" not in {f.name for f in fields(GRPORounds)}
+    assert rounds.max_tokens == 32 and rounds.tasks_per_round is None and rounds.seed == rounds.grpo.seed == 3
+    sft = cfg.sft_config(pad_id=5)
+    assert (sft.epochs, sft.lr, sft.seed, sft.pad_id) == (5, 3e-3, 3, 5)
+    assert all(f.metadata.get("help") for f in fields(TrainingConfig))

@@ -152,12 +152,13 @@ class Webserver:
 def _seed_catalog(data_dir: Path) -> int:
     """The bundled YAML specs in the private catalog, so candidate_tasks and its schema check have rows
     (ingesting specs needs no Docker)."""
-    from envforge import pipeline
     from envforge.config import Settings
+    from envforge.stages.configs import IngestConfig
+    from envforge.stages.ingest import ingest
 
     settings = Settings.from_env().with_data_dir(data_dir)
     settings.ensure_dirs()
-    report = pipeline.ingest(settings, [settings.task_sources_dir / "specs"])
+    report = ingest(settings, IngestConfig(), [settings.task_sources_dir / "specs"])
     assert report.result.tasks and not report.result.rejects, report.result.rejects
     return len(report.result.tasks)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from envforge.verify.gate import GateConfig, probe_diff, validate_task
+from envforge.verify.config import GateConfig
+from envforge.verify.gate import probe_diff, validate_task
 from envforge.verify.probes import STANDARD_PROBES, Probe, guard_for
 from envforge.verify.protect import split_diff
 from tests.conftest import BUNDLED_SPECS

@@ -19,6 +19,7 @@ from typing import Optional
 import dagster as dg
 import docker
 
+from assets.defs.config import TrainingResource
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.deployment import Deployment
@@ -90,4 +91,5 @@ def default_resources(settings: Optional[Settings] = None,
         "mlflow": MlflowResource(tracking_uri=settings.mlflow_tracking_uri, experiment=settings.mlflow_experiment),
         "policy": PolicyResource(default=deployment.default_policy.name, specs=deployment.policy_specs,
                                  tier_policy=deployment.tier_policy or ""),
+        "training": TrainingResource(),
     }

@@ -21,70 +21,16 @@ import duckdb
 import pandera.errors
 import polars as pl
 
-from envforge.errors import BatchRejectedError, Problem
+from envforge.errors import BatchRejectedError, EnvforgeError, Problem
 from envforge.hashing import digest_parts
 from envforge.sandbox.images import ImageBuild
-from envforge.schemas import TABLE_SCHEMAS
+from envforge.schemas import TABLE_SCHEMAS, ddl
 from envforge.sources.result import LoadResult
 from envforge.task import Task
 from envforge.verify.result import VerificationResult
 
-_DDL = """
-CREATE TABLE IF NOT EXISTS tasks (
-    content_hash VARCHAR PRIMARY KEY, task_id VARCHAR NOT NULL, source VARCHAR NOT NULL,
-    origin VARCHAR NOT NULL, instruction VARCHAR NOT NULL, tags VARCHAR[] NOT NULL,
-    max_turns BIGINT NOT NULL, reference_kind VARCHAR NOT NULL, n_fail_to_pass BIGINT NOT NULL,
-    n_pass_to_pass BIGINT NOT NULL, n_checkpoints BIGINT NOT NULL, task_json VARCHAR NOT NULL,
-    ingested_at TIMESTAMP NOT NULL, batch_id VARCHAR NOT NULL);
-CREATE TABLE IF NOT EXISTS rejects (
-    batch_id VARCHAR NOT NULL, source_kind VARCHAR NOT NULL, source VARCHAR NOT NULL,
-    field VARCHAR NOT NULL, reason VARCHAR NOT NULL, rejected_at TIMESTAMP NOT NULL);
-CREATE TABLE IF NOT EXISTS images (
-    task_id VARCHAR NOT NULL, content_hash VARCHAR NOT NULL, image VARCHAR NOT NULL,
-    cache_hit BOOLEAN NOT NULL, seconds DOUBLE NOT NULL, size_mb DOUBLE, built_at TIMESTAMP NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id VARCHAR PRIMARY KEY, task_id VARCHAR NOT NULL, content_hash VARCHAR NOT NULL,
-    solution VARCHAR NOT NULL, reward DOUBLE NOT NULL, resolved BOOLEAN NOT NULL,
-    reasons VARCHAR[] NOT NULL, tests_json VARCHAR NOT NULL, checkpoints_json VARCHAR NOT NULL,
-    patch_method VARCHAR, duration_s DOUBLE NOT NULL, image VARCHAR NOT NULL, mlflow_run_id VARCHAR,
-    dagster_run_id VARCHAR, created_at TIMESTAMP NOT NULL);
-CREATE TABLE IF NOT EXISTS validations (
-    content_hash VARCHAR NOT NULL, task_id VARCHAR NOT NULL, verdict VARCHAR NOT NULL,
-    disagreements VARCHAR[] NOT NULL, runs BIGINT NOT NULL, reference_passes BIGINT NOT NULL,
-    empty_fails BIGINT NOT NULL, probes_json VARCHAR NOT NULL, verifier_median_s DOUBLE NOT NULL,
-    infra_retries BIGINT NOT NULL, params_json VARCHAR NOT NULL, mlflow_run_id VARCHAR, dagster_run_id VARCHAR,
-    created_at TIMESTAMP NOT NULL);
--- Added for incremental gating (catalogs written before keep their rows, with NULLs here).
-ALTER TABLE validations ADD COLUMN IF NOT EXISTS image_digest VARCHAR;
-ALTER TABLE validations ADD COLUMN IF NOT EXISTS gate_key VARCHAR;
-ALTER TABLE validations ADD COLUMN IF NOT EXISTS stats_json VARCHAR;
-CREATE TABLE IF NOT EXISTS quality (
-    content_hash VARCHAR NOT NULL, task_id VARCHAR NOT NULL, status VARCHAR NOT NULL, corpus VARCHAR,
-    doc_id VARCHAR, est_jaccard DOUBLE NOT NULL, exact_jaccard DOUBLE NOT NULL,
-    longest_shared_ngram BIGINT NOT NULL, duplicate_of VARCHAR, nearest_task_jaccard DOUBLE NOT NULL,
-    reason VARCHAR NOT NULL, params_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL);
-CREATE TABLE IF NOT EXISTS task_set_lineage (
-    version VARCHAR PRIMARY KEY, parent_version VARCHAR, sources_json VARCHAR NOT NULL,
-    gates_json VARCHAR NOT NULL, removed_json VARCHAR NOT NULL);
-CREATE TABLE IF NOT EXISTS task_sets (
-    version VARCHAR PRIMARY KEY, name VARCHAR NOT NULL, n_tasks BIGINT NOT NULL,
-    params_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL);
-CREATE TABLE IF NOT EXISTS task_set_members (
-    version VARCHAR NOT NULL, task_id VARCHAR NOT NULL, content_hash VARCHAR NOT NULL,
-    PRIMARY KEY (version, task_id));
-CREATE TABLE IF NOT EXISTS source_loads (
-    source_key VARCHAR NOT NULL, source_kind VARCHAR NOT NULL, batch_id VARCHAR NOT NULL,
-    fingerprint VARCHAR NOT NULL, task_hashes VARCHAR[] NOT NULL, n_rejects BIGINT NOT NULL,
-    loaded_at TIMESTAMP NOT NULL);
-CREATE TABLE IF NOT EXISTS rollout_batches (
-    batch_id VARCHAR NOT NULL, task_set_version VARCHAR NOT NULL, policy_id VARCHAR NOT NULL,
-    location VARCHAR NOT NULL, n_tasks BIGINT NOT NULL, n_samples BIGINT NOT NULL,
-    n_trajectories BIGINT NOT NULL, n_dropped_groups BIGINT NOT NULL, pass_at_1 DOUBLE NOT NULL,
-    metrics_json VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL);
-CREATE TABLE IF NOT EXISTS task_tiers (
-    version VARCHAR NOT NULL, task_id VARCHAR NOT NULL, content_hash VARCHAR NOT NULL, source VARCHAR NOT NULL,
-    tier VARCHAR NOT NULL, method VARCHAR NOT NULL, solved BIGINT NOT NULL, k BIGINT NOT NULL, score DOUBLE NOT NULL,
-    split VARCHAR NOT NULL, policy_id VARCHAR NOT NULL);
+# The tables come from their pandera models (envforge.schemas.ddl); the views are queries over them.
+_VIEWS = """
 CREATE OR REPLACE VIEW latest_source_loads AS
     SELECT * EXCLUDE (rn) FROM (
         SELECT *, row_number() OVER (PARTITION BY source_key ORDER BY loaded_at DESC, batch_id) AS rn
@@ -101,10 +47,21 @@ CREATE OR REPLACE VIEW current_rejects AS
     SELECT r.*, l.source_key FROM rejects r LEFT JOIN source_loads l USING (batch_id)
     WHERE l.batch_id IS NULL OR r.batch_id IN (SELECT batch_id FROM latest_source_loads);
 """
+# Columns added to tables after catalogs were written: older catalogs get them (NULL in old rows).
+_MIGRATIONS = """
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS image_digest VARCHAR;
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS gate_key VARCHAR;
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS stats_json VARCHAR;
+"""
+_DDL = "\n".join(ddl(table) for table in TABLE_SCHEMAS) + _MIGRATIONS + _VIEWS
 
 
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class UnknownTaskSetError(EnvforgeError, ValueError):
+    """A task-set version (or prefix) that names no task set, or several."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +202,26 @@ class Catalog:
         if task_ids is not None:
             frame = frame.filter(pl.col("task_id").is_in(list(task_ids)))
         return [Task.model_validate_json(j) for j in frame["task_json"]]
+
+    def load_versions(self, content_hashes: Iterable[str]) -> list[Task]:
+        """Exactly these task versions (current or not), ordered by task id; unknown hashes raise KeyError."""
+        wanted = list(dict.fromkeys(content_hashes))
+        frame = self.query("SELECT task_json, content_hash FROM tasks WHERE content_hash IN (SELECT unnest(?::VARCHAR[])) "
+                           "ORDER BY task_id", [wanted])
+        unknown = set(wanted) - set(frame["content_hash"])
+        if unknown:
+            raise KeyError(f"task versions not in the catalog: {sorted(unknown)[:5]}")
+        return [Task.model_validate_json(j) for j in frame["task_json"]]
+
+    def task_listing(self) -> pl.DataFrame:
+        """Current tasks with their latest gate verdict, for people (`envforge catalog list`)."""
+        return self.query("""
+            SELECT t.task_id, t.source, substr(t.content_hash, 1, 12) AS version, t.tags,
+                   arg_max(v.verdict, v.created_at) AS verdict,
+                   arg_max(v.reference_passes || '/' || v.runs, v.created_at) AS reference_passed,
+                   arg_max(v.empty_fails || '/' || v.runs, v.created_at) AS empty_failed
+            FROM current_tasks t LEFT JOIN validations v USING (content_hash)
+            GROUP BY ALL ORDER BY t.task_id""")
 
     def rejects(self) -> pl.DataFrame:
         """Every reject ever recorded (history)."""
@@ -399,16 +376,53 @@ class Catalog:
 
     # -- task sets -----------------------------------------------------------------------
 
+    @staticmethod
+    def task_set_version(tasks: Iterable[Task], params: dict | None = None) -> str:
+        """The version of a task set: the hash of its params and its members' content hashes."""
+        members = sorted({(t.id, t.content_hash) for t in tasks})
+        return digest_parts(json.dumps(params or {}, sort_keys=True), *[f"{tid}={h}" for tid, h in members])
+
+    def has_task_set(self, version: str) -> bool:
+        return self.query("SELECT 1 FROM task_sets WHERE version = ?", [version]).height > 0
+
+    def published_hashes(self) -> list[str]:
+        """Every task version that is a member of some task set."""
+        return self.query("SELECT DISTINCT content_hash FROM task_set_members ORDER BY 1")["content_hash"].to_list()
+
+    def sources_of(self, content_hashes: Iterable[str]) -> list[dict]:
+        """The sources these task versions came from: the newest load of each source that yielded any of
+        them (key, kind, fingerprint), and for versions stored without a source load, their origin file."""
+        hashes = list(dict.fromkeys(content_hashes))
+        loads = self.query("""
+            SELECT source_key AS key, source_kind AS kind, arg_max(fingerprint, loaded_at) AS fingerprint,
+                   flatten(list(task_hashes)) AS hashes
+            FROM source_loads WHERE list_has_any(task_hashes, ?::VARCHAR[]) GROUP BY 1, 2 ORDER BY 1""", [hashes])
+        covered = {h for hs in loads["hashes"] for h in hs}
+        loose = self.query("""SELECT DISTINCT origin AS key, source AS kind FROM tasks
+                              WHERE content_hash IN (SELECT unnest(?::VARCHAR[])) ORDER BY 1""",
+                           [[h for h in hashes if h not in covered]])
+        return ([{"key": r["key"], "kind": r["kind"], "fingerprint": r["fingerprint"]}
+                 for r in loads.iter_rows(named=True)]
+                + [{"key": r["key"], "kind": r["kind"], "fingerprint": ""} for r in loose.iter_rows(named=True)])
+
+    def task_set_params(self, version: str) -> dict:
+        """The params a task-set version was made with (part of its hash)."""
+        frame = self.query("SELECT params_json FROM task_sets WHERE version = ?", [version])
+        if frame.height == 0:
+            raise KeyError(f"task set {version!r} does not exist")
+        return json.loads(frame["params_json"][0] or "{}")
+
     def create_task_set(self, name: str, tasks: Iterable[Task], params: dict | None = None,
-                        sources: list[str] | None = None, removed: list[dict] | None = None) -> str:
-        """Record a task-set version: the hash of its members' content hashes and its gate params.
+                        sources: list | None = None, removed: list[dict] | None = None) -> str:
+        """Record a task-set version: the hash of its members' content hashes and its params.
 
         Lineage is kept with it: the sources it came from, the gates (params), what the gates
         removed and why, and the previous version of the same name (its parent).
         """
+        tasks = list(tasks)
         members = sorted({(t.id, t.content_hash) for t in tasks})
         params_json = json.dumps(params or {}, sort_keys=True)
-        version = digest_parts(params_json, *[f"{tid}={h}" for tid, h in members])
+        version = self.task_set_version(tasks, params)
         with self._connect() as con:
             exists = con.execute("SELECT 1 FROM task_sets WHERE version = ?", [version]).fetchone()
             parent = con.execute("SELECT version FROM task_sets WHERE name = ? ORDER BY created_at DESC LIMIT 1",
@@ -457,16 +471,26 @@ class Catalog:
             "ORDER BY t.task_id", [version])
 
     def resolve_task_set(self, version: str) -> str:
-        """The full version for a unique prefix (or 'latest': the newest task set)."""
+        """The full version for a unique prefix, or for 'latest' (the newest task set): the one place a
+        version a person typed becomes a version. Raises UnknownTaskSetError (a ValueError) otherwise."""
         versions = self.task_sets()["version"].to_list()
         if version == "latest":
             if not versions:
-                raise ValueError("the catalog has no task set yet: run the demo or the main job first")
+                raise UnknownTaskSetError("the catalog has no task set yet: run the demo or the main job first")
             return self.query("SELECT version FROM task_sets ORDER BY created_at DESC LIMIT 1")["version"][0]
-        matches = [v for v in versions if v.startswith(version)]
+        matches = [v for v in versions if version and v.startswith(version)]
         if len(matches) != 1:
-            raise ValueError(f"task-set version {version!r} matches {len(matches)} versions")
+            raise UnknownTaskSetError(f"task-set version {version!r} matches {len(matches)} versions")
         return matches[0]
+
+    def load_split(self, version: str, split: str) -> list[Task]:
+        """A task set's members in one split (`train`, `eval`, `audit`) of its recorded tiers, or `all`."""
+        tasks = self.load_task_set(version)
+        if split == "all":
+            return tasks
+        tiers = self.tiers(version)
+        wanted = set(tiers.filter(pl.col("split") == split)["task_id"])
+        return [t for t in tasks if t.id in wanted]
 
     def load_task_set(self, version: str) -> list[Task]:
         """The exact task versions a task set holds."""

@@ -66,6 +66,19 @@ class Settings:
         return self.data_dir / "build"
 
     @property
+    def reference_index_dir(self) -> Path:
+        """The persisted LSH index over the reference corpora (updated incrementally)."""
+        return self.data_dir / "dedup" / "reference-index"
+
+    @property
+    def charts_dir(self) -> Path:
+        return self.data_dir / "charts"
+
+    def checkpoint_dir(self, kind: str, task_set_version: str) -> Path:
+        """Where the pipeline keeps a task set's `sft` or `rl` checkpoint."""
+        return self.data_dir / "checkpoints" / f"{kind}-{task_set_version[:12]}"
+
+    @property
     def specs_dir(self) -> Path:
         return self.task_sources_dir / "specs"
 

@@ -8,8 +8,8 @@ that has not run yet is shown as "not run yet" instead of failing the report. Ev
 that comes from the data (task text, reject reasons, ids) is HTML-escaped by the template.
 
 The report is written to `<data dir>/reports/run-report-<version>-<UTC time>.html` and
-copied to `reports/latest.html` (both atomically), and logged as an artifact of an MLflow
-run tagged with the stage `report` (and the Dagster run id when there is one).
+copied to `reports/latest.html` (both atomically); the `report` stage (envforge.stages.report)
+keeps it as an artifact of its MLflow run (tagged with the Dagster run id when there is one).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from envforge.config import Settings
 from envforge.errors import Problem
 
 NOT_RUN = "not run yet"
-SPLITS = ("train", "eval", "audit")
 # The stages whose MLflow runs carry the task-set version as a param (the others act on the catalog's current tasks).
 _VERSIONED_STAGES = ("tiers", "rollout", "sft", "rl", "evaluation")
 _GATE_STAGES = ("ingest", "quality", "images", "validate", "task_set")
@@ -131,11 +130,22 @@ def _short(text: str | None, limit: int = _INSTRUCTION_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def _flat(params: dict, prefix: str = "") -> dict:
+    """Nested params as dotted keys (`gate.runs`, `dedup.threshold`), for one readable line."""
+    out: dict = {}
+    for key, value in params.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _task_set_section(cat: Catalog, version: str | None, charts: _Charts) -> dict:
     if version is None:
         return {"ran": False}
     from envforge.charts import tier_histogram
-    from envforge.rollout.tiers import TIERS
+    from envforge.rollout.tiers import SPLITS, TIERS
 
     row = cat.task_sets().filter(pl.col("version") == version).row(0, named=True)
     members = cat.task_set_frame(version)
@@ -149,7 +159,7 @@ def _task_set_section(cat: Catalog, version: str | None, charts: _Charts) -> dic
     return {
         "ran": True, "version": version, "name": row["name"], "created": str(row["created_at"])[:19],
         "n_tasks": row["n_tasks"], "parent": lineage["parent_version"], "sources": lineage["sources"],
-        "params": json.loads(row["params_json"] or "{}"),
+        "params": _flat(json.loads(row["params_json"] or "{}")),
         "by_source": sorted(Counter(members["source"].to_list()).items()),
         "tiered": tiers.height > 0, "method": ", ".join(sorted(set(tiers["method"].to_list()))),
         "tiers": [(t, sum(1 for r in tier_rows if r["tier"] == t)) for t in TIERS],
@@ -240,9 +250,7 @@ def _rollouts_section(cat: Catalog, version: str | None) -> dict:
 
 
 def _checkpoint(settings: Settings, kind: str, version: str) -> dict:
-    from envforge.stages import checkpoint_dir
-
-    path = checkpoint_dir(settings, kind, version)
+    path = settings.checkpoint_dir(kind, version)
     return {"path": str(path), "exists": path.is_dir()}
 
 
@@ -344,34 +352,32 @@ def _write_atomic(path: Path, text: str) -> Path:
     return path
 
 
-def _resolve(cat: Catalog, version: str) -> str | None:
-    """The full version; None when asked for 'latest' and there is no task set yet (the report says so)."""
-    if version == "latest" and cat.task_sets().height == 0:
+def report_version(cat: Catalog, ref: str) -> str | None:
+    """The full version a report is asked for (a unique prefix, or 'latest'); None for 'latest' when there is
+    no task set yet (the report then says what has not run). Other unknown versions raise UnknownTaskSetError."""
+    if ref == "latest" and cat.task_sets().height == 0:
         return None
-    return cat.resolve_task_set(version)
+    return cat.resolve_task_set(ref)
 
 
-def build_run_report(settings: Settings, task_set_version: str = "latest",
+def build_run_report(settings: Settings, version: str | None, mlflow_run_id: str = "",
                      dagster_run_id: str | None = None) -> RunReport:
-    """Collect, render, write and log the run report of a task-set version (a unique prefix, or 'latest').
+    """Collect, render and write the run report of a task-set version (None: before any task set).
 
-    Raises ValueError when an explicit version matches no task set (or several)."""
-    import mlflow
-
+    Reads the catalog and the MLflow store and writes the HTML files; `mlflow_run_id` is the run
+    the page says it belongs to (the report stage's, which keeps the page as an artifact)."""
     settings.ensure_dirs()
     cat = Catalog(settings.catalog_path)
-    version = _resolve(cat, task_set_version)
     now = datetime.now(timezone.utc)
-    with track.mlflow_run(settings, "report", "report", {"task_set_version": version or ""},
-                          dagster_run_id) as run, tempfile.TemporaryDirectory(prefix="envforge-report-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="envforge-report-") as scratch:
         runs = _Runs(settings)
         charts = _Charts(settings, Path(scratch))
         gates = {"ingest": _ingest_gate(cat), "quality": _quality_gate(cat, charts),
                  "images": _images_gate(cat, version), "validation": _validation_gate(cat, charts)}
         context = {
             "generated": now.strftime("%Y-%m-%d %H:%M:%S UTC"), "not_run": NOT_RUN,
-            "requested": task_set_version, "data_dir": str(settings.data_dir),
-            "report_run_id": run.info.run_id, "dagster_run_id": dagster_run_id or "",
+            "requested": version or "latest", "data_dir": str(settings.data_dir),
+            "report_run_id": mlflow_run_id, "dagster_run_id": dagster_run_id or "",
             "tracking_uri": settings.mlflow_tracking_uri, "experiment": settings.mlflow_experiment,
             "ui_command": track.ui_command(settings),
             "task_set": _task_set_section(cat, version, charts), "gates": gates,
@@ -380,16 +386,14 @@ def build_run_report(settings: Settings, task_set_version: str = "latest",
             "runs": _runs_section(runs, version),
         }
         html = render_report(context)
-        reports = settings.data_dir / "reports"
-        path = _write_atomic(reports / f"run-report-{(version or 'no-task-set')[:12]}-{now:%Y%m%dT%H%M%SZ}.html", html)
-        latest = _write_atomic(reports / "latest.html", html)
-        sections = {"task_set": context["task_set"]["ran"], **{f"gate_{k}": g["ran"] for k, g in gates.items()},
-                    "rollouts": context["rollouts"]["ran"],
-                    **{k: context["training"][k]["ran"] for k in ("sft", "rl", "evaluation")}}
-        counts = {"sections_run": sum(sections.values()), "sections_not_run": sum(not v for v in sections.values()),
-                  "tasks": context["task_set"].get("n_tasks", 0), "rejects": gates["ingest"]["rejected"],
-                  "quarantined": gates["validation"]["quarantined"],
-                  "rollout_batches": len(context["rollouts"]["batches"]), "mlflow_runs": len(context["runs"])}
-        mlflow.log_artifact(str(path), artifact_path="report")
-        track.log_metrics({f"report_{k}": v for k, v in counts.items()})
-        return RunReport(path, latest, version, run.info.run_id, sections, counts)
+    reports = settings.data_dir / "reports"
+    path = _write_atomic(reports / f"run-report-{(version or 'no-task-set')[:12]}-{now:%Y%m%dT%H%M%SZ}.html", html)
+    latest = _write_atomic(reports / "latest.html", html)
+    sections = {"task_set": context["task_set"]["ran"], **{f"gate_{k}": g["ran"] for k, g in gates.items()},
+                "rollouts": context["rollouts"]["ran"],
+                **{k: context["training"][k]["ran"] for k in ("sft", "rl", "evaluation")}}
+    counts = {"sections_run": sum(sections.values()), "sections_not_run": sum(not v for v in sections.values()),
+              "tasks": context["task_set"].get("n_tasks", 0), "rejects": gates["ingest"]["rejected"],
+              "quarantined": gates["validation"]["quarantined"],
+              "rollout_batches": len(context["rollouts"]["batches"]), "mlflow_runs": len(context["runs"])}
+    return RunReport(path, latest, version, mlflow_run_id, sections, counts)

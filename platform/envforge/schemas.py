@@ -1,7 +1,9 @@
-"""pandera (polars) schemas for every catalog table: frames are checked before they are written.
+"""pandera (polars) schemas for every catalog table: the one definition of each table.
 
-Column order here is the table's column order in DuckDB, so `INSERT ... SELECT *` from a
-validated frame cannot silently shift columns.
+Frames are checked against them before they are written, and the DuckDB tables are created
+from them (`ddl`): column order, types and NOT NULL come from the model, and the primary key is
+what the model declares unique (a column's `unique=True`, or `Config.unique` for several). So
+`INSERT ... SELECT *` from a validated frame cannot shift columns, and the two cannot drift.
 """
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from __future__ import annotations
 from datetime import datetime
 
 import pandera.polars as pa
+import polars as pl
 
-TASK_ID = r"^[a-z0-9][a-z0-9._-]{1,79}$"
+from envforge.rollout.tiers import SPLITS, TIERS
+from envforge.task import TASK_ID_PATTERN as TASK_ID
+
 SHA256 = r"^[0-9a-f]{64}$"
 
 
@@ -90,7 +95,7 @@ class ValidationRow(_Table):
     task_id: str = pa.Field(str_matches=TASK_ID)
     verdict: str = pa.Field(isin=["accepted", "quarantined"])
     disagreements: list[str]
-    runs: int = pa.Field(ge=1)
+    runs: int = pa.Field(ge=0)  # reference runs graded: 0 when its own commands failed
     reference_passes: int = pa.Field(ge=0)
     empty_fails: int = pa.Field(ge=0)
     probes_json: str
@@ -126,7 +131,7 @@ class QualityRow(_Table):
 
 
 class TaskSetLineageRow(_Table):
-    version: str = pa.Field(str_matches=SHA256)
+    version: str = pa.Field(str_matches=SHA256, unique=True)
     parent_version: str = pa.Field(nullable=True)
     sources_json: str
     gates_json: str
@@ -135,7 +140,7 @@ class TaskSetLineageRow(_Table):
 
 
 class TaskSetRow(_Table):
-    version: str = pa.Field(str_matches=SHA256)
+    version: str = pa.Field(str_matches=SHA256, unique=True)
     name: str = pa.Field(str_length={"min_value": 1})
     n_tasks: int = pa.Field(ge=0)
     params_json: str
@@ -147,6 +152,9 @@ class TaskSetMemberRow(_Table):
     version: str = pa.Field(str_matches=SHA256)
     task_id: str = pa.Field(str_matches=TASK_ID)
     content_hash: str = pa.Field(str_matches=SHA256)
+
+    class Config:
+        unique = ["version", "task_id"]
 
 
 
@@ -216,12 +224,12 @@ class TaskTierRow(_Table):
     task_id: str = pa.Field(str_matches=TASK_ID)
     content_hash: str = pa.Field(str_matches=SHA256)
     source: str
-    tier: str = pa.Field(isin=["unsolved", "hard", "medium", "easy", "trivial"])
+    tier: str = pa.Field(isin=list(TIERS))
     method: str = pa.Field(isin=["pass@k", "static"])
     solved: int = pa.Field(ge=0)
     k: int = pa.Field(ge=0)
     score: float
-    split: str = pa.Field(isin=["train", "eval", "audit"])
+    split: str = pa.Field(isin=list(SPLITS))
     policy_id: str
 
 
@@ -239,3 +247,32 @@ TABLE_SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
     "rollout_batches": RolloutBatchRow,
     "task_tiers": TaskTierRow,
 }
+
+_DUCKDB_TYPES = {pl.String: "VARCHAR", pl.Int64: "BIGINT", pl.Float64: "DOUBLE", pl.Boolean: "BOOLEAN",
+                 pl.Datetime: "TIMESTAMP"}
+
+
+def duckdb_type(dtype: pl.DataType) -> str:
+    """The DuckDB column type of a polars dtype (lists of a type become that type's array)."""
+    if isinstance(dtype, pl.List):
+        return duckdb_type(dtype.inner) + "[]"
+    for polars_type, sql in _DUCKDB_TYPES.items():
+        if dtype == polars_type or isinstance(dtype, polars_type):
+            return sql
+    raise TypeError(f"no DuckDB type for {dtype!r}")
+
+
+def primary_key(table: str) -> list[str]:
+    schema = TABLE_SCHEMAS[table].to_schema()
+    return list(schema.unique or []) or [name for name, col in schema.columns.items() if col.unique]
+
+
+def ddl(table: str) -> str:
+    """CREATE TABLE IF NOT EXISTS for a catalog table, from its pandera model."""
+    schema = TABLE_SCHEMAS[table].to_schema()
+    columns = [f"{name} {duckdb_type(col.dtype.type)}{'' if col.nullable else ' NOT NULL'}"
+               for name, col in schema.columns.items()]
+    key = primary_key(table)
+    if key:
+        columns.append(f"PRIMARY KEY ({', '.join(key)})")
+    return f"CREATE TABLE IF NOT EXISTS {table} (\n    " + ",\n    ".join(columns) + ");"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -76,7 +75,7 @@ def mlflow_run(settings: Settings, name: str, stage: str, params: Mapping[str, A
         all_tags[DAGSTER_RUN_TAG] = dagster_run_id
     with mlflow.start_run(experiment_id=exp, run_name=name, nested=nested, tags=all_tags) as run:
         if params:
-            mlflow.log_params({k: _param(v) for k, v in params.items()})
+            log_params(params)
         yield run
 
 
@@ -85,24 +84,34 @@ def _param(value: Any) -> str:
     return text[:6000]
 
 
+def _active():
+    """The fluent API, but only inside a run: outside one MLflow would start a run of its own in
+    ./mlruns wherever the process happens to be, which is never what we want."""
+    mlflow = _mlflow()
+    if mlflow.active_run() is None:
+        raise RuntimeError("MLflow logging outside a run: wrap the work in envforge.track.mlflow_run "
+                           "(or call the stage's .tracked form)")
+    return mlflow
+
+
+def log_params(params: Mapping[str, Any]) -> None:
+    _active().log_params({k: _param(v) for k, v in params.items()})
+
+
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
-    _mlflow().log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+    _active().log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
 
 
 def log_json(obj: Any, artifact_file: str) -> None:
-    _mlflow().log_dict(obj, artifact_file)
+    _active().log_dict(obj, artifact_file)
 
 
-def log_frame(frame, artifact_file: str) -> None:
-    """Log a polars frame as a parquet artifact."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / Path(artifact_file).name
-        frame.write_parquet(path)
-        _mlflow().log_artifact(str(path), artifact_path=str(Path(artifact_file).parent) or None)
+def log_file(path: Path, artifact_dir: str) -> None:
+    _active().log_artifact(str(path), artifact_path=artifact_dir)
 
 
 def log_png(path: Path, artifact_dir: str = "charts") -> None:
-    _mlflow().log_artifact(str(path), artifact_path=artifact_dir)
+    log_file(path, artifact_dir)
 
 
 def run_url(settings: Settings, run_id: str) -> str:

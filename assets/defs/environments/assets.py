@@ -1,31 +1,31 @@
-"""Environment images: the sandbox base image and one content-hash-tagged image per task."""
+"""Environment images: the sandbox base image and one content-hash-tagged image per task, once per run."""
 
 import dagster as dg
 
-from assets.defs.metadata import log_progress, mlflow_run, problems_table
+from assets.defs.metadata import mlflow_run, problems_table, stage_context, upstream
 from assets.defs.resources import SANDBOX_POOL, CatalogResource, DockerResource, MlflowResource, settings_from
-from envforge import stages
+from envforge.stages.configs import ImagesConfig
+from envforge.stages.images import build_images
 
 
 @dg.asset(
     group_name="environments", kinds={"docker"}, owners=["team:envforge"], deps=["decontaminated_tasks"],
     pool=SANDBOX_POOL,  # image builds (debootstrap, docker build) load the same engine sandboxes run on
-    description="The debootstrapped sandbox base image and each clean task's image (base + workspace + "
-                "setup + initial commit). Tags are content hashes: unchanged tasks are cache hits.",
+    description="The debootstrapped sandbox base image and an image for each clean task version (base + workspace + "
+                "setup + initial commit). Tags are content hashes: unchanged tasks are cache hits. The image set "
+                "(tags and digests) is recorded here; the assets after it run tasks in exactly these images.",
 )
 def environment_images(context: dg.AssetExecutionContext, catalog: CatalogResource, docker: DockerResource,
                        mlflow: MlflowResource) -> dg.MaterializeResult:
     settings = settings_from(catalog, docker, mlflow)
-    tasks = catalog.catalog().clean_tasks()
-
-    progress = log_progress(context)
-
-    report, run_id = stages.build_images(settings, tasks, dagster_run_id=context.run.run_id, progress=progress)
-    if report.failures:
-        context.log.error(f"{len(report.failures)} image(s) failed to build")
+    tasks = catalog.catalog().load_versions(upstream(context, "decontaminated_tasks")["clean_versions"])
+    result = build_images.tracked(settings, ImagesConfig(), tasks, context=stage_context(context))
+    if result.failures:
+        context.log.error(f"{len(result.failures)} image(s) failed to build")
     return dg.MaterializeResult(metadata={
-        "base_image": report.base.tag, "base_cache_hit": report.base.cache_hit,
-        "images": dg.MetadataValue.json({t.id: b.tag for t, b in report.builds}),
-        "built": sum(not b.cache_hit for _, b in report.builds), "cache_hits": report.cache_hits,
-        "failures": problems_table(report.failures), "mlflow_run": mlflow_run(settings, run_id),
+        "base_image": result.base.tag, "base_cache_hit": result.base.cache_hit,
+        "images": dg.MetadataValue.json({t.id: b.tag for t, b in result.builds}),
+        "built": sum(not b.cache_hit for _, b in result.builds), "cache_hits": result.cache_hits,
+        "failures": problems_table(result.failures), "mlflow_run": mlflow_run(settings, result.mlflow_run_id),
+        "image_set": dg.MetadataValue.json(result.image_set.to_json()),
     })

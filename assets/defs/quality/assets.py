@@ -2,36 +2,38 @@
 
 import dagster as dg
 
-from assets.defs.metadata import mlflow_run, png
+from assets.defs.config import run_config, to_library
+from assets.defs.metadata import mlflow_run, png, stage_context, upstream
 from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
-from envforge import stages
 from envforge.quality.params import DedupConfig
+from envforge.stages.decontaminate import decontaminate
 
-
-class DedupRunConfig(dg.Config):
-    threshold: float = 0.5
-    num_perm: int = 128
+DedupRunConfig = run_config(DedupConfig, "DedupRunConfig", "Decontamination and dedup settings (part of the "
+                                                           "task-set version).")
 
 
 @dg.asset(
     group_name="quality", kinds={"python", "duckdb"}, owners=["team:envforge"], deps=["candidate_tasks"],
-    description="Current tasks checked against the reference corpora (built-in HumanEval plus ENVFORGE_CORPORA) "
-                "with MinHash LSH + exact confirmation, and against each other; contaminated tasks and "
-                "non-representative near duplicates leave the pipeline but stay in the catalog with the reason.",
+    description="The candidate task versions checked against the reference corpora (built-in HumanEval plus "
+                "ENVFORGE_CORPORA) with MinHash LSH + exact confirmation, and against each other; contaminated tasks "
+                "and non-representative near duplicates leave the pipeline but stay in the catalog with the reason.",
 )
 def decontaminated_tasks(context: dg.AssetExecutionContext, config: DedupRunConfig, catalog: CatalogResource,
                          docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
     settings = settings_from(catalog, docker, mlflow)
-    tasks = catalog.catalog().load_tasks()
-    report, run_id, chart = stages.decontaminate(settings, tasks, DedupConfig(config.threshold, config.num_perm),
-                                                 dagster_run_id=context.run.run_id)
-    statuses = [r["status"] for r in report.rows]
-    context.log.info(f"{statuses.count('clean')} clean, {statuses.count('contaminated')} contaminated, "
-                     f"{statuses.count('duplicate')} duplicates; index +{report.sync.added_docs} docs")
+    tasks = catalog.catalog().load_versions(upstream(context, "candidate_tasks")["task_versions"])
+    dedup = to_library(config, DedupConfig)
+    result = decontaminate.tracked(settings, dedup, tasks, context=stage_context(context))
+    n = result.counts()
+    context.log.info(f"{n['clean']} clean, {n['contaminated']} contaminated, {n['duplicate']} duplicates; "
+                     f"index +{result.sync.added_docs} docs")
     return dg.MaterializeResult(metadata={
-        "tasks": len(tasks), "clean": statuses.count("clean"), "contaminated": statuses.count("contaminated"),
-        "duplicates": statuses.count("duplicate"), "duplicate_pairs": len(report.pairs),
-        "index_docs_added": report.sync.added_docs, "chart": png(chart), "mlflow_run": mlflow_run(settings, run_id),
+        "tasks": len(tasks), "clean": n["clean"], "contaminated": n["contaminated"], "duplicates": n["duplicate"],
+        "duplicate_pairs": len(result.pairs), "index_docs_added": result.sync.added_docs, "chart": png(result.chart),
+        "mlflow_run": mlflow_run(settings, result.mlflow_run_id),
+        # what the stages after this one take: the clean versions, and for the task set's lineage what left and why
+        "clean_versions": dg.MetadataValue.json(result.kept_hashes()),
+        "removed": dg.MetadataValue.json(result.removed()), "params": dg.MetadataValue.json(dedup.as_params()),
     })
 
 

@@ -1,4 +1,4 @@
-"""Checks on decontamination: nothing contaminated stays, and splits cannot leak near duplicates."""
+"""Checks on decontamination: nothing contaminated stays in the pipeline."""
 
 import json
 
@@ -7,8 +7,6 @@ import dagster as dg
 from assets.defs.quality.assets import decontaminated_tasks
 from assets.defs.resources import CatalogResource
 from envforge.catalog import Catalog
-from envforge.quality.dedup import assign_splits, near_duplicate_pairs, straddling_pairs
-from envforge.quality.params import DedupConfig
 
 
 @dg.asset_check(asset=decontaminated_tasks, blocking=True,
@@ -26,15 +24,3 @@ def no_contaminated_task_remains(catalog: CatalogResource) -> dg.AssetCheckResul
     return dg.AssetCheckResult(passed=not problems and not bad,
                                metadata={"clean_tasks_above_threshold": dg.MetadataValue.json(bad),
                                          "schema_problems": dg.MetadataValue.json([str(p) for p in problems])})
-
-
-@dg.asset_check(asset=decontaminated_tasks, blocking=True,
-                description="A train/eval split of the clean tasks (by cluster) has no near-duplicate pair across it.")
-def splits_leak_free(catalog: CatalogResource) -> dg.AssetCheckResult:
-    tasks = catalog.catalog().clean_tasks()
-    pairs = near_duplicate_pairs(tasks, config=DedupConfig())
-    splits = assign_splits(tasks, pairs)
-    leaks = straddling_pairs(splits, pairs)
-    return dg.AssetCheckResult(passed=not leaks, metadata={
-        "pairs": len(pairs), "eval_tasks": sum(v == "eval" for v in splits.values()),
-        "straddling_pairs": dg.MetadataValue.json([[p.a, p.b] for p in leaks])})

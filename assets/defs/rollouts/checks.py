@@ -1,11 +1,14 @@
-"""Checks on rollouts: a batch whose infrastructure failed too often must not feed training."""
+"""Checks on the task set and its rollouts: complete tiers, a split without near-duplicate leaks, and
+no batch whose infrastructure failed too often feeding training."""
 
 import os
 
 import dagster as dg
 
-from assets.defs.resources import CatalogResource
+from assets.defs.metadata import upstream
+from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
 from assets.defs.rollouts.assets import rollout_batch, tiered_task_set
+from envforge.stages.tiers import split_leaks
 
 MAX_DROPPED_GROUP_RATE = float(os.environ.get("ENVFORGE_MAX_DROPPED_GROUP_RATE", "0.05"))
 
@@ -25,14 +28,26 @@ def rollout_infra_failure_rate(catalog: CatalogResource) -> dg.AssetCheckResult:
         "empty_batches": dg.MetadataValue.json(empty), "threshold": MAX_DROPPED_GROUP_RATE})
 
 
-@dg.asset_check(asset=tiered_task_set, description="Every task of the newest task set has a tier and a split, and "
-                                                   "the eval split is not empty when there are 5 or more tasks.")
-def tiers_complete(catalog: CatalogResource) -> dg.AssetCheckResult:
+@dg.asset_check(asset=tiered_task_set, description="Every task of the task set this asset produced has a tier and "
+                                                   "a split, and the eval split is not empty when there are 5 or "
+                                                   "more tasks.")
+def tiers_complete(context: dg.AssetCheckExecutionContext, catalog: CatalogResource) -> dg.AssetCheckResult:
     cat = catalog.catalog()
-    version = cat.resolve_task_set("latest")
+    version = upstream(context, "tiered_task_set")["version"]
     tiers = cat.tiers(version)
     members = {t.id for t in cat.load_task_set(version)}
     missing = sorted(members - set(tiers["task_id"]))
     n_eval = int((tiers["split"] == "eval").sum())
     return dg.AssetCheckResult(passed=not missing and (n_eval > 0 or len(members) < 5), metadata={
         "version": version, "tasks": len(members), "missing": dg.MetadataValue.json(missing), "eval": n_eval})
+
+
+@dg.asset_check(asset=tiered_task_set, blocking=True,
+                description="The split training and evaluation use has no near-duplicate pair (by the task set's "
+                            "dedup params) with one task in train and the other in eval.")
+def splits_leak_free(context: dg.AssetCheckExecutionContext, catalog: CatalogResource, docker: DockerResource,
+                     mlflow: MlflowResource) -> dg.AssetCheckResult:
+    version = upstream(context, "tiered_task_set")["version"]
+    pairs, leaks = split_leaks(settings_from(catalog, docker, mlflow), version)
+    return dg.AssetCheckResult(passed=not leaks, metadata={
+        "version": version, "pairs": len(pairs), "straddling_pairs": dg.MetadataValue.json([[p.a, p.b] for p in leaks])})

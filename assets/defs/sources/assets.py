@@ -7,10 +7,12 @@ sources appear and requests runs for the ones that changed.
 
 import dagster as dg
 
-from assets.defs.metadata import log_progress, mlflow_run, problems_table
+from assets.defs.config import run_config, to_library
+from assets.defs.metadata import mlflow_run, problems_table, stage_context
 from assets.defs.resources import SANDBOX_POOL, CatalogResource, DockerResource, MlflowResource, settings_from
-from envforge import stages
 from envforge.sources import KINDS
+from envforge.stages.configs import IngestConfig
+from envforge.stages.ingest import ingest
 
 DESCRIPTIONS = {
     "spec": "Hand-written YAML task specs (task.yaml).",
@@ -22,6 +24,7 @@ DESCRIPTIONS = {
               "changed, derived the same way.",
 }
 PARTITIONS = {kind: dg.DynamicPartitionsDefinition(name=f"{kind}_sources") for kind in KINDS}
+IngestRunConfig = run_config(IngestConfig, "IngestRunConfig", "How one source partition is ingested.")
 SANDBOX_KINDS = ("ticket", "review")  # their tests are derived by running the suite in sandboxes
 
 
@@ -32,14 +35,11 @@ def _source_asset(kind: str) -> dg.AssetsDefinition:
         description=f"{DESCRIPTIONS[kind]} One partition per source file under task_sources/; each run stores "
                     f"the source's tasks and rejects (file, record, field, reason) as its latest load.",
     )
-    def _asset(context: dg.AssetExecutionContext, catalog: CatalogResource, docker: DockerResource,
-               mlflow: MlflowResource) -> dg.MaterializeResult:
+    def _asset(context: dg.AssetExecutionContext, config: IngestRunConfig, catalog: CatalogResource,
+               docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
         settings = settings_from(catalog, docker, mlflow)
         path = settings.source_path(context.partition_key)
-
-        progress = log_progress(context)
-
-        tracked = stages.ingest(settings, [path], dagster_run_id=context.run.run_id, progress=progress)
+        tracked = ingest.tracked(settings, to_library(config, IngestConfig), [path], context=stage_context(context))
         res, summ = tracked.result, tracked.summary
         total = len(res.tasks) + len(res.rejects)
         context.log.info(f"{context.partition_key}: {len(res.tasks)} valid, {len(res.rejects)} rejected, "
@@ -90,10 +90,7 @@ def candidate_tasks(context: dg.AssetExecutionContext, config: CandidateConfig, 
     cat = catalog.catalog()
     refs, _ = discover_sources(settings.bundled_sources())
     if config.reingest:
-        progress = log_progress(context)
-
-        tracked = stages.ingest(settings, settings.bundled_sources(), dagster_run_id=context.run.run_id,
-                                progress=progress)
+        tracked = ingest.tracked(settings, IngestConfig(), settings.bundled_sources(), context=stage_context(context))
         context.log.info(f"re-ingested {len(tracked.sources)} sources: {len(tracked.result.tasks)} valid, "
                          f"{len(tracked.result.rejects)} rejected, {tracked.summary.added} new task versions")
         register_source_partitions(context.instance, refs, settings.task_sources_dir)
@@ -112,4 +109,5 @@ def candidate_tasks(context: dg.AssetExecutionContext, config: CandidateConfig, 
         "tasks": frame.height, "rejects": rejects.height, "sources": loads.height,
         "by_kind": dg.MetadataValue.json(by_kind), "sources_table": dg.MetadataValue.md("\n".join(table)),
         "retired_sources": dg.MetadataValue.json(retired),
+        "task_versions": dg.MetadataValue.json(frame["content_hash"].to_list()),  # what decontamination takes
     })

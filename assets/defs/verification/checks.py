@@ -3,7 +3,9 @@
 import os
 
 import dagster as dg
+import polars as pl
 
+from assets.defs.metadata import upstream
 from assets.defs.resources import CatalogResource
 from assets.defs.verification.assets import validated_tasks
 from envforge.catalog import Catalog
@@ -12,14 +14,15 @@ MAX_QUARANTINE_RATE = float(os.environ.get("ENVFORGE_MAX_QUARANTINE_RATE", "0.2"
 
 
 @dg.asset_check(asset=validated_tasks, blocking=True,
-                description=f"Verdict rows satisfy the pandera ValidationRow schema; every current task has a "
-                            f"verdict; the quarantine rate is at most ENVFORGE_MAX_QUARANTINE_RATE "
+                description=f"Verdict rows satisfy the pandera ValidationRow schema; every clean task version of the "
+                            f"run has a verdict; the quarantine rate is at most ENVFORGE_MAX_QUARANTINE_RATE "
                             f"({MAX_QUARANTINE_RATE:.0%}).")
-def quarantine_rate(catalog: CatalogResource) -> dg.AssetCheckResult:
+def quarantine_rate(context: dg.AssetCheckExecutionContext, catalog: CatalogResource) -> dg.AssetCheckResult:
     cat = catalog.catalog()
-    latest = cat.latest_validations()
+    clean = upstream(context, "decontaminated_tasks")["clean_versions"]
+    latest = cat.latest_validations().filter(pl.col("content_hash").is_in(clean))
     problems = Catalog.validate("validations", cat.query("SELECT * FROM validations"))
-    missing = sorted({t.id for t in cat.clean_tasks()} - set(latest["task_id"]))
+    missing = sorted({t.id for t in cat.load_versions(clean)} - set(latest["task_id"]))
     rate = (latest["verdict"] != "accepted").sum() / max(1, latest.height)
     return dg.AssetCheckResult(
         passed=not problems and not missing and rate <= MAX_QUARANTINE_RATE,

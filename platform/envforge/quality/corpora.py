@@ -10,9 +10,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator, Mapping
 
 TEXT_FIELDS = ("text", "content", "prompt", "problem_statement", "question", "body")
 ID_FIELDS = ("id", "doc_id", "task_id", "instance_id")
@@ -99,4 +100,20 @@ def fingerprint(path: Path) -> dict[str, str]:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
         out[str(f)] = h.hexdigest()
+    return out
+
+
+def corpora_from_env(environ: Mapping[str, str] | None = None, extra: Iterable[str] = ()) -> dict[str, Path | None]:
+    """The corpora decontamination checks against: built-in HumanEval, then
+    ENVFORGE_CORPORA="name=path;name2=path2" (files or directories), then `extra` NAME=PATH items
+    (the CLI's --corpus). A malformed entry raises ValueError naming it."""
+    env = os.environ if environ is None else environ
+    out: dict[str, Path | None] = {"humaneval": None}
+    items = [("ENVFORGE_CORPORA", item) for item in filter(None, (env.get("ENVFORGE_CORPORA") or "").split(";"))]
+    items += [("--corpus", item) for item in extra]
+    for where, item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"{where} entry {item!r} is not NAME=PATH")
+        out[name.strip()] = Path(path.strip())
     return out

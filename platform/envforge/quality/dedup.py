@@ -7,13 +7,12 @@ Rules (documented in docs/dedup.md):
 - near-duplicate tasks form clusters (connected components of confirmed pairs); each
   cluster keeps one representative: the task with the most verification (required tests +
   checkpoints), then the longest instruction, then the smallest task id;
-- splits are assigned per cluster, never per task, so no near-duplicate pair can straddle
-  train and eval.
+- splits place a cluster whole, never task by task, so no near-duplicate pair can straddle
+  train and eval (`cluster_keys` feeds envforge.rollout.tiers.stratified_split).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -135,17 +134,13 @@ def clusters(tasks: Sequence[Task], pairs: Sequence[DuplicatePair]) -> list[Clus
     return sorted(out, key=lambda c: c.representative)
 
 
-def assign_splits(tasks: Sequence[Task], pairs: Sequence[DuplicatePair], eval_fraction: float = 0.2,
-                  seed: int = 0) -> dict[str, str]:
-    """task id -> 'train' | 'eval', deterministic, with every cluster on one side."""
-    cl = {m: c.representative for c in clusters(tasks, pairs) for m in c.members}
-    out = {}
-    for t in tasks:
-        key = cl.get(t.id, t.id)
-        h = int(hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-        out[t.id] = "eval" if h < eval_fraction else "train"
-    return out
+def cluster_keys(tasks: Sequence[Task], pairs: Sequence[DuplicatePair]) -> dict[str, str]:
+    """task id -> the representative of its near-duplicate cluster (tasks without one are left out);
+    the `groups` a split keeps together (envforge.rollout.tiers.stratified_split)."""
+    return {m: c.representative for c in clusters(tasks, pairs) for m in c.members}
 
 
-def straddling_pairs(splits: dict[str, str], pairs: Sequence[DuplicatePair]) -> list[DuplicatePair]:
-    return [p for p in pairs if p.a in splits and p.b in splits and splits[p.a] != splits[p.b]]
+def straddling_pairs(splits: dict[str, str], pairs: Sequence[DuplicatePair],
+                     sides: tuple[str, str] = ("train", "eval")) -> list[DuplicatePair]:
+    """The pairs with one task on each side: near duplicates a model is trained on and evaluated on."""
+    return [p for p in pairs if {splits.get(p.a), splits.get(p.b)} == set(sides)]

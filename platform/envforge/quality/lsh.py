@@ -1,10 +1,11 @@
 """Banded LSH over MinHash signatures, as sorted numpy arrays (so it scales and persists).
 
-The banding (b bands of r rows) is chosen with datasketch's own optimiser,
-`datasketch.lsh._optimal_param(threshold, num_perm, fp_weight, fn_weight)`. Its default
-weights (0.5, 0.5) put the S-curve's steep part above the threshold, so pairs just above
-it are missed; for decontamination we weight recall (0.1, 0.9) and confirm every candidate
-with exact Jaccard and n-gram overlap, which removes the extra false positives.
+The banding (b bands of r rows) minimises the weighted false-positive and false-negative
+areas under the S-curve around the threshold, the way datasketch's MinHashLSH chooses it (the
+same integrals and search, so the same (b, r); tests/test_quality.py compares them). With
+datasketch's default weights (0.5, 0.5) the curve's steep part sits above the threshold, so
+pairs just above it are missed; for decontamination we weight recall (0.1, 0.9) and confirm
+every candidate with exact Jaccard and n-gram overlap, which removes the extra false positives.
 
 Storage is one sorted (band key, doc index) array per band. Insertion appends and
 re-sorts; a query is a `searchsorted` per band. The arrays are saved as one .npz file and
@@ -13,22 +14,31 @@ can be partitioned by band across machines (see docs/dedup.md).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from datasketch.lsh import _optimal_param
+from scipy.integrate import quad
 
 from envforge.quality.minhash import EMPTY_SLOT
+from envforge.quality.params import RECALL_WEIGHTS
 
-RECALL_WEIGHTS = (0.1, 0.9)
 
-
+@functools.lru_cache(maxsize=64)
 def banding(threshold: float, num_perm: int, weights: tuple[float, float] = RECALL_WEIGHTS) -> tuple[int, int]:
     """(bands, rows) minimising the weighted false-positive/false-negative area at `threshold`."""
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold {threshold} must be in (0, 1)")
-    return _optimal_param(threshold, num_perm, weights[0], weights[1])
+    best, best_error = (0, 0), float("inf")
+    for b in range(1, num_perm + 1):
+        for r in range(1, num_perm // b + 1):
+            false_positive, _ = quad(lambda s: collision_probability(s, b, r), 0.0, threshold)
+            false_negative, _ = quad(lambda s: 1.0 - collision_probability(s, b, r), threshold, 1.0)
+            error = false_positive * weights[0] + false_negative * weights[1]
+            if error < best_error:
+                best, best_error = (b, r), error
+    return best
 
 
 def collision_probability(jaccard: float, bands: int, rows: int) -> float:

@@ -16,7 +16,9 @@ import docker
 
 from envforge.catalog import Catalog
 from envforge.config import Settings
-from envforge.rollout.scheduler import BatchReport, Progress, RolloutConfig, RolloutScheduler
+from envforge.progress import Progress
+from envforge.rollout.config import RolloutConfig
+from envforge.rollout.scheduler import BatchReport, RolloutScheduler
 from envforge.rollout.store import TrajectoryStore
 from envforge.rollout.tiers import pass_at_k
 from envforge.sandbox.engine import docker_client

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from envforge.errors import InfraError
+from envforge.progress import Progress
+from envforge.rollout.config import RolloutConfig
 from envforge.rollout.actions import TOOLS, ActionError, parse_text, parse_tool_call
 from envforge.rollout.env import EnvLimits, RolloutEnv
 from envforge.rollout.policies.base import PolicyError, PolicyOutput
@@ -34,23 +36,6 @@ from envforge.verify.grader import Grader
 
 SYSTEM_PROMPT = ("You are a software engineer working in a sandboxed repository. Use the tools to inspect and change "
                  "files and to run commands; call `submit` when the task is done.")
-Progress = Callable[[str, str, int, int], None]
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    n_samples: int = 4
-    concurrency: int = 8
-    max_infra_retries: int = 3
-    backoff_s: float = 0.5
-    backoff_max_s: float = 8.0
-    seed: int = 0
-    temperature: float = 1.0
-    max_tokens: int = 512
-    max_turns: int | None = None  # default: the task's max_turns
-
-    def as_params(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass

@@ -23,12 +23,13 @@ import hashlib
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from envforge.task import Task
 from envforge.verify.protect import split_diff
 
 TIERS = ("unsolved", "hard", "medium", "easy", "trivial")
+SPLITS = ("train", "eval", "audit")  # audit: the unsolved tasks, kept for verifier review, never trained on
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -105,21 +106,32 @@ def static_tiers(tasks: Sequence[Task]) -> list[TierRow]:
     return rows
 
 
-def stratified_split(rows: Iterable[TierRow], eval_fraction: float = 0.2, seed: int = 0) -> list[TierRow]:
+def stratified_split(rows: Iterable[TierRow], eval_fraction: float = 0.2, seed: int = 0,
+                     groups: Mapping[str, str] | None = None) -> list[TierRow]:
     """Train/eval split stratified by (tier, source); unsolved tasks go to `audit`.
 
-    The eval set gets round(n * eval_fraction) tasks overall (at least one when there are two
-    or more solvable tasks), allotted to strata by largest remainder, so every stratum gets
-    its share and small strata are not all rounded away; a stratum of two or more always
-    keeps a training task. Within a stratum, tasks are ordered by a seeded hash of their id.
+    `groups` maps a task id to its near-duplicate cluster (any key shared by the cluster's
+    members; a task not in it is its own group). A group is placed whole: all its solvable
+    members land in the same split, so no near-duplicate pair straddles train and eval.
+    Groups are stratified by their first member's (tier, source).
+
+    The eval set gets round(n * eval_fraction) groups overall (at least one when there are two
+    or more), allotted to strata by largest remainder, so every stratum gets its share and
+    small strata are not all rounded away; a stratum of two or more groups always keeps one
+    for training. Within a stratum, groups are ordered by a seeded hash of their key. Without
+    near duplicates every group is one task, and this is a per-task stratified split.
     """
-    strata: dict[tuple[str, str], list[TierRow]] = defaultdict(list)
+    groups = groups or {}
+    units: dict[str, list[TierRow]] = defaultdict(list)
     out = []
-    for r in rows:
+    for r in sorted(rows, key=lambda r: r.task_id):
         if r.tier == "unsolved":
             out.append(TierRow(**{**r.__dict__, "split": "audit"}))
         else:
-            strata[(r.tier, r.source)].append(r)
+            units[groups.get(r.task_id, r.task_id)].append(r)
+    strata: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for key, members in units.items():
+        strata[(members[0].tier, members[0].source)].append(key)
     total = sum(len(v) for v in strata.values())
     target = round(total * eval_fraction) if eval_fraction > 0 else 0
     if eval_fraction > 0 and total >= 2:
@@ -134,8 +146,9 @@ def stratified_split(rows: Iterable[TierRow], eval_fraction: float = 0.2, seed: 
                 break
             if quota[k] < cap[k]:
                 quota[k] += 1
-    for key in sorted(strata):
-        members = sorted(strata[key], key=lambda r: hashlib.sha256(f"{seed}:{r.task_id}".encode()).hexdigest())
-        for i, r in enumerate(members):
-            out.append(TierRow(**{**r.__dict__, "split": "eval" if i < quota[key] else "train"}))
+    for stratum in sorted(strata):
+        keys = sorted(strata[stratum], key=lambda key: hashlib.sha256(f"{seed}:{key}".encode()).hexdigest())
+        for i, key in enumerate(keys):
+            for r in units[key]:
+                out.append(TierRow(**{**r.__dict__, "split": "eval" if i < quota[stratum] else "train"}))
     return sorted(out, key=lambda r: r.task_id)

@@ -33,6 +33,7 @@ import docker
 from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError, Problem, SpecError
 from envforge.hashing import digest_parts
+from envforge.progress import Progress, no_progress
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import build_base_image, build_task_image
 from envforge.sandbox.pool import SandboxPool
@@ -41,9 +42,6 @@ from envforge.sources.result import LoadResult
 from envforge.task import Task
 from envforge.verify.checkpoints import install_verifier_files, run_suite
 from envforge.verify.grader import PURGE_CACHES, options_for
-
-Progress = Callable[[str, str, int, int], None]
-
 
 @dataclass(frozen=True)
 class SuiteRuns:
@@ -121,12 +119,8 @@ def task_from_runs(candidate: Candidate, runs: SuiteRuns) -> Task:
     return candidate.to_task(runs.fail_to_pass, pass_to_pass, metadata or None)
 
 
-def _no_progress(stage: str, detail: str, done: int, total: int) -> None:
-    return None
-
-
 def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: docker.DockerClient | None = None,
-                 concurrency: int = 2, progress: Progress = _no_progress) -> LoadResult:
+                 concurrency: int = 2, progress: Progress = no_progress) -> LoadResult:
     """Run every candidate's suite before and after its change; derived tasks or rejects with reasons."""
     result = LoadResult()
     if not candidates:

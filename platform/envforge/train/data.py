@@ -17,13 +17,11 @@ from collections import defaultdict
 from typing import Any, Iterable
 
 from envforge.rollout.actions import to_text
-from envforge.rollout.policies.base import PolicyOutput
+from envforge.rollout.policies.base import IM_END, PolicyOutput
 from envforge.rollout.policies.replay import reference_actions
 from envforge.rollout.trajectory import Trajectory
 from envforge.task import Task
 from envforge.train.samples import TurnSample
-
-IM_END = "<|im_end|>"
 
 
 class TeacherEpisode:

@@ -20,58 +20,58 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
-from envforge import pipeline, track
+from envforge import track
 from envforge.charts import learning_curve
 from envforge.config import Settings
+from envforge.progress import Progress, no_progress
 from envforge.rollout.batch import run_batch
 from envforge.rollout.policies.hf import HFPolicy
-from envforge.rollout.scheduler import RolloutConfig
+from envforge.rollout.config import RolloutConfig
+from envforge.stages.base import StageContext
+from envforge.stages.images import ensure_images
 from envforge.train.checkpoint import log_checkpoint
+from envforge.train.config import TrainingConfig
 from envforge.train.demo_tasks import chore_family
-from envforge.train.grpo import GRPOConfig
-from envforge.train.loop import GRPORounds, demonstrations, evaluate, grpo_rounds, load_model
-from envforge.train.sft import SFTConfig, train_sft
+from envforge.train.loop import demonstrations, evaluate, grpo_rounds, load_model
+from envforge.train.sft import train_sft
 
-Progress = Callable[[str, str, int, int], None]
+# A model small enough to learn the chores on CPU in minutes: many SFT epochs over few demonstrations,
+# every training task in every GRPO round, short completions.
+DEMO_TRAINING = TrainingConfig(base_model="tiny:128x4", sft_epochs=40, rl_rounds=3, tasks_per_round=0, max_tokens=48)
 
 
 @dataclass(frozen=True)
 class LearningDemoConfig:
-    seed: int = 0
+    """The demo's task family and measurements; how it trains is `training` (the pipeline's TrainingConfig)."""
+
+    training: TrainingConfig = DEMO_TRAINING
     train_per_chore: int = 4
     held_out_per_chore: int = 2
-    hidden_size: int = 128
-    num_layers: int = 4
-    sft_epochs: int = 40
-    sft_lr: float = 3e-3
-    grpo_rounds: int = 3
-    group_size: int = 4
-    grpo_lr: float = 1e-4
-    concurrency: int = 4
-    max_tokens: int = 48
-    eval_samples: int = 4  # held-out samples per task for the temperature-1 pass@1
+    eval_samples: int = 4  # held-out samples per task for the sampled pass@1
     registered_model: str = "envforge-learning-demo"
 
-
-def _no_progress(stage: str, detail: str, done: int, total: int) -> None:
-    return None
+    @classmethod
+    def quick(cls, training: TrainingConfig = DEMO_TRAINING) -> "LearningDemoConfig":
+        """A shortened run for tests: fewer tasks, SFT epochs, GRPO rounds and samples."""
+        return cls(replace(training, sft_epochs=10, rl_rounds=1, group_size=2), train_per_chore=2,
+                   held_out_per_chore=1, eval_samples=2)
 
 
 def run_learning_demo(settings: Settings, config: LearningDemoConfig = LearningDemoConfig(),
-                      progress: Progress = _no_progress, dagster_run_id: str | None = None) -> dict[str, Any]:
+                      progress: Progress = no_progress, dagster_run_id: str | None = None) -> dict[str, Any]:
     out_dir = settings.data_dir / "learning_demo"
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    train_tasks, held_out = chore_family(config.seed, config.train_per_chore, config.held_out_per_chore)
-    images = pipeline.build_images(settings, train_tasks + held_out, progress=progress).image_for()
-    train_items = [(t, images[t.content_hash]) for t in train_tasks]
-    held_items = [(t, images[t.content_hash]) for t in held_out]
-    model, tokenizer = load_model(f"tiny:{config.hidden_size}x{config.num_layers}", config.seed)
-    tag = f"demo-s{config.seed}-{int(time.time())}"
-    conc, max_tokens = config.concurrency, config.max_tokens
+    training = config.training
+    train_tasks, held_out = chore_family(training.seed, config.train_per_chore, config.held_out_per_chore)
+    images = ensure_images(settings, train_tasks + held_out, context=StageContext(progress=progress))
+    train_items, held_items = images.items(train_tasks), images.items(held_out)
+    model, tokenizer = load_model(training.base_model, training.seed)
+    tag = f"demo-s{training.seed}-{int(time.time())}"
+    conc, max_tokens = training.concurrency, training.max_tokens
 
     def held_out_pass_at_1(label: str) -> float:
         """Greedy decoding, one rollout per held-out task."""
@@ -79,15 +79,17 @@ def run_learning_demo(settings: Settings, config: LearningDemoConfig = LearningD
         return float(result.metrics["pass_at_1"])
 
     def held_out_sampled(label: str) -> float:
-        """pass@1 under sampling at temperature 1 (the policy GRPO trains), averaged over samples per task."""
+        """pass@1 sampled at the training temperature (the policy GRPO trains), averaged over samples per task."""
         policy = HFPolicy((model, tokenizer), policy_id=f"eval-sampled@{label}")
         result = run_batch(settings, held_items, policy,
-                           RolloutConfig(n_samples=config.eval_samples, concurrency=conc, temperature=1.0,
-                                         max_tokens=max_tokens, seed=10_000 + config.seed), "learning-demo",
+                           RolloutConfig(n_samples=config.eval_samples, concurrency=conc,
+                                         temperature=training.temperature, max_tokens=max_tokens,
+                                         seed=10_000 + training.seed), "learning-demo",
                            batch_id=f"{tag}-eval-sampled-{label}")
         return float(result.metrics["pass_at_1"])
 
-    params = {**asdict(config), "train_tasks": len(train_tasks), "held_out_tasks": len(held_out),
+    params = {**training.as_params(), **{k: v for k, v in asdict(config).items() if k != "training"},
+              "train_tasks": len(train_tasks), "held_out_tasks": len(held_out),
               "parameters": sum(p.numel() for p in model.parameters())}
     with track.mlflow_run(settings, "learning_demo", "train", params, dagster_run_id) as run:
         progress("demo", "held-out pass@1 before training", 0, 5)
@@ -100,19 +102,15 @@ def run_learning_demo(settings: Settings, config: LearningDemoConfig = LearningD
         sft_eval = demonstrations(settings, held_items, tokenizer, f"{tag}-teacher-eval", conc)
 
         progress("demo", f"SFT on {len(sft_train)} demonstration turns", 2, 5)
-        sft = train_sft(model, sft_train, sft_eval,
-                        SFTConfig(lr=config.sft_lr, epochs=config.sft_epochs, micro_batch_size=8,
-                                  eval_every=20, seed=config.seed, pad_id=tokenizer.pad_token_id or 0),
+        sft = train_sft(model, sft_train, sft_eval, training.sft_config(tokenizer.pad_token_id or 0),
                         out_dir=out_dir / "sft", tokenizer=tokenizer,
                         on_metrics=lambda step, m: track.log_metrics({f"sft_{k}": v for k, v in m.items()}, step=step))
         after_sft = held_out_pass_at_1("after-sft")
         sampled["after_sft"] = held_out_sampled("after-sft")
         track.log_metrics({"pass_at_1_after_sft": after_sft, "pass_at_1_sampled_after_sft": sampled["after_sft"]})
 
-        progress("demo", f"GRPO: {config.grpo_rounds} rounds x {config.group_size} samples per task", 3, 5)
-        rounds = GRPORounds(rounds=config.grpo_rounds, group_size=config.group_size, max_tokens=max_tokens,
-                            concurrency=conc, seed=config.seed,
-                            grpo=GRPOConfig(lr=config.grpo_lr, seed=config.seed, pad_id=tokenizer.pad_token_id or 0))
+        progress("demo", f"GRPO: {training.rl_rounds} rounds x {training.group_size} samples per task", 3, 5)
+        rounds = training.grpo_rounds(tokenizer.pad_token_id or 0)
         trainer, grpo_history = grpo_rounds(
             settings, model, tokenizer, train_items, rounds, f"{tag}-grpo",
             on_round=lambda r, m: track.log_metrics({f"grpo_{k}": v for k, v in m.items()}, step=r))
@@ -142,7 +140,7 @@ def run_learning_demo(settings: Settings, config: LearningDemoConfig = LearningD
             "sft_final_loss": sft.losses[-1] if sft.losses else None,
             "sft_eval_loss": sft.eval_losses[-1][1] if sft.eval_losses else None,
             "sft_tokens_per_s": sft.tokens_per_s,
-            "grpo_rounds": config.grpo_rounds, "group_size": config.group_size, "grpo_mean_rewards": rewards,
+            "grpo_rounds": training.rl_rounds, "group_size": training.group_size, "grpo_mean_rewards": rewards,
             "grpo_metrics": grpo_history, "parameters": params["parameters"], "checkpoint": str(final),
             "chart": str(chart), "mlflow_run_id": run.info.run_id, "seconds": round(time.perf_counter() - started, 1),
             "config": asdict(config),

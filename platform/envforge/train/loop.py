@@ -19,7 +19,8 @@ from envforge.config import Settings
 from envforge.rollout.batch import BatchResult, run_batch
 from envforge.rollout.policies.hf import HFPolicy
 from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model
-from envforge.rollout.scheduler import Progress, RolloutConfig
+from envforge.progress import Progress
+from envforge.rollout.config import RolloutConfig
 from envforge.task import Task
 from envforge.train.data import TeacherPolicy, rl_groups, turn_samples
 from envforge.train.grpo import GRPOConfig, GRPOTrainer
@@ -64,11 +65,11 @@ def evaluate(settings: Settings, model: Any, tokenizer: Any, items: Items, batch
 
 @dataclass
 class GRPORounds:
-    """Rounds of (rollouts of the current weights, GRPO update)."""
+    """Rounds of (rollouts of the current weights, GRPO update). Rollouts sample at `grpo.temperature`,
+    the temperature the update takes behaviour log-probs at: one setting, so they cannot differ."""
 
     rounds: int = 3
     group_size: int = 4
-    temperature: float = 1.0
     max_tokens: int = 64
     concurrency: int = 4
     seed: int = 0
@@ -96,7 +97,8 @@ def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cf
         policy = HFPolicy((model, tokenizer), policy_id=f"{batch_prefix}@round-{r}", version=r)
         batch = run_batch(settings, round_items(items, cfg, r), policy,
                           RolloutConfig(n_samples=cfg.group_size, concurrency=cfg.concurrency,
-                                        temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed + r),
+                                        temperature=cfg.grpo.temperature, max_tokens=cfg.max_tokens,
+                                        seed=cfg.seed + r),
                           task_set_version, batch_id=f"{batch_prefix}-round-{r}", progress=progress)
         groups = rl_groups(batch.store.trajectories())
         samples = [s for members in groups.values() for _, turns in members for s in turns]

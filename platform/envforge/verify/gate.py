@@ -29,33 +29,16 @@ from envforge.hashing import digest_parts
 from envforge.sandbox.container import Sandbox
 from envforge.task import Task
 from envforge.verify.batch import INFRA_RETRIES, Grading, grade_batch, with_retries
+from envforge.verify.config import GateConfig
 from envforge.verify.grader import Grader, options_for
 from envforge.verify.probes import Probe, applicable_probes, guard_for
 from envforge.verify.protect import split_diff
 from envforge.verify.result import VerificationResult
 from envforge.verify.selection import SUITE, TARGETED, TestRun
 
-__all__ = ["INFRA_RETRIES", "GateConfig", "GateReport", "gate_key", "probe_diff", "validate_task"]
+__all__ = ["INFRA_RETRIES", "GateReport", "gate_key", "probe_diff", "validate_task"]
 
 ORDER_CHECK = TestRun("suite", "reverse")
-
-
-@dataclass
-class GateConfig:
-    """Gate parameters. `as_params()` (what decides a verdict) is part of a task-set version."""
-
-    runs: int = field(default=5, metadata={"help": "gradings of the empty and of the reference solution, each"})
-    shuffle: bool = field(default=True, metadata={
-        "help": "the order check: the reference once more, on the whole suite, in reversed order"})
-    probes: bool = field(default=True, metadata={"help": "run the reward-hacking probes that apply to the task"})
-    full_suite: bool = field(default=False, metadata={
-        "help": "the exhaustive gate: the whole suite on every grading, every run and probe graded even after a "
-                "disagreement, no shared copies"})
-    workers: int = field(default=2, metadata={"help": "gradings of one task in parallel (verdicts do not depend on it)"})
-
-    def as_params(self) -> dict:
-        return {"gate": "flakiness", "runs": self.runs, "shuffle": self.shuffle, "probes": self.probes,
-                "full_suite": self.full_suite}
 
 
 @dataclass
@@ -96,6 +79,20 @@ class GateReport:
         """What the verdict cost, and what it left out: kept with the verdict in the catalog."""
         return {"empty_runs": self.empty_runs, "probes_skipped": self.probes_skipped, "not_run": self.not_run,
                 "gradings": self.gradings, "sandbox_s": round(self.sandbox_s, 3), "wall_s": round(self.wall_s, 3)}
+
+    @classmethod
+    def from_row(cls, row: dict) -> "GateReport":
+        """A stored verdict (a `validations` row) as the report of an unchanged task that keeps it."""
+        stats = json.loads(row.get("stats_json") or "{}")
+        return cls(
+            task_id=row["task_id"], content_hash=row["content_hash"], accepted=row["verdict"] == "accepted",
+            disagreements=list(row["disagreements"]), reference_passes=row["reference_passes"],
+            empty_fails=row["empty_fails"], runs=row["runs"], probe_results=json.loads(row["probes_json"]),
+            verifier_seconds=[row["verifier_median_s"]], infra_retries=row["infra_retries"],
+            empty_runs=stats.get("empty_runs", row["runs"]), probes_skipped=stats.get("probes_skipped", {}),
+            not_run=stats.get("not_run", []), gradings=stats.get("gradings", 0),
+            sandbox_s=stats.get("sandbox_s", 0.0), wall_s=stats.get("wall_s", 0.0),
+            image_digest=row["image_digest"], gate_key=row["gate_key"], reused_from=row["created_at"])
 
 
 @lru_cache(maxsize=1)

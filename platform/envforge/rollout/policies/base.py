@@ -13,6 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+# The end-of-turn marker of the ChatML template every local policy uses (tiny, Qwen-style checkpoints).
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+
 
 @dataclass
 class PolicyOutput:

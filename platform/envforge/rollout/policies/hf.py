@@ -25,9 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from envforge.rollout.actions import TOOL_CALL
-from envforge.rollout.policies.base import PolicyOutput
-
-IM_END = "<|im_end|>"
+from envforge.rollout.policies.base import IM_END, PolicyOutput
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:

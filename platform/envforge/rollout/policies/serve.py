@@ -17,16 +17,14 @@ import asyncio
 import secrets
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
 from envforge.rollout.policies.hf import HFPolicy
-
-_ROLES = {"system", "user", "assistant", "tool", "developer"}
-
 
 class BadRequest(ValueError):
     """A request the server will not run; the message goes back to the client with a 400."""
@@ -36,64 +34,81 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": status}})
 
 
-def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
-        raise BadRequest(f"{key} must be a number in [{lo}, {hi}]")
-    return float(value)
+_OPEN = ConfigDict(extra="allow")  # OpenAI clients send more than we read (model, name, tool_call_id, ...)
 
 
-def _integer(body: dict[str, Any], key: str, default: int | None, lo: int, hi: int) -> int | None:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise BadRequest(f"{key} must be an integer in [{lo}, {hi}]")
-    return value
+class ToolCall(BaseModel):
+    model_config = _OPEN
+    function: dict[str, Any]
 
 
-def parse_chat_request(body: Any) -> dict[str, Any]:
-    """Validate a chat-completions body into keyword arguments for `HFPolicy.generate` plus flags."""
+class ChatMessage(BaseModel):
+    model_config = _OPEN
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatRequest(BaseModel):
+    """A chat-completions body, validated: what the server runs (`HFPolicy.act` arguments plus flags)."""
+
+    model_config = _OPEN
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    temperature: StrictFloat | StrictInt | None = Field(default=None, ge=0.0, le=100.0)
+    max_tokens: StrictInt | None = Field(default=None, ge=1, le=1 << 20)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=1 << 20)
+    seed: StrictInt | None = Field(default=None, ge=-(1 << 63), le=(1 << 64) - 1)
+    n: StrictInt | None = None
+    stream: bool | None = None
+    logprobs: StrictBool = False
+    return_token_ids: bool | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n not in (None, 1):
+            raise ValueError("n must be 1")
+        return n
+
+    @field_validator("stream")
+    @classmethod
+    def _no_stream(cls, stream: bool | None) -> bool | None:
+        if stream:
+            raise ValueError("stream is not supported")
+        return stream
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The messages as the client sent them (`developer` read as `system`)."""
+        out = [m.model_dump(exclude_unset=True) for m in self.messages]
+        return [{**m, "role": "system"} if m["role"] == "developer" else m for m in out]
+
+    @property
+    def sampling_temperature(self) -> float:
+        return 1.0 if self.temperature is None else float(self.temperature)
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or 512
+
+    @property
+    def sampling_seed(self) -> int:
+        return self.seed if self.seed is not None else secrets.randbits(63)
+
+    @property
+    def wants_token_ids(self) -> bool:
+        return bool(self.return_token_ids) or self.logprobs
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """Validate a chat-completions body; BadRequest names each bad field and what is wrong with it."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list")
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or msg.get("role") not in _ROLES:
-            raise BadRequest(f"messages[{i}] must be an object with a role in {sorted(_ROLES)}")
-        content = msg.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
-        calls = msg.get("tool_calls")
-        well_formed = isinstance(calls, list) and all(
-            isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)
-        if calls is not None and not well_formed:
-            raise BadRequest(f"messages[{i}].tool_calls must be a list of {{type, function: {{name, arguments}}}}")
-    messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
-    tools = body.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
-        raise BadRequest("tools must be a list of objects")
-    if body.get("stream"):
-        raise BadRequest("stream is not supported")
-    if _integer(body, "n", 1, 1, 1) != 1:
-        raise BadRequest("n must be 1")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = _integer({"max_tokens": max_tokens}, "max_tokens", 512, 1, 1 << 20)
-    seed = _integer(body, "seed", None, -(1 << 63), (1 << 64) - 1)
-    logprobs = body.get("logprobs", False)
-    if not isinstance(logprobs, bool):
-        raise BadRequest("logprobs must be a boolean")
-    return {
-        "messages": messages, "tools": tools,
-        "temperature": _number(body, "temperature", 1.0, 0.0, 100.0),
-        "max_tokens": max_tokens,
-        "seed": seed if seed is not None else secrets.randbits(63),
-        "logprobs": logprobs,
-        "return_token_ids": bool(body.get("return_token_ids")) or logprobs,
-    }
+    try:
+        return ChatRequest.model_validate(body)
+    except ValidationError as exc:
+        raise BadRequest("; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}"
+                                   for e in exc.errors())) from None
 
 
 def make_app(policy: HFPolicy, model_name: str | None = None) -> FastAPI:
@@ -140,8 +155,8 @@ def make_app(policy: HFPolicy, model_name: str | None = None) -> FastAPI:
         except ValueError as exc:  # BadRequest, or a body that is not JSON
             return _error(400, str(exc) if isinstance(exc, BadRequest) else "the request body must be JSON")
         try:
-            out = await policy.act(req["messages"], req["tools"] or [], seed=req["seed"],
-                                   temperature=req["temperature"], max_tokens=req["max_tokens"])
+            out = await policy.act(req.chat_messages(), req.tools or [], seed=req.sampling_seed,
+                                   temperature=req.sampling_temperature, max_tokens=req.completion_tokens)
         except (ValueError, TypeError, jinja2.TemplateError) as exc:  # template errors on odd messages
             return _error(400, f"cannot render or run this request: {type(exc).__name__}: {exc}")
         version = policy.version
@@ -150,7 +165,7 @@ def make_app(policy: HFPolicy, model_name: str | None = None) -> FastAPI:
             message["tool_calls"] = out.tool_calls
         finish = "tool_calls" if out.tool_calls and out.finish_reason == "stop" else out.finish_reason
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-        if req["logprobs"]:
+        if req.logprobs:
             tok = policy.tokenizer
             entries = []
             for tid, lp in zip(out.token_ids or [], out.logprobs or []):
@@ -158,7 +173,7 @@ def make_app(policy: HFPolicy, model_name: str | None = None) -> FastAPI:
                 entries.append({"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8", "replace")),
                                 "top_logprobs": []})
             choice["logprobs"] = {"content": entries}
-        if req["return_token_ids"]:
+        if req.wants_token_ids:
             choice["token_ids"] = out.token_ids
         n_prompt, n_out = len(out.prompt_token_ids or []), out.n_tokens
         response: dict[str, Any] = {
@@ -167,7 +182,7 @@ def make_app(policy: HFPolicy, model_name: str | None = None) -> FastAPI:
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
             "policy_version": version,
         }
-        if req["return_token_ids"]:
+        if req.wants_token_ids:
             response["prompt_token_ids"] = out.prompt_token_ids
         return JSONResponse(response)
 

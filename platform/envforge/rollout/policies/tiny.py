@@ -18,9 +18,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from envforge.rollout.actions import TOOLS
+from envforge.rollout.policies.base import IM_END, IM_START
 
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
 EOS = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, IM_START, IM_END]  # ids 0, 1, 2
 VOCAB_SIZE = 1024

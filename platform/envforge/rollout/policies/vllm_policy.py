@@ -16,9 +16,7 @@ import threading
 import time
 from typing import Any
 
-from envforge.rollout.policies.base import PolicyOutput
-
-IM_END = "<|im_end|>"
+from envforge.rollout.policies.base import IM_END, PolicyOutput
 
 
 class VLLMPolicy:

@@ -1,0 +1,34 @@
+"""The `envforge` command: one module per command group, each a thin layer over envforge.stages.
+
+Commands that do work call a stage's tracked form, so each logs an MLflow run. Settings that a
+stage's config holds become options through `options.config_options`; a task-set version a person
+types becomes a version in one place (`common.resolve_version`).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from envforge.cli import catalog, dedup, demo, gate, images, ingest, policy, report, rollout, sources, taskset, train
+
+app = typer.Typer(help="Turn workflows into verifiable RL environments.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+
+app.command()(demo.demo)
+app.command()(ingest.ingest)
+app.command()(gate.verify)
+app.command()(gate.validate)
+app.command()(rollout.rollout)
+app.command("rollout-export")(rollout.rollout_export)
+app.command()(rollout.tiers)
+app.command()(report.report)
+app.command()(ingest.schema)
+app.add_typer(images.app, name="images")
+app.add_typer(catalog.app, name="catalog")
+app.add_typer(dedup.app, name="dedup")
+app.add_typer(taskset.app, name="taskset")
+app.add_typer(policy.app, name="policy")
+app.add_typer(train.app, name="train")
+app.add_typer(sources.app, name="sources")
+
+__all__ = ["app"]

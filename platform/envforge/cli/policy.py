@@ -1,0 +1,22 @@
+"""`envforge policy`: serve a local model over an OpenAI-compatible API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="Policies: serve a local model over an OpenAI-compatible API.", no_args_is_help=True)
+
+
+@app.command("serve")
+def policy_serve(model: Path = typer.Argument(..., help="a local Hugging Face model directory"),
+                 host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000)) -> None:
+    """An OpenAI-compatible server (/v1/chat/completions, /v1/models, /v1/reload) over a local model.
+
+    The stand-in for `vllm serve` on machines without a GPU: rollouts use it with
+    `--policy openai:http://HOST:PORT/v1`.
+    """
+    from envforge.rollout.policies.serve import serve
+
+    serve(str(model), host, port)

@@ -1,0 +1,47 @@
+"""`envforge sources`: what task sources are found on disk, and rebuilding bundled repositories."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from envforge.cli.common import DataDir, fail, out, settings_for
+
+app = typer.Typer(help="Task sources on disk: what is found, and bundled repositories.", no_args_is_help=True)
+
+
+@app.command("list")
+def sources_list(paths: List[Path] = typer.Argument(None, help="default: the bundled task_sources/ folders"),
+                 as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """Every source found under the paths: kind, key (the Dagster partition) and fingerprint."""
+    from envforge.sources import discover_sources, fingerprint
+
+    settings = settings_for(data_dir)
+    refs, problems = discover_sources(paths or settings.bundled_sources())
+    rows = [{"kind": r.kind, "key": r.key(settings.task_sources_dir), "fingerprint": fingerprint(r)} for r in refs]
+    if as_json:
+        sys.stdout.write(json.dumps({"sources": rows, "problems": [p.as_json() for p in problems]}) + "\n")
+        return
+    for r in rows:
+        out.print(f"{r['kind']:<9} {r['key']}  {r['fingerprint'][:12]}")
+    for p in problems:
+        out.print(f"[yellow]problem[/yellow] {p}")
+
+
+@app.command("build-repo")
+def sources_build_repo(project: Path = typer.Argument(..., help="a patch-series project (patches/*.patch, repo.yaml)"),
+                       target: Path = typer.Argument(..., help="new directory for the repository")) -> None:
+    """Rebuild a bundled project's git repository from its patches (same commit SHAs every time)."""
+    from envforge.sources.gitrepo import build_patch_series, git
+
+    try:
+        repo = build_patch_series(project, target)
+    except ValueError as exc:
+        fail(exc)
+    head = git(repo, "rev-parse", "HEAD").stdout.decode().strip()
+    count = git(repo, "rev-list", "--count", "HEAD").stdout.decode().strip()
+    out.print(f"{repo}: {count} commits, HEAD {head}")

@@ -1,0 +1,100 @@
+"""`envforge train`: the CPU learning demo, and SFT, GRPO and evaluation on a tiered task set."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from envforge.cli.common import DataDir, console, fail, out, resolve_version, run_stage, settings_for
+from envforge.cli.options import config_options
+from envforge.errors import EnvforgeError
+from envforge.train.config import TrainingConfig
+
+app = typer.Typer(help="Training: SFT and GRPO, and the CPU learning demo.", no_args_is_help=True)
+
+TaskSet = typer.Option("latest", help="a tiered task-set version (prefix) or 'latest'")
+
+
+@app.command("demo")
+def train_demo(quick: bool = typer.Option(False, help="a shortened run (fewer tasks, steps and rounds)"),
+               seed: int = typer.Option(0), rounds: Optional[int] = typer.Option(None, help="GRPO rounds"),
+               as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """The CPU learning demo: a small model, SFT on demonstrations, then GRPO rounds, with held-out pass@1
+    measured before, after SFT and after GRPO by the sandbox verifier (learning_demo.json, curve PNG, MLflow)."""
+    from envforge.progress import rich_progress
+    from envforge.train.learning_demo import DEMO_TRAINING, LearningDemoConfig, run_learning_demo
+
+    settings = settings_for(data_dir)
+    settings.ensure_dirs()
+    training = replace(DEMO_TRAINING, seed=seed)
+    cfg = LearningDemoConfig.quick(training) if quick else LearningDemoConfig(training)
+    if rounds is not None:
+        cfg = replace(cfg, training=replace(cfg.training, rl_rounds=rounds))
+    try:
+        with rich_progress(console) as progress:
+            doc = run_learning_demo(settings, cfg, progress=progress)
+    except EnvforgeError as exc:
+        fail(exc)
+    if as_json:
+        sys.stdout.write(json.dumps(doc, default=str) + "\n")
+        return
+    out.print(f"held-out pass@1 ({doc['held_out_tasks']} tasks): before {doc['pass_at_1_before']:.2f}, after SFT "
+              f"{doc['pass_at_1_after_sft']:.2f}, after GRPO {doc['pass_at_1_after_grpo']:.2f}")
+    out.print(f"learning curve: {doc['chart']}\nfigures: {settings.data_dir / 'learning_demo.json'}\n"
+              f"checkpoint: {doc['checkpoint']} (MLflow run {doc['mlflow_run_id']})")
+
+
+@app.command("sft")
+@config_options
+def train_sft(task_set: str = TaskSet, config: TrainingConfig = TrainingConfig(),
+              data_dir: Optional[Path] = DataDir) -> None:
+    """SFT on the teacher's demonstrations of the task set's train split (what the sft_checkpoint asset does)."""
+    from envforge.stages.sft import sft
+
+    settings = settings_for(data_dir)
+    result = run_stage(sft, settings, config, resolve_version(settings, task_set))
+    out.print(f"SFT checkpoint {result.checkpoint}: loss {result.result.losses[0]:.3f} -> {result.result.losses[-1]:.3f}"
+              f" over {result.result.total_steps} steps (MLflow run {result.mlflow_run_id})"
+              if result.result.losses else f"SFT checkpoint {result.checkpoint} (no training steps)")
+
+
+@app.command("rl")
+@config_options
+def train_rl(task_set: str = TaskSet, config: TrainingConfig = TrainingConfig(),
+             data_dir: Optional[Path] = DataDir) -> None:
+    """GRPO rounds from the task set's SFT checkpoint on its train split (what the rl_checkpoint asset does)."""
+    from envforge.stages.rl import rl
+
+    settings = settings_for(data_dir)
+    version = resolve_version(settings, task_set)
+    start = settings.checkpoint_dir("sft", version)
+    if not start.is_dir():
+        fail(EnvforgeError(f"no SFT checkpoint for task set {version[:12]} at {start}: run `envforge train sft` first"))
+    result = run_stage(rl, settings, config, version, start)
+    rewards = [round(m["rollout_mean_reward"], 3) for m in result.history]
+    out.print(f"RL checkpoint {result.checkpoint}: rollout reward by round {rewards} (MLflow run "
+              f"{result.mlflow_run_id})")
+
+
+@app.command("evaluate")
+@config_options
+def train_evaluate(task_set: str = TaskSet, config: TrainingConfig = TrainingConfig(),
+                   as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """Eval-split pass@1 of the base model and of the task set's SFT and RL checkpoints (those that exist)."""
+    from envforge.stages.evaluate import evaluate
+
+    settings = settings_for(data_dir)
+    version = resolve_version(settings, task_set)
+    checkpoints = {label: settings.checkpoint_dir(kind, version) for label, kind in (("after SFT", "sft"),
+                                                                                      ("after RL", "rl"))}
+    result = run_stage(evaluate, settings, config, version, {k: p for k, p in checkpoints.items() if p.is_dir()})
+    if as_json:
+        sys.stdout.write(json.dumps(result.report) + "\n")
+        return
+    out.print(f"eval-split pass@1 ({result.report['eval_tasks']} tasks): "
+              + ", ".join(f"{label} {v:.2f}" for label, v in result.pass_at_1().items()))

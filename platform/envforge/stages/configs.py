@@ -1,0 +1,44 @@
+"""The run configs of the stages that have no domain package of their own.
+
+The others live with their domain: `quality.params.DedupConfig`, `verify.config.GateConfig`,
+`rollout.config.RolloutConfig`, `train.config.TrainingConfig`. Every one is a dataclass whose
+fields carry their help text, so one definition serves Python, the CLI (`cli.options`), the
+Dagster run config (`assets/defs/config.py`) and MLflow params. Importing these modules is cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    strict: bool = field(default=False, metadata={"help": "refuse the whole batch if any record is bad "
+                                                          "(nothing is written)"})
+
+
+@dataclass(frozen=True)
+class ImagesConfig:
+    """Image builds take no settings: tags are content hashes, so an unchanged recipe or task is a cache hit."""
+
+
+@dataclass(frozen=True)
+class TaskSetConfig:
+    name: str = field(default="main", metadata={"help": "task-set name; a new version's parent is the newest "
+                                                        "version of this name"})
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    policy: str = field(default="", metadata={"help": "reference policy for pass@k (replay, openai:<url>, hf:<path>, "
+                                                      "...); empty: static features"})
+    k: int = field(default=8, metadata={"help": "samples per task for pass@k", "cli": ("-k",)})
+    eval_fraction: float = field(default=0.2, metadata={"help": "share of the solvable tasks (whole near-duplicate "
+                                                                "clusters) held out for evaluation"})
+    seed: int = field(default=0, metadata={"help": "seeds the pass@k rollouts and the split"})
+    concurrency: int = field(default=4, metadata={"help": "reference-policy trajectories at once"})
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """The report takes no settings: it shows what the catalog and MLflow hold for its task set."""

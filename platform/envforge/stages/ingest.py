@@ -1,0 +1,103 @@
+"""Ingest: load task sources, derive tests for history-mined candidates, store each source's load."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import docker
+
+from envforge.catalog import Catalog, IngestSummary
+from envforge.config import Settings
+from envforge.errors import InfraError, Problem
+from envforge.progress import Progress, no_progress
+from envforge.sources import LoadResult
+from envforge.stages.base import StageContext, StageResult, stage
+from envforge.stages.configs import IngestConfig
+
+
+@dataclass
+class SourceIngest:
+    """What one source yielded in one ingest."""
+
+    key: str
+    kind: str
+    fingerprint: str
+    result: LoadResult
+    summary: IngestSummary | None = None
+
+
+@dataclass
+class IngestResult(StageResult):
+    paths: list[Path]
+    result: LoadResult  # every source merged
+    summary: IngestSummary
+    sources: list[SourceIngest] = field(default_factory=list)
+
+    def rows(self) -> list[dict]:
+        return [{"source": s.key, "kind": s.kind, "valid": len(s.result.tasks), "rejected": len(s.result.rejects),
+                 "added": s.summary.added if s.summary else 0} for s in self.sources]
+
+    def params(self) -> dict[str, Any]:
+        return {"paths": [str(p) for p in self.paths]}
+
+    def metrics(self) -> dict[str, float]:
+        res, summary = self.result, self.summary
+        total = len(res.tasks) + len(res.rejects)
+        return {"tasks_valid": len(res.tasks), "tasks_added": summary.added, "tasks_unchanged": summary.unchanged,
+                "records_rejected": summary.rejected, "reject_rate": len(res.rejects) / total if total else 0.0}
+
+    def artifacts(self) -> dict[str, Any]:
+        return {"rejects.json": [{"source": p.source, "field": p.field, "reason": p.reason}
+                                 for p in self.result.rejects],
+                "sources.json": self.rows()}
+
+
+def derive_candidates(settings: Settings, result: LoadResult, client: docker.DockerClient | None = None,
+                      progress: Progress = no_progress) -> None:
+    """Turn the result's candidates into tasks or rejects in place, by running their tests."""
+    from envforge.sources.derive import derive_tasks
+
+    if not result.candidates:
+        return
+    try:
+        derived = derive_tasks(settings, result.candidates, client=client, progress=progress)
+    except InfraError as exc:
+        derived = LoadResult(rejects=[Problem(c.origin, c.field, f"infra: cannot run the tests to derive "
+                                                                f"FAIL_TO_PASS: {exc}") for c in result.candidates])
+    result.candidates = []
+    result.extend(derived)
+
+
+@stage("ingest")
+def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], context: StageContext = StageContext(),
+           client: docker.DockerClient | None = None) -> IngestResult:
+    """Load every source under the paths, derive tests for history-mined candidates, store each
+    source's tasks and rejects as that source's latest load.
+
+    With config.strict a bad record anywhere refuses the whole batch (nothing is written).
+    """
+    from envforge.sources import fingerprint, load_by_source
+
+    progress = context.progress
+    loaded, problems = load_by_source(paths)
+    root = settings.task_sources_dir
+    sources = []
+    for i, (ref, res) in enumerate(loaded, start=1):
+        progress("ingest", ref.key(root), i, len(loaded))
+        derive_candidates(settings, res, client=client, progress=progress)
+        sources.append(SourceIngest(ref.key(root), ref.kind, fingerprint(ref), res))
+    combined = LoadResult(rejects=list(problems))
+    for s in sources:
+        combined.extend(s.result)
+    catalog = Catalog(settings.catalog_path)
+    if config.strict and combined.rejects:
+        catalog.ingest(combined, strict=True)  # raises BatchRejectedError listing every problem
+    summaries = [catalog.ingest(LoadResult(rejects=list(problems)), source_kind="path")] if problems else []
+    for s in sources:
+        s.summary = catalog.ingest(s.result, source_kind=s.kind, source_key=s.key, fingerprint=s.fingerprint)
+        summaries.append(s.summary)
+    summary = IngestSummary(summaries[0].batch_id if summaries else "", sum(x.added for x in summaries),
+                            sum(x.unchanged for x in summaries), sum(x.rejected for x in summaries))
+    return IngestResult(list(paths), combined, summary, sources)

@@ -1,0 +1,60 @@
+"""The one training configuration: what SFT, GRPO and the evaluation of a task set read.
+
+TRL-style: one dataclass whose fields carry their help text, so the same object serves
+Python, the CLI and the Dagster run config (the `training` resource), and MLflow params.
+The base model, the sampling temperature and the token budget are defined here once, so the
+evaluation's "before" phase cannot use another base model than SFT started from, and the
+temperature GRPO samples at is the temperature its behaviour log-probs are taken at.
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from envforge.train.loop import GRPORounds
+    from envforge.train.sft import SFTConfig
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    base_model: str = field(default="tiny", metadata={"help": "tiny, tiny:<hidden>x<layers>, or a local Hugging "
+                                                              "Face directory (nothing is downloaded)"})
+    seed: int = field(default=0, metadata={"help": "seeds model init, data order, rollouts and the task sample"})
+    temperature: float = field(default=1.0, metadata={"help": "GRPO sampling temperature (behaviour log-probs are "
+                                                              "of logits / T); evaluation decodes greedily"})
+    max_tokens: int = field(default=64, metadata={"help": "completion tokens per turn in GRPO and evaluation "
+                                                          "rollouts"})
+    concurrency: int = field(default=4, metadata={"help": "trajectories at once (demonstrations, GRPO rounds, "
+                                                          "evaluation)"})
+    sft_epochs: int = field(default=5, metadata={"help": "SFT passes over the teacher's demonstrations"})
+    sft_lr: float = field(default=3e-3, metadata={"help": "SFT learning rate"})
+    rl_rounds: int = field(default=2, metadata={"help": "GRPO rounds (rollouts of the current weights, then an "
+                                                        "update)"})
+    group_size: int = field(default=4, metadata={"help": "rollouts per task per GRPO round"})
+    tasks_per_round: int = field(default=4, metadata={"help": "train-split tasks sampled (seeded) per GRPO round; "
+                                                              "0: every task every round"})
+    rl_lr: float = field(default=1e-4, metadata={"help": "GRPO learning rate"})
+    clip_eps: float = field(default=0.2, metadata={"help": "GRPO lower clip: ratio >= 1 - clip_eps"})
+    clip_eps_high: float = field(default=0.28, metadata={"help": "GRPO upper clip: ratio <= 1 + clip_eps_high"})
+    loss_agg: str = field(default="token-mean", metadata={"help": "GRPO loss aggregation: token-mean | seq-mean"})
+
+    def sft_config(self, pad_id: int) -> "SFTConfig":
+        from envforge.train.sft import SFTConfig
+
+        return SFTConfig(lr=self.sft_lr, epochs=self.sft_epochs, seed=self.seed, eval_every=20, pad_id=pad_id)
+
+    def grpo_rounds(self, pad_id: int) -> "GRPORounds":
+        from envforge.train.grpo import GRPOConfig
+        from envforge.train.loop import GRPORounds
+
+        return GRPORounds(rounds=self.rl_rounds, group_size=self.group_size, max_tokens=self.max_tokens,
+                          concurrency=self.concurrency, seed=self.seed, tasks_per_round=self.tasks_per_round or None,
+                          grpo=GRPOConfig(lr=self.rl_lr, seed=self.seed, pad_id=pad_id, temperature=self.temperature,
+                                          clip_eps=self.clip_eps, clip_eps_high=self.clip_eps_high,
+                                          loss_agg=self.loss_agg))
+
+    def as_params(self) -> dict[str, Any]:
+        return asdict(self)
