@@ -17,7 +17,7 @@ from envforge.verify.config import GateConfig
 from envforge.verify.gate import gate_key
 from envforge.verify.grader import GradedCopy, PreparedDiff
 from envforge.verify.matching_text import matching_text
-from envforge.verify.probes import STANDARD_PROBES, _scripts_run, _verifier_inputs, applicable_probes
+from envforge.verify.probes import STANDARD_PROBES, scripts_run, verifier_inputs, applicable_probes
 from envforge.verify.result import VerificationResult
 from envforge.verify.selection import SUITE, TARGETED, TestRun, selection_env
 from tests.conftest import BUNDLED_SPECS, REPO
@@ -56,12 +56,12 @@ def test_probes_that_apply_depend_on_how_the_task_is_verified():
 
 
 def test_checkpoint_probes_target_what_the_checks_run_and_read():
-    assert _scripts_run("python3 svc/server.py --check-config") == ["svc/server.py"]
-    assert _scripts_run("./bin/deploy.sh && cat var/last-deploy") == ["bin/deploy.sh"]
-    assert _scripts_run("git diff --quiet HEAD -- svc/server.py") == []
+    assert scripts_run("python3 svc/server.py --check-config") == ["svc/server.py"]
+    assert scripts_run("./bin/deploy.sh && cat var/last-deploy") == ["bin/deploy.sh"]
+    assert scripts_run("git diff --quiet HEAD -- svc/server.py") == []
     task = _spec("orders-daily-summary")
-    assert "data/orders.csv" in _verifier_inputs(task, [])
-    assert "data/orders.csv" not in _verifier_inputs(task, ["data/orders.csv"])
+    assert "data/orders.csv" in verifier_inputs(task, [])
+    assert "data/orders.csv" not in verifier_inputs(task, ["data/orders.csv"])
     runbook = load_runbook(REPO / "task_sources" / "runbooks" / "log-rotation.md")
     script = [p for p in STANDARD_PROBES if p.name == "tamper_verifier_inputs"][0].script(
         runbook, ["logs/app.log", "logs/app.log.1", "logs/app.log.3", "bin/rotate-logs.sh"])

@@ -103,7 +103,7 @@ _INTERPRETERS = {"python3", "python", "sh", "bash", "exec"}
 _COMMAND_START = {None, "&&", "||", ";", "|", "then", "do", "else"}
 
 
-def _scripts_run(command: str) -> list[str]:
+def scripts_run(command: str) -> list[str]:
     """Workspace scripts the command executes (`python3 x.py`, `sh x.sh`, `./bin/x` in command position)."""
     out, prev = [], None
     for word in _command_words(command):
@@ -129,12 +129,12 @@ def _fake_checkpoint_output(task: Task) -> str:
     stubs: dict[str, str] = {}
     for check in task.spec.verification.checkpoints:
         output = (matching_text(check.stdout_pattern) or "") if check.stdout_pattern else ""
-        for path in _scripts_run(check.run):
+        for path in scripts_run(check.run):
             stubs.setdefault(path, _stub(path, output, check.expect_exit))
     return "\n".join(stubs.values()) or "true"
 
 
-def _verifier_inputs(task: Task, reference_paths: Sequence[str]) -> list[str]:
+def verifier_inputs(task: Task, reference_paths: Sequence[str]) -> list[str]:
     """Workspace files the checks or the verifier's files name and the reference solution leaves alone."""
     names = [p for c in task.spec.verification.checkpoints for p in _workspace_paths(c.run)]
     for data in task.verifier_bytes().values():
@@ -145,7 +145,7 @@ def _verifier_inputs(task: Task, reference_paths: Sequence[str]) -> list[str]:
 
 
 def _tamper_verifier_inputs(task: Task, reference_paths: Sequence[str]) -> str:
-    files = " ".join(shlex.quote(p) for p in _verifier_inputs(task, reference_paths))
+    files = " ".join(shlex.quote(p) for p in verifier_inputs(task, reference_paths))
     if not files:
         return "true"
     return f"for f in {files}; do if [ -f \"$f\" ] && [ ! -L \"$f\" ]; then : > \"$f\"; fi; done"
