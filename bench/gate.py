@@ -132,9 +132,11 @@ def main() -> None:
                 bar.update(progress, description=f"{task.id}: default gate")
                 new, new_s = gate(grader, task, image, DEFAULT)
                 row = {"task_id": task.id, "group": group_of(task.id), "full": describe(full, full_s),
-                       "default": describe(new, new_s), "agree": full.accepted == new.accepted}
+                       "default": describe(new, new_s), "agree": full.accepted == new.accepted,
+                       "load_avg_1m": round(os.getloadavg()[0], 2)}
                 rows.append(row)
                 log(f"{task.id}: full {full.verdict} {full_s:.1f}s, default {new.verdict} {new_s:.1f}s")
+                log("row " + json.dumps(row))  # an interrupted run still leaves what it measured
                 bar.advance(progress)
         log("the pipeline's default gate over every task, 2 tasks at a time")
         started = time.perf_counter()

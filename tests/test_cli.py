@@ -91,3 +91,6 @@ def test_command_options_are_the_stage_configs_fields():
             flags = f.metadata.get("cli") or (f"--{f.name.replace('_', '-')}",)
             assert flags[0] in text, (command, f.name)
     assert "GRPO sampling temperature" in runner.invoke(app, ["train", "rl", "--help"], terminal_width=240).output
+    # a config's own check of its values is a usage error naming the field, not a traceback
+    bad = runner.invoke(app, ["validate", "--workers", "0"], terminal_width=240)
+    assert bad.exit_code == 2 and "GateConfig.workers: must be at least 1, got 0" in bad.output

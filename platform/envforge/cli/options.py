@@ -62,7 +62,10 @@ def config_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:
-        built = {name: cls(**{f.name: kwargs.pop(f.name) for f in fields(cls)}) for name, cls in configs.items()}
+        try:
+            built = {name: cls(**{f.name: kwargs.pop(f.name) for f in fields(cls)}) for name, cls in configs.items()}
+        except ValueError as exc:  # a config's own check of its values: a usage error, not a crash
+            raise typer.BadParameter(str(exc)) from exc
         return command(**kwargs, **built)
 
     del wrapper.__wrapped__  # typer must see the expanded signature, not the command's

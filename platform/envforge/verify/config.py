@@ -33,6 +33,11 @@ class GateConfig:
         "help": "re-gate tasks whose content, image and gate parameters are unchanged (by default they keep "
                 "their verdict)"})
 
+    def __post_init__(self) -> None:
+        for name in ("runs", "workers", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GateConfig.{name}: must be at least 1, got {getattr(self, name)}")
+
     def as_params(self) -> dict:
         """What a verdict depends on (recorded with it, and in the task-set version)."""
         return {"gate": "flakiness", "runs": self.runs, "shuffle": self.shuffle, "probes": self.probes,
