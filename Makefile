@@ -8,7 +8,7 @@ export ENVFORGE_DATA_DIR ?= $(CURDIR)/.envforge
 export DAGSTER_HOME ?= $(ENVFORGE_DATA_DIR)/dagster
 PYTEST_ARGS ?=
 
-.PHONY: setup venv engine base-image demo fleet-demo test bench-sandbox bench-dedup bench-rollout bench-fleet ui mlflow-ui lock clean
+.PHONY: setup venv engine base-image demo fleet-demo test bench-sandbox bench-dedup bench-rollout bench-fleet bench-gate ui mlflow-ui lock clean
 
 ## setup: venv + package, host packages, Docker engine, sandbox base image (idempotent)
 setup: venv engine base-image
@@ -46,6 +46,10 @@ bench-sandbox: setup
 ## bench-rollout: rollout scheduler benchmark, replay policy at 1/8/16/32 concurrent vs sequential cold (JSON)
 bench-rollout: setup
 	$(BIN)/python bench/rollout.py
+
+## bench-gate: the default flakiness gate vs the full-suite gate on ledger, geokit and the flaky examples (JSON)
+bench-gate: setup
+	$(BIN)/python bench/gate.py
 
 ## bench-dedup: MinHash/LSH benchmark vs datasketch, and 100k x 1M decontamination (JSON on stdout)
 bench-dedup: venv

@@ -115,3 +115,6 @@ def test_command_options_are_the_stage_configs_fields():
                                 workspace=WorkspaceScan(skip_dirs=("vendor",)))
     assert built.semantic.enabled and DedupConfig.from_params(built.as_params()["dedup"]) == built
     assert "GRPO sampling temperature" in runner.invoke(app, ["train", "rl", "--help"], terminal_width=240).output
+    # a config's own check of its values is a usage error naming the field, not a traceback
+    bad = runner.invoke(app, ["validate", "--workers", "0"], terminal_width=240)
+    assert bad.exit_code == 2 and "GateConfig.workers: must be at least 1, got 0" in bad.output

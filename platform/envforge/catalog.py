@@ -47,7 +47,13 @@ CREATE OR REPLACE VIEW current_rejects AS
     SELECT r.*, l.source_key FROM rejects r LEFT JOIN source_loads l USING (batch_id)
     WHERE l.batch_id IS NULL OR r.batch_id IN (SELECT batch_id FROM latest_source_loads);
 """
-_DDL = "\n".join(ddl(table) for table in TABLE_SCHEMAS) + _VIEWS
+# Columns added to tables after catalogs were written: older catalogs get them (NULL in old rows).
+_MIGRATIONS = """
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS image_digest VARCHAR;
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS gate_key VARCHAR;
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS stats_json VARCHAR;
+"""
+_DDL = "\n".join(ddl(table) for table in TABLE_SCHEMAS) + _MIGRATIONS + _VIEWS
 
 
 def _now() -> datetime:
@@ -345,7 +351,19 @@ class Catalog:
              "empty_fails": r.empty_fails, "probes_json": json.dumps(r.probe_results, sort_keys=True),
              "verifier_median_s": float(r.median_verifier_s), "infra_retries": r.infra_retries,
              "params_json": params_json, "mlflow_run_id": mlflow_run_id, "dagster_run_id": dagster_run_id,
-             "created_at": at} for r in reports])})
+             "created_at": at, "image_digest": r.image_digest or None, "gate_key": r.gate_key or None,
+             "stats_json": json.dumps(r.stats(), sort_keys=True)} for r in reports])})
+
+    def validations_by_key(self, keys: Iterable[str]) -> dict[str, dict]:
+        """The newest verdict row stored under each of the given gate keys (see verify.gate.gate_key)."""
+        keys = sorted(set(keys))
+        if not keys:
+            return {}
+        frame = self.query("""
+            SELECT * EXCLUDE (rn) FROM (
+                SELECT *, row_number() OVER (PARTITION BY gate_key ORDER BY created_at DESC) AS rn
+                FROM validations WHERE gate_key IN (SELECT unnest(?::VARCHAR[]))) WHERE rn = 1""", [keys])
+        return {row["gate_key"]: row for row in frame.to_dicts()}
 
     def _latest_per_current_task(self, table: str) -> pl.DataFrame:
         """The newest row of `table` for each current task version."""

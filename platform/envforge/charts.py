@@ -27,12 +27,13 @@ def _save(fig, path: Path) -> Path:
 def flake_chart(rows: list[dict], path: Path, title: str = "Flakiness gate: verifier agreement per task") -> Path:
     """Per task: share of reference runs that passed and of empty runs that failed; quarantined in red.
 
-    rows: dicts with task_id, verdict, reference_passes, empty_fails, runs.
+    rows: dicts with task_id, verdict, reference_passes, empty_fails, runs (reference runs graded) and
+    optionally empty_runs (empty runs graded; fewer than configured when the gate stopped early).
     """
     rows = sorted(rows, key=lambda r: r["task_id"])
     names = [r["task_id"] for r in rows]
-    ref = [r["reference_passes"] / r["runs"] for r in rows]
-    empty = [r["empty_fails"] / r["runs"] for r in rows]
+    ref = [r["reference_passes"] / max(1, r["runs"]) for r in rows]
+    empty = [r["empty_fails"] / max(1, r.get("empty_runs", r["runs"])) for r in rows]
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows) + 2), 4.2))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], ref, width=0.4, label="reference passed", color="#2a9d8f")
@@ -43,7 +44,7 @@ def flake_chart(rows: list[dict], path: Path, title: str = "Flakiness gate: veri
             ax.text(x, 1.12, "quarantined", ha="center", fontsize=7, color="#e63946")
     ax.set_xticks(list(xs), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylim(0, 1.3)
-    ax.set_ylabel(f"share of {rows[0]['runs'] if rows else 0} runs")
+    ax.set_ylabel("share of the runs graded")
     ax.set_title(title)
     ax.legend(loc="upper center", ncol=2, fontsize=8)
     return _save(fig, path)

@@ -95,7 +95,7 @@ class ValidationRow(_Table):
     task_id: str = pa.Field(str_matches=TASK_ID)
     verdict: str = pa.Field(isin=["accepted", "quarantined"])
     disagreements: list[str]
-    runs: int = pa.Field(ge=1)
+    runs: int = pa.Field(ge=0)  # reference runs graded: 0 when its own commands failed
     reference_passes: int = pa.Field(ge=0)
     empty_fails: int = pa.Field(ge=0)
     probes_json: str
@@ -105,6 +105,9 @@ class ValidationRow(_Table):
     mlflow_run_id: str = pa.Field(nullable=True)
     dagster_run_id: str = pa.Field(nullable=True)
     created_at: datetime
+    image_digest: str = pa.Field(nullable=True)  # the task image's id when it was gated
+    gate_key: str = pa.Field(nullable=True)  # content hash + image digest + gate params + verifier code
+    stats_json: str = pa.Field(nullable=True)  # gradings run, skipped probes, sandbox and wall seconds
 
 
 

@@ -105,12 +105,16 @@ def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these
     if as_json:
         sys.stdout.write(json.dumps({"tasks": result.rows(), "chart": str(result.chart),
                                      "probes": {r.task_id: r.probe_results for r in result.reports},
+                                     "probes_skipped": {r.task_id: r.probes_skipped for r in result.reports},
                                      "infra_failures": [str(p) for p in result.infra_failures]}) + "\n")
     else:
         for r in result.rows():
+            how = "kept: unchanged since its last gate" if r["kept"] else (
+                f"{r['gradings']} gradings, {r['gate_s']} s" + (", stopped at the first disagreement"
+                                                                 if r["stopped_early"] else ""))
             out.print(f"{r['task_id']}: {r['verdict']} (reference {r['reference_passes']}/{r['runs']}, "
-                      f"empty failed {r['empty_fails']}/{r['runs']}, probes {r['probes_caught']}/{r['probes']})"
-                      + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else ""))
+                      f"empty failed {r['empty_fails']}/{r['empty_runs']}, probes {r['probes_caught']}/{r['probes']}"
+                      f"; {how})" + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else ""))
         out.print(f"flake report: {result.chart}")
     if result.infra_failures:
         raise typer.Exit(2)

@@ -22,7 +22,6 @@ import base64
 import json
 import os
 import re
-import secrets
 import shlex
 import socket
 import time
@@ -85,6 +84,33 @@ _CHANGED_BYTES_AT_MOST = (
 _READ_OOM_KILLS = ("cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null "
                    "| sed -n 's/^oom_kill //p' | head -n 1")
 _CLEAR_TMP = "chmod -R u+rwX /tmp 2>/dev/null; find /tmp -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + ; true"
+
+# apply_patch in one command: the patch arrives on stdin; each method's complaint goes to stderr
+# after a `@method` marker line; the method that worked is the last line of stdout.
+_APPLY_METHODS = ("git_apply", "git_apply_reject", "patch_fuzz")
+_APPLY_PATCH = (
+    "p=$(mktemp /tmp/.envforge-apply-XXXXXXXX); trap 'rm -f \"$p\"' EXIT; cat > \"$p\"; "
+    "clean=$(git status --porcelain --untracked-files=all 2>/dev/null); "
+    "echo @git_apply >&2; git apply --whitespace=nowarn \"$p\" >&2 && { echo git_apply; exit 0; }; "
+    "if [ -z \"$clean\" ]; then echo @git_apply_reject >&2; "
+    "if git apply --reject --whitespace=nowarn \"$p\" >&2; then echo git_apply_reject; exit 0; fi; "
+    "git checkout -q -- . && git clean -fdq; fi; "
+    "echo @patch_fuzz >&2; patch --batch --fuzz=5 -p1 --dry-run -i \"$p\" >&2 "
+    "&& patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -i \"$p\" >&2 && { echo patch_fuzz; exit 0; }; exit 1"
+)
+
+
+def _apply_errors(lines: list[str]) -> list[str]:
+    """'method: complaint' per method tried, from the script's marked stderr."""
+    out: list[str] = []
+    for line in lines:
+        if line.startswith("@") and line[1:] in _APPLY_METHODS:
+            out.append(f"{line[1:]}:")
+        elif out and len(out[-1]) < 300:
+            out[-1] = (out[-1] + " " + line.strip())[:300]
+    return out
+
+
 # One shared pool for the async API: hundreds of sandboxes block in I/O at once.
 _ASYNC_EXECUTOR = ThreadPoolExecutor(max_workers=int(os.environ.get("ENVFORGE_SANDBOX_THREADS", "256")),
                                      thread_name_prefix="envforge-sandbox")
@@ -474,28 +500,16 @@ class Sandbox:
         Tries `git apply`, then `git apply --reject`, then `patch --fuzz`, as the SWE-bench
         harness does. A failed `--reject` leaves hunks half-applied, so it is only tried on a
         clean tree, which is then restored before `patch` runs. Raises ValueError naming every
-        method's complaint when none applies; the workspace is then as it was.
+        method's complaint when none applies; the workspace is then as it was. One command
+        does it all (graders apply two patches per grading, so round trips count).
         """
         data = patch if patch.endswith("\n") else patch + "\n"
-        path = f"/tmp/.envforge-apply-{secrets.token_hex(4)}.patch"
-        self.write_file(path, data)
-        clean = self.exec("git status --porcelain --untracked-files=all", timeout_s=60).text().strip() == ""
-        attempts = [("git_apply", f"git apply --whitespace=nowarn {path}")]
-        if clean:
-            attempts.append(("git_apply_reject", f"git apply --reject --whitespace=nowarn {path} "
-                                                  "|| { git checkout -q -- . && git clean -fdq; exit 1; }"))
-        attempts.append(("patch_fuzz", f"patch --batch --fuzz=5 -p1 --dry-run -i {path} >/dev/null "
-                                       f"&& patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -i {path}"))
-        errors = []
-        try:
-            for method, cmd in attempts:
-                res = self.exec(cmd, timeout_s=60)
-                if res.exit_code == 0:
-                    return method
-                errors.append(f"{method}: {(res.err_text() or res.text()).strip()[:300]}")
-        finally:
-            self.exec(f"rm -f {path}", timeout_s=30, workdir="/")
-        raise ValueError("patch does not apply: " + " | ".join(errors))
+        res = self.exec(_APPLY_PATCH, stdin=data.encode("utf-8", errors="surrogateescape"), timeout_s=120)
+        lines = res.text().strip().splitlines()
+        if res.exit_code == 0 and lines and lines[-1] in _APPLY_METHODS:
+            return lines[-1]
+        errors = [line for line in res.err_text().splitlines() if line.strip()]
+        raise ValueError("patch does not apply: " + " | ".join(_apply_errors(errors)))
 
     def diff(self, kill_processes: bool = True) -> str:
         """The workspace's changes against the task's initial state, as a binary-safe git patch.

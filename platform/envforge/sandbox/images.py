@@ -94,6 +94,14 @@ def image_exists(client: docker.DockerClient, tag: str) -> bool:
         return False
 
 
+def image_digest(client: docker.DockerClient, tag: str) -> str | None:
+    """The image's id (sha256 of its config): changes whenever the image is rebuilt differently. None if absent."""
+    try:
+        return client.images.get(tag).id
+    except ImageNotFound:
+        return None
+
+
 def _size_mb(client: docker.DockerClient, tag: str) -> float:
     return round(client.images.get(tag).attrs.get("Size", 0) / 2**20, 1)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -38,6 +38,11 @@ class SuiteConfig(StrictModel):
     framework: str = Field("pytest", pattern="^pytest$", description="suites are run whole; pytest only for now")
     command: str = Field("python3 -m pytest", description="runs the whole suite from the repository root")
     timeout_s: float = Field(300, gt=0, le=86400)
+    pass_to_pass: Literal["test-files", "suite"] = Field(
+        "test-files", description="which tests that pass before and after the change become PASS_TO_PASS: those in "
+                                  "the test files the change touches or that hold its FAIL_TO_PASS tests (as the "
+                                  "SWE-bench harness does; grading then runs only those files), or every one in the "
+                                  "suite (grading then runs the whole suite)")
 
 
 class HistorySourceConfig(StrictModel):

@@ -6,7 +6,10 @@ For each candidate, in a sandbox of its own image (the workspace before the chan
 - *after*: apply the source change and the test change, run the whole suite.
 
 FAIL_TO_PASS are the tests that pass after and did not pass before (failed, errored, or did
-not exist or collect); PASS_TO_PASS pass in both. A test that passed before and fails after
+not exist or collect); PASS_TO_PASS pass in both and, by default, sit in a test file the
+change touches or that holds a FAIL_TO_PASS test (the SWE-bench harness's scope: grading runs
+only those files; how many passing tests lie elsewhere goes to the task's metadata, and a
+source's `tests.pass_to_pass: suite` keeps them all). A test that passed before and fails after
 was broken by the fix: it is left out of both lists and recorded in the task's metadata. A
 candidate whose change makes no test go from failing to passing is rejected with the counts,
 since nothing could tell a solution from an empty diff.
@@ -22,7 +25,6 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
 import docker
@@ -89,8 +91,9 @@ def run_before_after(pool: SandboxPool, candidate: Candidate, image: str) -> Sui
 
 
 def cache_key(candidate: Candidate, image: str) -> str:
+    # The runs do not depend on how PASS_TO_PASS is scoped afterwards.
     return digest_parts(image, candidate.change.source_patch, candidate.change.test_patch,
-                        candidate.config.tests.model_dump_json())[:32]
+                        candidate.config.tests.model_dump_json(exclude={"pass_to_pass"}))[:32]
 
 
 def task_from_runs(candidate: Candidate, runs: SuiteRuns) -> Task:
@@ -110,12 +113,15 @@ def task_from_runs(candidate: Candidate, runs: SuiteRuns) -> Task:
             detail += f", {len(odd_f2p)} cannot be required (ids with whitespace or control characters)"
         raise SpecError([Problem(candidate.origin, candidate.field,
                                  f"the change has no failing-then-passing test: {detail}")])
-    extra: dict = {}
-    if runs.broken_by_change:
-        extra["broken_by_change"] = runs.broken_by_change
+    metadata: dict = {"broken_by_change": runs.broken_by_change} if runs.broken_by_change else {}
     if odd_f2p or odd_p2p:
-        extra["unselectable_tests"] = odd_f2p + odd_p2p
-    return candidate.to_task(fail_to_pass, pass_to_pass, extra or None)
+        metadata["unselectable_tests"] = odd_f2p + odd_p2p
+    if candidate.config.tests.pass_to_pass == "test-files":
+        files = {t.split("::", 1)[0] for t in fail_to_pass} | set(candidate.change.test_files)
+        scoped = [t for t in pass_to_pass if t.split("::", 1)[0] in files]
+        metadata["pass_to_pass_elsewhere"] = len(pass_to_pass) - len(scoped)
+        pass_to_pass = scoped
+    return candidate.to_task(fail_to_pass, pass_to_pass, metadata or None)
 
 
 def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: docker.DockerClient | None = None,

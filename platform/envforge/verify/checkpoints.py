@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import re
 import shlex
 import time
@@ -12,6 +11,7 @@ from envforge.sandbox.container import Sandbox
 from envforge.task import VERIFIER_DIR, ShellCheckpoint, Task, TestCheckpoint
 from envforge.verify.parsers import ReportError, ReportIncomplete, parse_pattern, parse_report_lines, parse_tap
 from envforge.verify.result import CheckpointResult
+from envforge.verify.selection import SUITE, TARGETED, TestRun, selection_env, unittest_ids
 
 RUNNER_DIR = "/run/envforge-verifier/runner"
 _RUNNERS = {name: (Path(__file__).parent / "runners" / name).read_bytes()
@@ -52,27 +52,28 @@ def _pytest_invocation(command: str | None) -> str:
     return command
 
 
-def test_command(check: TestCheckpoint, order: list[str]) -> tuple[str, bool]:
-    """(shell command, whether it reports on fd 3) for the framework."""
-    ids = " ".join(shlex.quote(t) for t in order)
+def test_command(check: TestCheckpoint, run: TestRun = TARGETED) -> tuple[str, bool, dict[str, str]]:
+    """(shell command, whether it reports on fd 3, extra environment) for the framework and the run."""
     if check.framework == "pytest":
         plugins = " ".join(f"-p {shlex.quote(p)}" for p in check.plugins)
         base = _pytest_invocation(check.command)
-        return f"{base} -p envforge_reporter -p no:cacheprovider {plugins} -q -o addopts= {ids}", True
+        return (f"{base} -p envforge_reporter -p no:cacheprovider {plugins} -q -o addopts=", True,
+                selection_env(check, run))
     if check.framework == "unittest":
-        return f"{check.command or 'python3'} -P {RUNNER_DIR}/unittest_runner.py {ids}", True
-    return check.command or "", False
+        ids = " ".join(shlex.quote(t) for t in unittest_ids(check, run))
+        return (f"{check.command or 'python3'} -P {RUNNER_DIR}/unittest_runner.py {ids}".rstrip(), True,
+                selection_env(check, run))
+    return check.command or "", False, {}
 
 
-def _run_reported(sandbox: Sandbox, check: TestCheckpoint, order: list[str]) -> tuple[dict[str, str], list[str]]:
-    """(status per reported test id, infrastructure/report reasons) for one run of the given ids
-    (all tests the command collects when `order` is empty).
+def _run_reported(sandbox: Sandbox, check: TestCheckpoint, run: TestRun) -> tuple[dict[str, str], list[str]]:
+    """(status per reported test id, infrastructure/report reasons) for one run of the check.
 
     Every sandbox process is killed afterwards, so nothing the tests started lives on into
     the shell checkpoints.
     """
-    cmd, reports = test_command(check, order)
-    res = sandbox.exec(cmd, timeout_s=check.timeout_s, env=CLEAN_ENV, report=reports)
+    cmd, reports, env = test_command(check, run)
+    res = sandbox.exec(cmd, timeout_s=check.timeout_s, env={**CLEAN_ENV, **env}, report=reports)
     sandbox.kill_processes()
     reasons: list[str] = []
     if res.timed_out:
@@ -99,12 +100,13 @@ def _run_reported(sandbox: Sandbox, check: TestCheckpoint, order: list[str]) -> 
     return statuses, reasons
 
 
-def run_tests(sandbox: Sandbox, check: TestCheckpoint, shuffle_seed: int | None = None) -> tuple[dict[str, str], list[str]]:
-    """Run the required tests; statuses come from the report pipe (pytest, unittest) or stdout (tap, pattern)."""
-    order = list(check.ids)
-    if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(order)
-    statuses, reasons = _run_reported(sandbox, check, order)
+def run_tests(sandbox: Sandbox, check: TestCheckpoint, run: TestRun = TARGETED) -> tuple[dict[str, str], list[str]]:
+    """The status of every required test (FAIL_TO_PASS, PASS_TO_PASS), and the reasons it fails.
+
+    Statuses come from the report pipe (pytest, unittest) or stdout (tap, pattern); a required
+    id the run did not report is `missing`, whatever else the run did.
+    """
+    statuses, reasons = _run_reported(sandbox, check, run)
     tests: dict[str, str] = {}
     for test_id in check.ids:
         status = statuses.get(test_id, "missing")
@@ -118,7 +120,7 @@ def run_tests(sandbox: Sandbox, check: TestCheckpoint, shuffle_seed: int | None 
 
 def run_suite(sandbox: Sandbox, check: TestCheckpoint) -> tuple[dict[str, str], list[str]]:
     """Every test the check's command collects, with its status: how sources derive FAIL_TO_PASS."""
-    return _run_reported(sandbox, check, [])
+    return _run_reported(sandbox, check, SUITE)
 
 
 def run_shell_checkpoint(sandbox: Sandbox, check: ShellCheckpoint) -> CheckpointResult:

@@ -6,17 +6,50 @@ and closes fd 3, so code under test finds no report path in argv and no fd 3 to 
 forged report to. It writes one JSON line per test outcome and, only if the session ends
 normally, a final `{"finished": true, ...}` line: a run cut short (os._exit, a crash, a
 kill) has no trailer and counts as a failure.
+
+The grader also tells it, through two environment variables read (and removed) at import,
+which test files to collect (ENVFORGE_TEST_FILES, a JSON list of paths relative to the
+rootdir: every other test file and every directory holding none of them is ignored) and
+in what order to run the collected tests (ENVFORGE_TEST_ORDER=reverse).
 """
 
 import fcntl
 import json
 import os
 import random
+from pathlib import Path
+
+import pytest
 
 _fd = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, random.randint(300, 900))
 os.close(3)
 _out = os.fdopen(_fd, "w", buffering=1)
 _outcomes: dict = {}
+_files = os.environ.pop("ENVFORGE_TEST_FILES", None)
+_ONLY = frozenset(Path(p).as_posix() for p in json.loads(_files)) if _files else None
+_DIRS = frozenset(str(parent) for p in (_ONLY or ()) for parent in Path(p).parents if str(parent) != ".")
+_REVERSE = os.environ.pop("ENVFORGE_TEST_ORDER", "") == "reverse"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Collect only the test files holding the required ids (and the directories on the way to them)."""
+    if _ONLY is None:
+        return None
+    try:
+        rel = collection_path.relative_to(config.rootpath).as_posix()
+    except ValueError:
+        return None
+    if rel in _ONLY or collection_path.name in ("__init__.py", "conftest.py"):
+        return None
+    if collection_path.is_dir():
+        return None if rel in _DIRS or rel == "." else True
+    return True
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    if _REVERSE:
+        items.reverse()
 
 
 def _status(report):
