@@ -85,15 +85,15 @@ def test_flaky_tasks_are_still_caught(grader, bundled_images):
 def test_grading_runs_only_the_files_that_decide_the_verdict(copy_spec, grader, docker_client, base_image, settings):
     def add_crashing_file_and_unknown_id(doc, folder):
         (folder / "workspace" / "tests" / "test_crash.py").write_text("import os\nos._exit(1)\n")
-        doc["verification"]["tests"]["pass_to_pass"].append("tests/test_stats.py::test_not_there[0x7f00]")
+        doc["verification"]["tests"]["pass_to_pass"].append("tests/test_stats.py::test_not_there[gone]")
 
     task = _spec_copy(copy_spec, "inventory-median-even", add_crashing_file_and_unknown_id,
                       new_id=f"gate-targeted-{uuid.uuid4().hex[:8]}")
     image = build_task_image(docker_client, task, base_image, settings).tag
     try:
         targeted = grader.grade(task, image, task.reference_patch)
-        assert targeted.reasons == ["test_missing:tests/test_stats.py::test_not_there[0x7f00]"], targeted.reasons
-        assert [t for t, s in targeted.tests.items() if s != "passed"] == ["tests/test_stats.py::test_not_there[0x7f00]"]
+        assert targeted.reasons == ["test_missing:tests/test_stats.py::test_not_there[gone]"], targeted.reasons
+        assert [t for t, s in targeted.tests.items() if s != "passed"] == ["tests/test_stats.py::test_not_there[gone]"]
         whole = grader.grade(task, image, task.reference_patch, run=SUITE)
         assert {"report_missing", "report_incomplete"} & set(whole.reasons)  # the suite collects the crashing file
     finally:
