@@ -8,7 +8,7 @@ export ENVFORGE_DATA_DIR ?= $(CURDIR)/.envforge
 export DAGSTER_HOME ?= $(ENVFORGE_DATA_DIR)/dagster
 PYTEST_ARGS ?=
 
-.PHONY: setup venv engine base-image demo test bench-sandbox bench-dedup bench-rollout ui mlflow-ui lock clean
+.PHONY: setup venv engine base-image demo fleet-demo test bench-sandbox bench-dedup bench-rollout bench-fleet bench-gate ui mlflow-ui lock clean
 
 ## setup: venv + package, host packages, Docker engine, sandbox base image (idempotent)
 setup: venv engine base-image
@@ -16,7 +16,7 @@ setup: venv engine base-image
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,fleet]'
 	@touch $(STAMP)
 
 engine:
@@ -30,6 +30,11 @@ base-image: venv engine
 demo: setup
 	$(BIN)/envforge demo
 
+## fleet-demo: a Ray head + 2 worker nodes on this machine, each with its own dockerd; a rollout batch and a
+## gate across them, one worker killed mid-batch (docs/fleet.md)
+fleet-demo: setup
+	$(BIN)/envforge fleet demo
+
 ## test: the whole test suite (Docker tests are real and run here)
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -42,9 +47,18 @@ bench-sandbox: setup
 bench-rollout: setup
 	$(BIN)/python bench/rollout.py
 
+## bench-gate: the default flakiness gate vs the full-suite gate on ledger, geokit and the flaky examples (JSON)
+bench-gate: setup
+	$(BIN)/python bench/gate.py
+
 ## bench-dedup: MinHash/LSH benchmark vs datasketch, and 100k x 1M decontamination (JSON on stdout)
 bench-dedup: venv
 	$(BIN)/python bench/dedup.py
+
+## bench-fleet: fleet dispatch overhead, 1 vs 2 nodes, recovery after a node kill, image transfer vs build,
+## per-sandbox footprint and the capacity model (JSON)
+bench-fleet: setup
+	$(BIN)/python bench/fleet.py
 
 ## ui: the Dagster UI on http://127.0.0.1:3000
 ui: venv

@@ -23,6 +23,14 @@ def settings(tmp_path: Path) -> Settings:
     return s
 
 
+@pytest.fixture
+def allow_tmp_sources(tmp_path: Path, monkeypatch) -> Path:
+    """Allow sources under this test's tmp_path to name paths anywhere under it (a deployment does
+    this with ENVFORGE_SOURCE_ROOTS): tests keep repositories beside, not inside, their sources."""
+    monkeypatch.setenv("ENVFORGE_SOURCE_ROOTS", str(tmp_path))
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     from envforge.sandbox.engine import docker_client as make_client
@@ -80,3 +88,51 @@ def grader(docker_client):
 
     with Grader(docker_client) as g:
         yield g
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 API (moto's server mode) on loopback, with authentication on: yields
+    (endpoint URL, access key, secret key) of an IAM user allowed everything."""
+    import json
+
+    import boto3
+    from moto import settings as moto_settings
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    iam = boto3.client("iam", endpoint_url=endpoint, aws_access_key_id="AKIAIOSFODNN7EXAMPLE",
+                       aws_secret_access_key="bootstrap", region_name="us-east-1")
+    iam.create_user(UserName="envforge")
+    iam.put_user_policy(UserName="envforge", PolicyName="all", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="envforge")["AccessKey"]
+    previous = moto_settings.INITIAL_NO_AUTH_ACTION_COUNT
+    moto_settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # from now on every request is authenticated
+    try:
+        yield endpoint, key["AccessKeyId"], key["SecretAccessKey"]
+    finally:
+        moto_settings.INITIAL_NO_AUTH_ACTION_COUNT = previous
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch):
+    """A fresh bucket on the loopback S3 server, with the AWS variables set for it; yields its name."""
+    import uuid
+
+    import boto3
+
+    endpoint, key, secret = s3_server
+    for var, value in {"ENVFORGE_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": key,
+                       "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    bucket = f"envforge-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=key, aws_secret_access_key=secret,
+                 region_name="us-east-1").create_bucket(Bucket=bucket)
+    return bucket

@@ -26,7 +26,8 @@ def run(args: list[str], data_dir: Path, check: bool = True) -> subprocess.Compl
 
 @pytest.mark.parametrize("cmd", [[], ["ingest"], ["images"], ["images", "build"], ["catalog"], ["catalog", "list"],
                                  ["demo"], ["schema"], ["verify"], ["validate"], ["dedup"], ["dedup", "run"],
-                                 ["dedup", "index"], ["taskset"], ["taskset", "diff"], ["taskset", "lineage"],
+                                 ["dedup", "index"], ["dedup", "corpora"], ["dedup", "corpora", "add"], ["taskset"],
+                                 ["taskset", "diff"], ["taskset", "lineage"],
                                  ["train", "sft"], ["train", "rl"], ["train", "evaluate"], ["rollout"], ["tiers"]])
 def test_help_everywhere(cmd, tmp_path):
     proc = run([*cmd, "--help"], tmp_path)
@@ -39,9 +40,14 @@ def test_ingest_json_reports_valid_and_rejects(tmp_path):
     bad = specs / "broken"
     bad.mkdir()
     (bad / "task.yaml").write_text("id: broken-task\ninstruction: short\nmax_turns: lots\n")
+    (specs / "runbooks").mkdir()
+    (specs / "runbooks" / "notes.md").write_text("# Notes\n\nno front matter, so not a runbook\n")
     proc = run(["ingest", str(specs), "--json"], tmp_path / "data")
     doc = json.loads(proc.stdout)
     assert doc["valid"] == len(list(BUNDLED_SPECS.rglob("task.yaml"))) and doc["rejected"] >= 3
+    assert [Path(s["source"]).name for s in doc["skipped"]] == ["notes.md"]  # reported, not silently ignored
+    found = json.loads(run(["sources", "list", str(specs), "--json"], tmp_path / "data").stdout)
+    assert [Path(s["source"]).name for s in found["skipped"]] == ["notes.md"]
     fields = {r["field"] for r in doc["rejects"] if r["source"].endswith("broken/task.yaml")}
     assert {"instruction", "max_turns", "verification", "reference_solution"} <= fields
 
@@ -52,32 +58,42 @@ def test_ingest_json_reports_valid_and_rejects(tmp_path):
     assert {r["task_id"] for r in listing} == {"inventory-median-even", "ops-service-config", "orders-daily-summary"}
 
 
-def test_dedup_run_and_index_with_a_user_corpus(tmp_path):
+def test_dedup_corpora_index_parameters_and_runs(tmp_path):
     data = tmp_path / "data"
     run(["ingest", str(BUNDLED_SPECS)], data)
-    corpus = tmp_path / "corpus.jsonl"
-    leaked = (BUNDLED_SPECS / "orders-daily-summary" / "task.yaml").read_text()
-    corpus.write_text(json.dumps({"id": "leak-1", "text": leaked}) + "\n")
-    built = run(["dedup", "index", "--corpus", f"private={corpus}"], data)
-    assert "165 documents" in built.stdout  # HumanEval's 164 + ours
-    again = run(["dedup", "index", "--corpus", f"private={corpus}"], data)
-    assert "+0 from 0 new" in again.stdout
-    doc = json.loads(run(["dedup", "run", "--corpus", f"private={corpus}", "--json"], data).stdout)
-    status = {r["task_id"]: r for r in doc["tasks"]}
-    assert status["orders-daily-summary"]["status"] == "contaminated"
-    assert status["orders-daily-summary"]["doc_id"] == "leak-1"
-    assert status["inventory-median-even"]["status"] == "clean"
+    once, kept = tmp_path / "once.jsonl", tmp_path / "kept.jsonl"
+    for path, task in ((once, "inventory-median-even"), (kept, "orders-daily-summary")):
+        leaked = (BUNDLED_SPECS / task / "task.yaml").read_text()
+        path.write_text(json.dumps({"id": f"leak-{task}", "text": leaked}) + "\n")
+    first = json.loads(run(["dedup", "run", "--corpus", f"once={once}", "--json"], data).stdout)
+    status = {r["task_id"]: r for r in first["tasks"]}
+    assert status["inventory-median-even"]["status"] == "contaminated"
+    assert status["inventory-median-even"]["field"] == "instruction"
+    assert status["inventory-median-even"]["evidence"]["evidence"][0]["doc_id"] == "leak-inventory-median-even"
+    assert status["orders-daily-summary"]["reason"].startswith("clean")  # with its strongest evidence, or none
+    assert "registered corpus kept" in run(["dedup", "corpora", "add", "kept", str(kept)], data).stdout
+    listing = json.loads(run(["dedup", "corpora", "list", "--json"], data).stdout)
+    assert [(r["name"], r["state"]) for r in listing] == [("humaneval", "indexed"), ("kept", "not indexed yet")]
+    # Index parameters take a rebuild, and the refusal says how; decision thresholds do not.
+    refused = run(["dedup", "index", "--candidate-threshold", "0.3"], data, check=False)
+    assert refused.returncode == 1 and "envforge dedup index --rebuild --candidate-threshold 0.3" in refused.stderr
+    second = json.loads(run(["dedup", "run", "--threshold", "0.3", "--json"], data).stdout)
+    status = {r["task_id"]: r["status"] for r in second["tasks"]}
+    # The one-run corpus is gone, the registered one applies, the lower threshold ran on the same index.
+    assert status == {"inventory-median-even": "clean", "orders-daily-summary": "contaminated",
+                      "ops-service-config": "clean"}
+    assert second["sync"]["removed_files"] == [str(once.resolve())]
+    assert any("below the LSH band" in w for w in second["warnings"])
 
 
 def test_command_options_are_the_stage_configs_fields():
     """One definition per setting: each config field is an option of the command that runs the stage, with the
     field's default and help text; the command gets the config object built from them."""
-    from dataclasses import fields
-
     from typer.testing import CliRunner
 
     from envforge.cli import app
-    from envforge.quality.params import DedupConfig
+    from envforge.cli.options import build_config, config_fields
+    from envforge.quality.params import DedupConfig, IndexConfig, SemanticConfig, WorkspaceScan
     from envforge.rollout.config import RolloutConfig
     from envforge.stages.configs import TierConfig
     from envforge.train.config import TrainingConfig
@@ -85,9 +101,20 @@ def test_command_options_are_the_stage_configs_fields():
 
     runner = CliRunner()
     for command, config in ((["train", "sft"], TrainingConfig), (["dedup", "run"], DedupConfig),
+                            (["dedup", "index"], IndexConfig),
                             (["validate"], GateConfig), (["rollout"], RolloutConfig), (["tiers"], TierConfig)):
         text = runner.invoke(app, [*command, "--help"], terminal_width=240, env={"COLUMNS": "240"}).output
-        for f in fields(config):
-            flags = f.metadata.get("cli") or (f"--{f.name.replace('_', '-')}",)
-            assert flags[0] in text, (command, f.name)
+        for o in config_fields(config):  # nested configs flattened: DedupConfig.semantic.url is --semantic-url
+            flags = o.field.metadata.get("cli") or (f"--{o.name.replace('_', '-')}",)
+            assert flags[0] in text, (command, o.name)
+    assert "--semantic-judge-model" in runner.invoke(app, ["dedup", "run", "--help"], terminal_width=240,
+                                                     env={"COLUMNS": "240"}).output
+    built = build_config(DedupConfig, {"threshold": 0.4, "semantic_url": "http://127.0.0.1:1/v1",
+                                       "semantic_model": "m", "workspace_skip_dirs": ["vendor"]})
+    assert built == DedupConfig(threshold=0.4, semantic=SemanticConfig(url="http://127.0.0.1:1/v1", model="m"),
+                                workspace=WorkspaceScan(skip_dirs=("vendor",)))
+    assert built.semantic.enabled and DedupConfig.from_params(built.as_params()["dedup"]) == built
     assert "GRPO sampling temperature" in runner.invoke(app, ["train", "rl", "--help"], terminal_width=240).output
+    # a config's own check of its values is a usage error naming the field, not a traceback
+    bad = runner.invoke(app, ["validate", "--workers", "0"], terminal_width=240)
+    assert bad.exit_code == 2 and "GateConfig.workers: must be at least 1, got 0" in bad.output

@@ -193,6 +193,25 @@ def test_nightly_schedule_requests_a_full_refresh_with_a_valid_run_config():
     assert dg.validate_run_config(job, request.run_config)
 
 
+def test_nested_library_configs_are_nested_run_configs():
+    """DedupConfig's nested configs (workspace scan, semantic stage) are nested in the asset's run config, the
+    launchpad validates them, and the asset gets the library object back; the index parameters are not run config
+    (a run uses the index's own)."""
+    from assets.defs.config import to_library
+    from assets.defs.quality.assets import DedupRunConfig
+    from assets.definitions import defs
+    from envforge.quality.params import DedupConfig, SemanticConfig, WorkspaceScan
+
+    config = {"threshold": 0.4, "semantic": {"url": "http://127.0.0.1:1/v1", "model": "m"},
+              "workspace": {"skip_dirs": ["vendor"]}}
+    main_job = defs.resolve_job_def("main_job")
+    assert dg.validate_run_config(main_job, {"ops": {"decontaminated_tasks": {"config": config}}})
+    assert "index" not in DedupRunConfig.model_fields
+    assert to_library(DedupRunConfig(**config), DedupConfig) == DedupConfig(
+        threshold=0.4, semantic=SemanticConfig(url="http://127.0.0.1:1/v1", model="m"),
+        workspace=WorkspaceScan(skip_dirs=("vendor",)))
+
+
 def test_versions_travel_between_assets_not_through_the_catalogs_newest(settings):
     """tiered_task_set records the version it made; run_report, later in the same run, reports that version even
     when another version lands in the catalog between the two steps, and so does a later run of the report alone.

@@ -97,7 +97,9 @@ def test_production_names_every_missing_variable_at_once():
     ("MLFLOW_TRACKING_URI", "mlflow:5000", "http(s) URL"),
     ("MLFLOW_TRACKING_URI", "http://", "http(s) URL"),
     ("DOCKER_HOST", "unix:///var/run/docker.sock", "tcp://HOST:PORT or ssh://USER@HOST"),
-    ("DOCKER_HOST", "tcp://a:2375,tcp://b:2375", "one engine per deployment"),
+    ("DOCKER_HOST", "tcp://a:2375,tcp://b:2375", "set ENVFORGE_RAY_ADDRESS to a Ray cluster"),
+    ("ENVFORGE_RAY_ADDRESS", "http://ray-head:6379", "HOST:PORT (GCS"),
+    ("ENVFORGE_RAY_ADDRESS", "ray-head", "ray://HOST:PORT"),
     ("ENVFORGE_POLICY_URL", "vllm:8000/v1", "OpenAI-compatible server"),
     ("ENVFORGE_POLICY_URL", "ftp://vllm/v1", "OpenAI-compatible server"),
 ])

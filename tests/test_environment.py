@@ -17,6 +17,7 @@ from envforge.sources.infer import infer_environment, nearest_version
 from envforge.sources.tickets import load_ticket_source
 from envforge.task import TestCheckpoint as Check
 from envforge.verify.checkpoints import test_command as make_test_command
+from envforge.verify.selection import TARGETED
 from envforge.verify.parsers import error_summary, parse_report
 from tests.test_history_sources import commit, git, make_calc_repo, write_ticket_source
 
@@ -51,10 +52,10 @@ def test_envforge_variables_are_merged_never_replacing_the_users():
     # `PYTHONPATH=... python3 -m pytest` keeps the safe launcher and the reporter; the entries are
     # appended after site-packages by the launcher instead of shadowing it.
     check = Check(command="PYTHONPATH=src python3 -m pytest tests", fail_to_pass=["t"])
-    cmd, reports, env = make_test_command(check, [], PythonEnvironment(env={"TZ": "UTC"}), select=True)
+    cmd, reports, env = make_test_command(check, TARGETED, PythonEnvironment(env={"TZ": "UTC"}))
     assert cmd.startswith("python3 -P -c ") and "-p envforge_reporter" in cmd and reports
     assert env["PYTHONPATH"] == "/run/envforge-verifier/runner" and env["ENVFORGE_PYTHONPATH"] == "/workspace/src"
-    assert env["TZ"] == "UTC" and env["ENVFORGE_SELECT"].endswith("select.json")
+    assert env["TZ"] == "UTC" and env["ENVFORGE_TEST_FILES"] == '["t"]' and "tests" in cmd
 
 
 def test_history_sources_take_an_environment_section(tmp_path):

@@ -15,6 +15,9 @@ from envforge.sources.gitrepo import build_patch_series, materialize_repo, split
 from envforge.sources.reviews import load_review_source
 from envforge.sources.tickets import load_ticket_source
 
+# The repositories live beside the sources under tmp_path: allowed as a deployment would allow them.
+pytestmark = pytest.mark.usefixtures("allow_tmp_sources")
+
 ENV = {"GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "dev@x.example", "GIT_COMMITTER_NAME": "CI",
        "GIT_COMMITTER_EMAIL": "ci@x.example", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
 

@@ -6,16 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -29,6 +26,7 @@ from envforge.rollout.policies.openai_client import OpenAIChatPolicy
 from envforge.rollout.policies.serve import make_app
 from envforge.rollout.policies.tiny import (IM_END, IM_START, TinyModelConfig, build_tiny_model, build_tokenizer,
                                             save_pretrained_dir)
+from tests.serving import free_port, running_server
 
 MAX_TOKENS = 16
 MESSAGES: list[dict[str, Any]] = [
@@ -56,30 +54,6 @@ def policy(ckpts) -> HFPolicy:
     return HFPolicy(ckpts["a"])
 
 
-@contextmanager
-def running_server(app) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn on a free 127.0.0.1 port in a background thread."""
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
 def post(url: str, body: bytes | dict) -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -88,12 +62,6 @@ def post(url: str, body: bytes | dict) -> tuple[int, dict]:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- tokenizer and tiny model -----------------------------------------------------------------------

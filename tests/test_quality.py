@@ -16,8 +16,8 @@ from envforge.quality.confirm import confirm
 from envforge.quality.corpora import read_corpus
 from envforge.quality.lsh import BandIndex, banding, collision_probability
 from envforge.quality.minhash import EMPTY_SLOT, MinHasher, estimate_jaccard, exact_jaccard
-from envforge.quality.params import DedupConfig
-from envforge.quality.reference_index import ReferenceIndex
+from envforge.quality.params import DedupConfig, IndexConfig
+from envforge.quality.reference_index import IndexMismatch, ReferenceIndex
 from envforge.quality.text import tokens
 
 VOCAB = [f"word{i}" for i in range(3000)]
@@ -111,14 +111,19 @@ def test_corpus_readers_and_errors(tmp_path):
         ("x1", "alpha beta"), ("a.jsonl:3", "gamma"), ("z", "zeta"), ("p1", "from parquet"),
         ("notes.txt", "a whole text file")]
     assert {d.corpus for d in docs} == {"mine"}
-    (tmp_path / "bad.jsonl").write_text('{"id": 1}\nnot json\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: not a JSON record"):
+    (tmp_path / "bad.jsonl").write_text('{"id": 1}\nnot json\n[1, 2]\n{"id": "ok", "text": "kept"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: no text in any of the fields"):
         list(read_corpus(tmp_path / "bad.jsonl"))
+    problems = []
+    kept = list(read_corpus(tmp_path / "bad.jsonl", on_error=lambda where, why: problems.append(f"{where}: {why}")))
+    assert [d.doc_id for d in kept] == ["ok"]  # the good record goes through, every bad one is named
+    assert [p.split(": ", 1)[0].rsplit("/", 1)[-1] for p in problems] == ["bad.jsonl:1", "bad.jsonl:2", "bad.jsonl:3"]
+    assert "not a JSON record" in problems[1] and "record is a list, not an object" in problems[2]
     with pytest.raises(FileNotFoundError):
         list(read_corpus(tmp_path / "missing"))
 
 
-def test_reference_index_persists_and_updates_incrementally(tmp_path):
+def test_reference_index_follows_its_corpora(tmp_path):
     rng = random.Random(4)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -135,14 +140,30 @@ def test_reference_index_persists_and_updates_incrementally(tmp_path):
     (corpus / "two.jsonl").write_text(json.dumps({"id": "new", "text": doc(rng)}) + "\n")
     grown = ReferenceIndex(root).sync({"mine": corpus})
     assert grown.added_docs == 1 and grown.added_files == [str(corpus / "two.jsonl")]
-    (corpus / "one.jsonl").write_text(json.dumps({"id": "x", "text": "changed"}) + "\n")
-    changed = ReferenceIndex(root).sync({"mine": corpus})
-    assert changed.changed_files == [str(corpus / "one.jsonl")] and changed.added_docs == 0
     hits = ReferenceIndex(root).search([edit(rng, texts[7], 0.02), doc(rng)])
-    flagged = [(c.query, c.doc_id) for c in hits if c.match.flagged]
-    assert flagged == [(0, "d7")]
-    with pytest.raises(ValueError, match="other parameters"):
-        ReferenceIndex(root, DedupConfig(threshold=0.7))
+    assert [(c.query, c.doc_id) for c in hits if c.match.flagged] == [(0, "d7")]
+
+    # An edited file is re-read: its old documents are retired (and the index compacted).
+    (corpus / "one.jsonl").write_text(json.dumps({"id": "x", "text": texts[3]}) + "\n")
+    changed = ReferenceIndex(root).sync({"mine": corpus})
+    assert changed.changed_files == [str(corpus / "one.jsonl")] and changed.added_docs == 1
+    index = ReferenceIndex(root)
+    assert index.size == 2 and index.documents == 2  # compacted: 30 retired > 2 current
+    assert [c.doc_id for c in index.search([texts[7], texts[3]]) if c.match.flagged] == ["x"]
+    # Decision rules are not index parameters: another threshold runs on the same index.
+    edited = edit(random.Random(9), texts[3], 0.1)
+    strict, loose = (index.search([edited], DedupConfig(threshold=t))[0].match for t in (0.5, 0.3))
+    assert 0.3 <= strict.exact_jaccard < 0.5 and not strict.near_duplicate and loose.near_duplicate
+
+    # A corpus no longer given is retired.
+    gone = ReferenceIndex(root).sync({})
+    assert sorted(gone.removed_files) == [str(corpus / "one.jsonl"), str(corpus / "two.jsonl")]
+    assert ReferenceIndex(root).size == 0 and ReferenceIndex(root).search([texts[3]]) == []
+
+    # Index parameters are the index's: asking for others names them and the command that rebuilds.
+    with pytest.raises(IndexMismatch, match=r"candidate_threshold 0.5 \(asked: 0.3\).*"
+                                           r"envforge dedup index --rebuild --candidate-threshold 0.3"):
+        ReferenceIndex(root, IndexConfig(candidate_threshold=0.3))
 
 
 def test_confirmation_flags_verbatim_leaks_below_the_jaccard_threshold():
@@ -152,3 +173,14 @@ def test_confirmation_flags_verbatim_leaks_below_the_jaccard_threshold():
     b = doc(rng, 300) + " " + leak
     m = confirm(DedupConfig(), a, b)
     assert m.exact_jaccard < 0.5 and m.longest_shared_ngram >= 20 and m.verbatim and m.flagged
+
+
+def test_every_index_parameter_can_be_rebuilt_with_from_the_cli():
+    """The advice an index gives on a mismatch (`--rebuild --name value`) is always a real option."""
+    import inspect
+    from dataclasses import fields
+
+    from envforge.cli.dedup import dedup_index
+
+    assert {f.name for f in fields(IndexConfig)} <= set(inspect.signature(dedup_index).parameters)
+    assert IndexConfig(candidate_threshold=0.3, max_df=7).cli_flags() == "--candidate-threshold 0.3 --max-df 7"

@@ -99,10 +99,10 @@ def test_store_rejects_invalid_rows_and_exports(tmp_path):
     store.write_group([_traj("task-a", 0, batch="b2"), _traj("task-a", 1, batch="b2", reward=0.0)])
     assert store.export_jsonl(tmp_path / "out.jsonl") == 2
     assert json.loads((tmp_path / "out.jsonl").read_text().splitlines()[1])["reward"] == 0.0
-    assert store.export_verl(tmp_path / "verl.parquet") == 2
+    assert store.export_verl(tmp_path / "verl.parquet") == 1  # one row per task (verl samples its own rollouts)
     verl = pl.read_parquet(tmp_path / "verl.parquet")
-    assert verl.columns == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
-    assert verl["reward_model"][0]["style"] == "rule"
+    assert verl.columns == ["data_source", "agent_name", "prompt", "tools", "ability", "reward_model", "extra_info"]
+    assert verl["reward_model"][0]["style"] == "rule" and verl["extra_info"][0]["batch_pass_rate"] == 0.5
 
 
 def test_store_works_on_an_fsspec_url(tmp_path):

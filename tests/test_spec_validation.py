@@ -127,7 +127,7 @@ def test_content_hash_tracks_files(tmp_path, copy_spec):
     spec_dir = copy_spec("inventory-median-even")
     before = load_spec_file(spec_dir / "task.yaml").content_hash
     assert load_spec_file(spec_dir / "task.yaml").content_hash == before
-    (spec_dir / "workspace" / "inventory" / "stats.py").write_text("# changed\n")
+    (spec_dir / "workspace" / "inventory" / "notes.txt").write_text("# changed\n")
     assert load_spec_file(spec_dir / "task.yaml").content_hash != before
 
 

@@ -11,6 +11,9 @@ import pytest
 from envforge.sandbox.images import build_task_image
 from envforge.sources.swebench import export_swebench, load_swebench
 
+# The repositories live beside the sources under tmp_path: allowed as a deployment would allow them.
+pytestmark = pytest.mark.usefixtures("allow_tmp_sources")
+
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 FIXED = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
 OLD_TESTS = "from calc import mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"

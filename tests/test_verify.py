@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from envforge.verify.gate import GateConfig, probe_diff, validate_task
+from envforge.verify.config import GateConfig
+from envforge.verify.gate import probe_diff, validate_task
 from envforge.verify.probes import STANDARD_PROBES, Probe, guard_for
+from envforge.verify.protect import split_diff
 from tests.conftest import BUNDLED_SPECS
 
 pytestmark = pytest.mark.docker
@@ -44,12 +46,19 @@ def test_grading_is_deterministic(grader, bundled_images, task_id):
 
 @pytest.mark.parametrize("probe", STANDARD_PROBES, ids=lambda p: p.name)
 def test_every_hack_probe_scores_zero(grader, bundled_images, probe):
-    for task_id, (task, image) in bundled_images.items():
-        if task.spec.verification.tests is None or task_id not in BUNDLED:
+    applied = 0
+    for task_id in BUNDLED:
+        task, image = bundled_images[task_id]
+        if probe.applies(task) is not None:
             continue
-        result = grader.grade(task, image, probe_diff(grader, task, image, probe), probe.name)
+        reference_paths = tuple(p for s in split_diff(grader.solution_diff(task, image, "reference")[0])
+                                for p in s.paths)
+        diff = probe_diff(grader, task, image, probe, reference_paths)
+        result = grader.grade(task, image, diff, probe.name)
         assert result.reward == 0.0 and not result.resolved, (task_id, probe.name, result.reasons)
-        assert guard_for(result) != "none"
+        assert guard_for(result, diff) != "none"
+        applied += 1
+    assert applied, f"{probe.name} applies to none of the bundled specs"
 
 
 def test_the_probes_are_real_attacks_when_guards_are_off(grader, bundled_images):

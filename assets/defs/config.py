@@ -9,12 +9,13 @@ and the evaluation of a run cannot be configured with two different base models 
 from __future__ import annotations
 
 import typing
-from dataclasses import MISSING, Field, fields
+from dataclasses import MISSING, Field, fields, is_dataclass
 from typing import Any, TypeVar
 
 import dagster as dg
 import pydantic
 
+from envforge.config import config_from_dict
 from envforge.train.config import TrainingConfig
 
 T = TypeVar("T")
@@ -25,16 +26,30 @@ def _default(f: Field) -> Any:
 
 
 def _fields(*classes: type, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """pydantic fields for the dataclasses' fields: a nested config dataclass becomes a nested run-config
+    class, `tuple[X, ...]` a list, and a field with `option: False` metadata (set in code) is left out."""
     out: dict[str, Any] = {}
     for cls in classes:
         hints = typing.get_type_hints(cls)
         for f in fields(cls):
-            if f.name in skip:
+            if f.name in skip or f.metadata.get("option", True) is False:
                 continue
             if f.name in out:
                 raise TypeError(f"run config field {f.name} is defined by two configs")
-            out[f.name] = (hints[f.name], pydantic.Field(default=_default(f), description=f.metadata.get("help") or None))
+            tp, default = hints[f.name], _default(f)
+            if is_dataclass(tp):
+                tp = run_config(tp, f"{tp.__name__}RunConfig")
+                default = tp(**_values(default))
+            elif typing.get_origin(tp) is tuple:
+                tp, default = list[typing.get_args(tp)[0]], list(default)
+            out[f.name] = (tp, pydantic.Field(default=default, description=f.metadata.get("help") or None))
     return out
+
+
+def _values(obj: Any) -> dict[str, Any]:
+    """A dataclass's run-config values (nested ones as dicts, tuples as lists)."""
+    return {f.name: (_values(v) if is_dataclass(v) else list(v) if isinstance(v, tuple) else v)
+            for f in fields(obj) if f.metadata.get("option", True) is not False for v in [getattr(obj, f.name)]}
 
 
 def run_config(classes: type | tuple[type, ...], name: str, doc: str | None = None, skip: tuple[str, ...] = (),
@@ -47,9 +62,10 @@ def run_config(classes: type | tuple[type, ...], name: str, doc: str | None = No
 
 
 def to_library(config: pydantic.BaseModel, cls: type[T], **overrides: Any) -> T:
-    """The library config a run config (or resource) stands for."""
+    """The library config a run config (or resource) stands for (nested configs built, lists made tuples)."""
     values = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
-    return cls(**{**values, **overrides})
+    values = {k: v.model_dump() if isinstance(v, pydantic.BaseModel) else v for k, v in values.items()}
+    return config_from_dict(cls, {**values, **overrides})
 
 
 TrainingResource = pydantic.create_model(

@@ -47,7 +47,13 @@ CREATE OR REPLACE VIEW current_rejects AS
     SELECT r.*, l.source_key FROM rejects r LEFT JOIN source_loads l USING (batch_id)
     WHERE l.batch_id IS NULL OR r.batch_id IN (SELECT batch_id FROM latest_source_loads);
 """
-_DDL = "\n".join(ddl(table) for table in TABLE_SCHEMAS) + _VIEWS
+# Columns added to tables after catalogs were written: older catalogs get them (NULL in old rows).
+_MIGRATIONS = """
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS image_digest VARCHAR;
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS gate_key VARCHAR;
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS stats_json VARCHAR;
+"""
+_DDL = "\n".join(ddl(table) for table in TABLE_SCHEMAS) + _MIGRATIONS + _VIEWS
 
 
 def _now() -> datetime:
@@ -183,6 +189,24 @@ class Catalog:
         self.write(frames)
         return IngestSummary(batch_id, len(new), len(result.tasks) - len(new), len(result.rejects))
 
+    def current_owners(self, task_ids: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
+        """{task id: [(source key, origin), ...]}: the sources whose latest load made each id current.
+
+        A task id belongs to one source: a second source yielding the same id would silently
+        shadow the first, so ingest rejects it instead, naming both.
+        """
+        ids = sorted(set(task_ids))
+        if not ids:
+            return {}
+        frame = self.query(
+            "SELECT t.task_id, l.source_key, t.origin FROM current_tasks t JOIN ("
+            "  SELECT source_key, unnest(task_hashes) AS content_hash FROM latest_source_loads) l USING (content_hash)"
+            " WHERE list_contains(?, t.task_id) ORDER BY l.source_key", [ids])
+        owners: dict[str, list[tuple[str, str]]] = {}
+        for r in frame.iter_rows(named=True):
+            owners.setdefault(r["task_id"], []).append((r["source_key"], r["origin"]))
+        return owners
+
     def known_hashes(self) -> set[str]:
         with self._connect() as con:
             return {r[0] for r in con.execute("SELECT content_hash FROM tasks").fetchall()}
@@ -195,7 +219,7 @@ class Catalog:
         frame = self.tasks()
         if task_ids is not None:
             frame = frame.filter(pl.col("task_id").is_in(list(task_ids)))
-        return [Task.model_validate_json(j) for j in frame["task_json"]]
+        return [Task.from_stored(j) for j in frame["task_json"]]
 
     def load_versions(self, content_hashes: Iterable[str]) -> list[Task]:
         """Exactly these task versions (current or not), ordered by task id; unknown hashes raise KeyError."""
@@ -205,7 +229,7 @@ class Catalog:
         unknown = set(wanted) - set(frame["content_hash"])
         if unknown:
             raise KeyError(f"task versions not in the catalog: {sorted(unknown)[:5]}")
-        return [Task.model_validate_json(j) for j in frame["task_json"]]
+        return [Task.from_stored(j) for j in frame["task_json"]]
 
     def task_listing(self) -> pl.DataFrame:
         """Current tasks with their latest gate verdict, for people (`envforge catalog list`)."""
@@ -243,6 +267,15 @@ class Catalog:
     def record_rollout_batch(self, row: dict) -> None:
         """Register a rollout batch (a row of RolloutBatchRow without created_at); re-registering adds a row."""
         self.write({"rollout_batches": _frame("rollout_batches", [dict(row, created_at=_now())])})
+
+    def record_service_sessions(self, rows: list[dict]) -> None:
+        """Store finished environment-service sessions (rows of ServiceSessionRow), all or none."""
+        self.write({"service_sessions": _frame("service_sessions", rows)})
+
+    def service_sessions(self, tenant: str | None = None) -> pl.DataFrame:
+        if tenant is None:
+            return self.query("SELECT * FROM service_sessions ORDER BY ended_at")
+        return self.query("SELECT * FROM service_sessions WHERE tenant = ? ORDER BY ended_at", [tenant])
 
     def record_tiers(self, version: str, rows: list[dict]) -> None:
         """Store the tiers of a task set (replacing earlier tiers of the same version)."""
@@ -318,7 +351,19 @@ class Catalog:
              "empty_fails": r.empty_fails, "probes_json": json.dumps(r.probe_results, sort_keys=True),
              "verifier_median_s": float(r.median_verifier_s), "infra_retries": r.infra_retries,
              "params_json": params_json, "mlflow_run_id": mlflow_run_id, "dagster_run_id": dagster_run_id,
-             "created_at": at} for r in reports])})
+             "created_at": at, "image_digest": r.image_digest or None, "gate_key": r.gate_key or None,
+             "stats_json": json.dumps(r.stats(), sort_keys=True)} for r in reports])})
+
+    def validations_by_key(self, keys: Iterable[str]) -> dict[str, dict]:
+        """The newest verdict row stored under each of the given gate keys (see verify.gate.gate_key)."""
+        keys = sorted(set(keys))
+        if not keys:
+            return {}
+        frame = self.query("""
+            SELECT * EXCLUDE (rn) FROM (
+                SELECT *, row_number() OVER (PARTITION BY gate_key ORDER BY created_at DESC) AS rn
+                FROM validations WHERE gate_key IN (SELECT unnest(?::VARCHAR[]))) WHERE rn = 1""", [keys])
+        return {row["gate_key"]: row for row in frame.to_dicts()}
 
     def _latest_per_current_task(self, table: str) -> pl.DataFrame:
         """The newest row of `table` for each current task version."""
@@ -478,7 +523,7 @@ class Catalog:
         """The exact task versions a task set holds."""
         frame = self.query("""SELECT t.task_json FROM task_set_members m JOIN tasks t USING (content_hash)
                               WHERE m.version = ? ORDER BY m.task_id""", [self.resolve_task_set(version)])
-        return [Task.model_validate_json(j) for j in frame["task_json"]]
+        return [Task.from_stored(j) for j in frame["task_json"]]
 
     def export_task_set(self, version: str, path: Path) -> Path:
         """Write a task-set version's member tasks to parquet."""

@@ -27,12 +27,13 @@ def _save(fig, path: Path) -> Path:
 def flake_chart(rows: list[dict], path: Path, title: str = "Flakiness gate: verifier agreement per task") -> Path:
     """Per task: share of reference runs that passed and of empty runs that failed; quarantined in red.
 
-    rows: dicts with task_id, verdict, reference_passes, empty_fails, runs.
+    rows: dicts with task_id, verdict, reference_passes, empty_fails, runs (reference runs graded) and
+    optionally empty_runs (empty runs graded; fewer than configured when the gate stopped early).
     """
     rows = sorted(rows, key=lambda r: r["task_id"])
     names = [r["task_id"] for r in rows]
-    ref = [r["reference_passes"] / r["runs"] for r in rows]
-    empty = [r["empty_fails"] / r["runs"] for r in rows]
+    ref = [r["reference_passes"] / max(1, r["runs"]) for r in rows]
+    empty = [r["empty_fails"] / max(1, r.get("empty_runs", r["runs"])) for r in rows]
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows) + 2), 4.2))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], ref, width=0.4, label="reference passed", color="#2a9d8f")
@@ -43,7 +44,7 @@ def flake_chart(rows: list[dict], path: Path, title: str = "Flakiness gate: veri
             ax.text(x, 1.12, "quarantined", ha="center", fontsize=7, color="#e63946")
     ax.set_xticks(list(xs), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylim(0, 1.3)
-    ax.set_ylabel(f"share of {rows[0]['runs'] if rows else 0} runs")
+    ax.set_ylabel("share of the runs graded")
     ax.set_title(title)
     ax.legend(loc="upper center", ncol=2, fontsize=8)
     return _save(fig, path)
@@ -60,6 +61,29 @@ def similarity_histogram(corpus_sims: list[float], task_sims: list[float], thres
     ax.text(threshold + 0.01, ax.get_ylim()[1] * 0.9, f"threshold {threshold}", fontsize=8)
     ax.set_xlabel("exact Jaccard of the nearest neighbour")
     ax.set_ylabel("tasks")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def evidence_strength_chart(rows: list[dict], path: Path,
+                            title: str = "Strongest evidence per task field vs the reference corpora") -> Path:
+    """One dot per (task, field): its best evidence's strength (the strongest rule's value over
+    what it needs; 1 = the rule holds), flagged ones in red. rows: dicts with field, strength, flagged."""
+    fields = ["instruction", "workspace", "solution", "tests", "verifier"]
+    fields += sorted({r["field"] for r in rows} - set(fields))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for x, name in enumerate(fields):
+        mine = [r for r in rows if r["field"] == name]
+        for flagged, colour in ((False, "#457b9d"), (True, "#e76f51")):
+            ys = [min(r["strength"], 3.0) for r in mine if r["flagged"] == flagged]
+            xs = [x + ((i * 0.37) % 0.5) - 0.25 for i in range(len(ys))]
+            ax.scatter(xs, ys, s=12, color=colour, alpha=0.8,
+                       label=("flagged" if flagged else "clean") if x == 0 else None)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(range(len(fields)), fields)
+    ax.set_ylim(0, 3.1)
+    ax.set_ylabel("evidence strength (1 = rule holds, capped at 3)")
     ax.set_title(title)
     ax.legend(fontsize=8)
     return _save(fig, path)

@@ -7,9 +7,12 @@ checkout works with no configuration and production overrides are plain env vars
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, TypeVar
+
+C = TypeVar("C")
 
 # The repository root when envforge runs from a checkout (platform/envforge/config.py).
 _CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
@@ -18,6 +21,25 @@ _CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
 def checkout_root() -> Path:
     """The repository checkout envforge runs from (or the working directory for an installed package)."""
     return _CHECKOUT_ROOT if (_CHECKOUT_ROOT / "sandboxes").is_dir() else Path.cwd()
+
+
+def config_from_dict(cls: type[C], values: Mapping[str, Any]) -> C:
+    """A (nested) config dataclass from plain values: what JSON, a CLI or a Dagster run config holds.
+    Nested configs come as mappings, tuples as lists; keys the class does not know are left out (a
+    config recorded by an older version still reads), fields without a value keep their defaults."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        if f.name not in values:
+            continue
+        value, tp = values[f.name], hints[f.name]
+        nested = next((a for a in (tp, *typing.get_args(tp)) if is_dataclass(a)), None)
+        if nested is not None and isinstance(value, Mapping):
+            value = config_from_dict(nested, value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[f.name] = value
+    return cls(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -30,6 +52,9 @@ class Settings:
     task_sources_dir: Path = field(metadata={"env": "ENVFORGE_TASK_SOURCES", "help": "bundled/user task sources"})
     docker_host: str | None = field(default=None, metadata={"env": "DOCKER_HOST", "help": "default: local socket"})
     mlflow_experiment: str = field(default="envforge", metadata={"env": "ENVFORGE_MLFLOW_EXPERIMENT", "help": ""})
+    store_url: str | None = field(default=None, metadata={
+        "env": "ENVFORGE_STORE_URL",
+        "help": "s3://bucket/prefix for rollouts, task-set parquet and reports (default: the data dir)"})
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -43,6 +68,7 @@ class Settings:
             task_sources_dir=Path(env.get("ENVFORGE_TASK_SOURCES") or root / "task_sources").resolve(),
             docker_host=env.get("DOCKER_HOST") or None,
             mlflow_experiment=env.get("ENVFORGE_MLFLOW_EXPERIMENT") or "envforge",
+            store_url=(env.get("ENVFORGE_STORE_URL") or "").rstrip("/") or None,
         )
 
     def with_data_dir(self, data_dir: Path) -> "Settings":
@@ -61,14 +87,24 @@ class Settings:
     def mlflow_artifacts_dir(self) -> Path:
         return self.data_dir / "mlartifacts"
 
+    def artifact_root(self, kind: str) -> str:
+        """Where artifacts of a kind (`rollouts`, `task_sets`, `reports`) go: under ENVFORGE_STORE_URL
+        when it is set (object storage), else under the data directory."""
+        return f"{self.store_url}/{kind}" if self.store_url else str(self.data_dir / kind)
+
     @property
     def build_dir(self) -> Path:
         return self.data_dir / "build"
 
     @property
+    def dedup_dir(self) -> Path:
+        """Decontamination's state: the registered corpora and the reference index."""
+        return self.data_dir / "dedup"
+
+    @property
     def reference_index_dir(self) -> Path:
-        """The persisted LSH index over the reference corpora (updated incrementally)."""
-        return self.data_dir / "dedup" / "reference-index"
+        """The persisted index over the reference corpora (MinHash LSH + exact n-grams; kept in step with them)."""
+        return self.dedup_dir / "reference-index"
 
     @property
     def charts_dir(self) -> Path:

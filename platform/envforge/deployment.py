@@ -8,7 +8,8 @@ and tier steps use by default:
   MLFLOW_TRACKING_URI), the local Docker socket (or DOCKER_HOST), and the `replay` policy (reference
   solutions, CPU only) with tiers from static features.
 - production: the same catalog on a volume; MLFLOW_TRACKING_URI required, http(s); DOCKER_HOST
-  required, tcp:// or ssh:// (one engine); ENVFORGE_POLICY_URL required, an OpenAI-compatible vLLM
+  required, tcp:// or ssh:// (the engine images are built on; sandboxes run there too unless
+  ENVFORGE_RAY_ADDRESS names a Ray cluster of sandbox nodes, see docs/fleet.md); ENVFORGE_POLICY_URL required, an OpenAI-compatible vLLM
   server whose policy, named `vllm` (= `openai:<url>#<ENVFORGE_POLICY_MODEL>`), is the rollout
   default and the tiering reference.
 
@@ -84,6 +85,7 @@ class Deployment:
             _check_url(env, "MLFLOW_TRACKING_URI", ("http", "https"),
                        "the http(s) URL of the MLflow tracking server, e.g. http://mlflow:5000", problems)
             _check_docker_host(env, problems)
+        _check_fleet(env, problems)
         if problems:
             raise DeploymentError(f"ENVFORGE_ENV={name} is misconfigured:\n  " + "\n  ".join(problems))
         settings = Settings.from_env(env)
@@ -123,7 +125,20 @@ def _check_docker_host(env: Mapping[str, str], problems: list[str]) -> None:
     expected = "tcp://HOST:PORT or ssh://USER@HOST of the remote Docker engine sandboxes run on"
     value = env.get("DOCKER_HOST") or ""
     if "," in value:
-        problems.append(f"DOCKER_HOST={value!r}: one engine per deployment (the sandbox pool talks to one "
-                        f"engine); run one code location per engine to use several")
+        problems.append(f"DOCKER_HOST={value!r}: one engine per process (it builds the images); to run sandboxes "
+                        f"on many engines, set ENVFORGE_RAY_ADDRESS to a Ray cluster whose nodes each own one "
+                        f"(docs/fleet.md)")
         return
     _check_url(env, "DOCKER_HOST", ("tcp", "ssh"), expected, problems)
+
+
+def _check_fleet(env: Mapping[str, str], problems: list[str]) -> None:
+    """ENVFORGE_RAY_ADDRESS, when set, sends sandbox work to a Ray cluster: HOST:PORT or ray://HOST:PORT."""
+    value = (env.get("ENVFORGE_RAY_ADDRESS") or "").strip()
+    if not value or value == "auto":
+        return
+    hostport = value[len("ray://"):] if value.startswith("ray://") else value
+    host, _, port = hostport.rpartition(":")
+    if "://" in hostport or not host or not port.isdigit():
+        problems.append(f"ENVFORGE_RAY_ADDRESS={value!r} is not valid: expected the Ray head as HOST:PORT (GCS, "
+                        f"e.g. ray-head:6379) or ray://HOST:PORT (Ray Client, e.g. ray://ray-head:10001)")

@@ -74,5 +74,20 @@ class InfraError(EnvforgeError):
         super().__init__(f"infrastructure fault ({cause}){': ' + detail if detail else ''}")
 
 
+class PolicyOutcome(EnvforgeError):
+    """What the policy did inside its sandbox makes an operation impossible (its workspace changes
+    are too large to diff, its memory use OOM-killed the command the sandbox was running).
+
+    Anything a policy can cause is a model outcome: scored as reward 0 with `reason`, never
+    retried or dropped as an infrastructure fault (a deterministic policy would fail the same
+    way on every retry, and its failures belong in the training data).
+    """
+
+    def __init__(self, reason: str, detail: str = ""):
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}{': ' + detail if detail else ''}")
+
+
 class ImageBuildError(EnvforgeError):
     """An environment image could not be built; the message names the task and the step."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
 from typing import Iterable
 
@@ -18,13 +19,22 @@ def iter_tree(root: Path) -> Iterable[Path]:
 
 
 def tree_digest(root: Path) -> str:
-    """sha256 over relative paths, modes and bytes of every file under root."""
+    """sha256 over relative paths, modes and bytes of every file under root.
+
+    Only regular files are read (a FIFO or a socket is hashed by its type, never opened), so
+    hashing a folder someone else controls cannot hang.
+    """
     h = hashlib.sha256()
     for path in iter_tree(root):
         rel = path.relative_to(root).as_posix()
         st = path.lstat()
         h.update(rel.encode() + b"\0" + oct(st.st_mode & 0o777).encode() + b"\0")
-        h.update(os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
+        if stat.S_ISLNK(st.st_mode):
+            h.update(os.readlink(path).encode())
+        elif stat.S_ISREG(st.st_mode):
+            h.update(path.read_bytes())
+        else:
+            h.update(f"<special {stat.S_IFMT(st.st_mode):o}>".encode())
         h.update(b"\0")
     return h.hexdigest()
 

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import polars as pl
 
-from envforge import track
+from envforge import objectstore, track
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.errors import Problem
@@ -212,11 +212,16 @@ def _images_gate(cat: Catalog, version: str | None) -> dict:
             "members": sum(h in images for h in members), "n_members": len(members)}
 
 
+def _empty_runs(row: dict) -> int:
+    """Empty runs graded (fewer than the reference's when the gate stopped early; older rows lack it)."""
+    return json.loads(row.get("stats_json") or "{}").get("empty_runs", row["runs"])
+
+
 def _validation_gate(cat: Catalog, charts: _Charts) -> dict:
     v = cat.latest_validations()
     rows = v.to_dicts()
     quarantined = [{"task_id": r["task_id"], "reference": f"{r['reference_passes']}/{r['runs']}",
-                    "empty": f"{r['empty_fails']}/{r['runs']}", "retries": r["infra_retries"],
+                    "empty": f"{r['empty_fails']}/{_empty_runs(r)}", "retries": r["infra_retries"],
                     "reasons": list(r["disagreements"])} for r in rows if r["verdict"] != "accepted"]
     accepted = len(rows) - len(quarantined)
     return {"ran": bool(rows), "checked": len(rows), "accepted": accepted, "quarantined": len(quarantined),
@@ -384,6 +389,8 @@ def build_run_report(settings: Settings, version: str | None, mlflow_run_id: str
     reports = settings.data_dir / "reports"
     path = _write_atomic(reports / f"run-report-{(version or 'no-task-set')[:12]}-{now:%Y%m%dT%H%M%SZ}.html", html)
     latest = _write_atomic(reports / "latest.html", html)
+    for written in (path, latest):
+        objectstore.publish(settings.store_url, "reports", written)
     sections = {"task_set": context["task_set"]["ran"], **{f"gate_{k}": g["ran"] for k, g in gates.items()},
                 "rollouts": context["rollouts"]["ran"],
                 **{k: context["training"][k]["ran"] for k in ("sft", "rl", "evaluation")}}

@@ -95,7 +95,7 @@ class ValidationRow(_Table):
     task_id: str = pa.Field(str_matches=TASK_ID)
     verdict: str = pa.Field(isin=["accepted", "quarantined"])
     disagreements: list[str]
-    runs: int = pa.Field(ge=1)
+    runs: int = pa.Field(ge=0)  # reference runs graded: 0 when its own commands failed
     reference_passes: int = pa.Field(ge=0)
     empty_fails: int = pa.Field(ge=0)
     probes_json: str
@@ -105,6 +105,9 @@ class ValidationRow(_Table):
     mlflow_run_id: str = pa.Field(nullable=True)
     dagster_run_id: str = pa.Field(nullable=True)
     created_at: datetime
+    image_digest: str = pa.Field(nullable=True)  # the task image's id when it was gated
+    gate_key: str = pa.Field(nullable=True)  # content hash + image digest + gate params + verifier code
+    stats_json: str = pa.Field(nullable=True)  # gradings run, skipped probes, sandbox and wall seconds
 
 
 
@@ -124,6 +127,8 @@ class QualityRow(_Table):
     reason: str
     params_json: str
     created_at: datetime
+    field: str = pa.Field(nullable=True)  # the task field of the strongest evidence
+    evidence_json: str = pa.Field(nullable=True)  # every field's evidence, the workspace scan, the semantic stage
 
 
 
@@ -230,6 +235,27 @@ class TaskTierRow(_Table):
     policy_id: str
 
 
+class ServiceSessionRow(_Table):
+    """One finished session of the environment service (envforge.service)."""
+
+    session_id: str = pa.Field(unique=True)
+    tenant: str
+    task_id: str = pa.Field(str_matches=TASK_ID)
+    content_hash: str = pa.Field(str_matches=SHA256)
+    task_set_version: str = pa.Field(str_matches=SHA256)
+    seed: int = pa.Field(ge=0)
+    turns: int = pa.Field(ge=0)
+    verifies: int = pa.Field(ge=0)
+    reward: float = pa.Field(nullable=True)
+    resolved: bool = pa.Field(nullable=True)
+    end_reason: str = pa.Field(isin=["submitted", "max_turns", "trajectory_timeout", "deleted", "idle_timeout",
+                                     "lost", "shutdown"])
+    sandbox_seconds: float = pa.Field(ge=0)
+    started_at: datetime
+    ended_at: datetime
+    mlflow_run_id: str = pa.Field(nullable=True)
+
+
 TABLE_SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
     "tasks": TaskRow,
     "rejects": RejectRow,
@@ -243,6 +269,7 @@ TABLE_SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
     "source_loads": SourceLoadRow,
     "rollout_batches": RolloutBatchRow,
     "task_tiers": TaskTierRow,
+    "service_sessions": ServiceSessionRow,
 }
 
 _DUCKDB_TYPES = {pl.String: "VARCHAR", pl.Int64: "BIGINT", pl.Float64: "DOUBLE", pl.Boolean: "BOOLEAN",
@@ -265,11 +292,24 @@ def primary_key(table: str) -> list[str]:
 
 
 def ddl(table: str) -> str:
-    """CREATE TABLE IF NOT EXISTS for a catalog table, from its pandera model."""
+    """CREATE TABLE IF NOT EXISTS for a catalog table, from its pandera model (and ADD COLUMN for the
+    columns it gained since, `added_columns`)."""
     schema = TABLE_SCHEMAS[table].to_schema()
     columns = [f"{name} {duckdb_type(col.dtype.type)}{'' if col.nullable else ' NOT NULL'}"
                for name, col in schema.columns.items()]
     key = primary_key(table)
     if key:
         columns.append(f"PRIMARY KEY ({', '.join(key)})")
-    return f"CREATE TABLE IF NOT EXISTS {table} (\n    " + ",\n    ".join(columns) + ");"
+    return f"CREATE TABLE IF NOT EXISTS {table} (\n    " + ",\n    ".join(columns) + ");" + "".join(
+        f"\nALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {duckdb_type(col.dtype.type)};"
+        for name, col in added_columns(table))
+
+
+def added_columns(table: str) -> list[tuple[str, pa.Column]]:
+    """The nullable columns at the end of a model: how a table gains columns. A catalog made before
+    them gets them appended (inserts are positional, so new columns only ever go at the end)."""
+    columns = list(TABLE_SCHEMAS[table].to_schema().columns.items())
+    n = len(columns)
+    while n and columns[n - 1][1].nullable:
+        n -= 1
+    return columns[n:]

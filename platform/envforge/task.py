@@ -13,9 +13,9 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from envforge.environment import PythonEnvironment, check_command
 
@@ -24,6 +24,34 @@ TASK_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{1,79}$"
 # is a root-owned tmpfs where the grader installs verifier files after the policy is done.
 WORKSPACE = "/workspace"
 VERIFIER_DIR = "/run/envforge-verifier/verifier"
+# Writable tmpfs mounts besides /workspace and /tmp (/dev/shm and /run/envforge, 16 MiB each), and
+# the memory kept for the in-sandbox agent when a policy fills them all.
+EXTRA_TMPFS_MB = 32
+AGENT_RESERVE_MB = 48
+
+
+TEST_ID_PATTERN = r"^[^\s\x00-\x1f\x7f]{1,2000}$"
+_TEST_ID = re.compile(TEST_ID_PATTERN)
+
+
+def valid_test_id(value: str) -> bool:
+    return bool(_TEST_ID.match(value))
+
+
+def _test_id(value: str, info: ValidationInfo) -> str:
+    # Tasks read back from the catalog (context `stored`) were checked when they were ingested, under
+    # the rules of their time: a stricter rule must not make an existing catalog unreadable.
+    if (info.context or {}).get("stored"):
+        return value
+    if not valid_test_id(value):
+        raise ValueError(f"test id {value[:200]!r} is empty, longer than 2000 characters, or has whitespace or control "
+                         "characters: ids are passed to the runner as one argument each and matched against its "
+                         "report, so such an id could never pass")
+    return value
+
+
+# A test id as the runner reports it (pytest node id, unittest id, TAP/pattern name).
+TestId = Annotated[str, AfterValidator(_test_id), Field(json_schema_extra={"pattern": TEST_ID_PATTERN})]
 
 
 class _Strict(BaseModel):
@@ -42,12 +70,17 @@ class Limits(_Strict):
     trajectory_timeout_s: float = Field(1800, gt=0, le=604800, description="wall time for a whole episode")
 
     @model_validator(mode="after")
-    def _tmpfs_fits_in_memory(self) -> "Limits":
-        # tmpfs pages are charged to the sandbox's memory cgroup: a full disk must hit ENOSPC,
-        # not the OOM killer, so the writable mounts have to fit below the memory limit.
-        if self.workspace_mb + self.tmp_mb >= self.memory_mb:
-            raise ValueError(f"workspace_mb + tmp_mb ({self.workspace_mb + self.tmp_mb}) must be below "
-                             f"memory_mb ({self.memory_mb}): tmpfs pages count against memory")
+    def _tmpfs_fits_in_memory(self, info: ValidationInfo) -> "Limits":
+        # tmpfs pages are charged to the sandbox's memory cgroup and no OOM kill frees them: a
+        # full disk must hit ENOSPC, not the OOM killer, and the agent must keep room to work
+        # when a policy fills every mount it can write to.
+        need = self.workspace_mb + self.tmp_mb + EXTRA_TMPFS_MB + AGENT_RESERVE_MB
+        if (info.context or {}).get("stored"):  # checked at ingest, under that time's rule (see _test_id)
+            need = self.workspace_mb + self.tmp_mb + 1
+        if need > self.memory_mb:
+            raise ValueError(f"workspace_mb + tmp_mb + {EXTRA_TMPFS_MB + AGENT_RESERVE_MB} ({need}) must not exceed "
+                             f"memory_mb ({self.memory_mb}): tmpfs pages count against memory, /dev/shm and "
+                             f"/run/envforge take {EXTRA_TMPFS_MB} MiB and the agent keeps {AGENT_RESERVE_MB} MiB")
         return self
 
 
@@ -73,7 +106,8 @@ class RepositorySnapshot(_Strict):
     """A local git repository checked out at one commit as the workspace."""
 
     path: str = Field(description="git repository directory, relative to the spec file")
-    commit: str = Field(pattern=r"^[0-9a-fA-F]{7,40}$|^[A-Za-z0-9._/-]+$")
+    commit: str = Field(pattern=r"^[0-9a-fA-F]{7,40}$|^[A-Za-z0-9._/][A-Za-z0-9._/~^-]{0,199}$",
+                        description="a commit SHA, or a ref (`main`, `main~3`) that ingest resolves to its SHA")
 
 
 class Environment(PythonEnvironment):
@@ -114,8 +148,8 @@ class TestCheckpoint(_Strict):
     plugins: list[str] = Field(default_factory=list, description="pytest plugins to load (`-p NAME`); "
                                                                  "plugin autoload is always off")
     pattern: str | None = Field(None, description="pattern framework: regex with named groups `id` and `status`")
-    fail_to_pass: list[str] = Field(description="test ids that fail before and must pass after")
-    pass_to_pass: list[str] = Field(default_factory=list, description="test ids that must keep passing")
+    fail_to_pass: list[TestId] = Field(description="test ids that fail before and must pass after")
+    pass_to_pass: list[TestId] = Field(default_factory=list, description="test ids that must keep passing")
     timeout_s: float = Field(300, gt=0, le=86400)
 
     @model_validator(mode="after")
@@ -258,6 +292,11 @@ class Task(BaseModel):
     @property
     def id(self) -> str:
         return self.spec.id
+
+    @classmethod
+    def from_stored(cls, task_json: str) -> "Task":
+        """A task as the catalog stored it (checked at ingest; not re-checked against newer ingest rules)."""
+        return cls.model_validate_json(task_json, context={"stored": True})
 
     def verifier_bytes(self) -> dict[str, bytes]:
         return {k: base64.b64decode(v) for k, v in self.verifier_files.items()}

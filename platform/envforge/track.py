@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -112,6 +113,14 @@ def log_file(path: Path, artifact_dir: str) -> None:
 
 def log_png(path: Path, artifact_dir: str = "charts") -> None:
     log_file(path, artifact_dir)
+
+
+def log_frame(frame: Any, artifact_file: str) -> None:
+    """A polars frame as a parquet artifact (the service's session batches)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(artifact_file).name
+        frame.write_parquet(path)
+        log_file(path, str(Path(artifact_file).parent))
 
 
 def run_url(settings: Settings, run_id: str) -> str:

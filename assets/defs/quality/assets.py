@@ -9,14 +9,17 @@ from envforge.quality.params import DedupConfig
 from envforge.stages.decontaminate import decontaminate
 
 DedupRunConfig = run_config(DedupConfig, "DedupRunConfig", "Decontamination and dedup settings (part of the "
-                                                           "task-set version).")
+                                                           "task-set version); the index parameters are the "
+                                                           "index's own (`envforge dedup index --rebuild`).")
 
 
 @dg.asset(
     group_name="quality", kinds={"python", "duckdb"}, owners=["team:envforge"], deps=["candidate_tasks"],
-    description="The candidate task versions checked against the reference corpora (built-in HumanEval plus "
-                "ENVFORGE_CORPORA) with MinHash LSH + exact confirmation, and against each other; contaminated tasks "
-                "and non-representative near duplicates leave the pipeline but stay in the catalog with the reason.",
+    description="The candidate task versions (instruction, workspace files, solution, tests, verifier files) checked "
+                "against the reference corpora (built-in HumanEval, registered corpora, ENVFORGE_CORPORA) with MinHash "
+                "LSH and an exact n-gram index (words, masked prose, normalized code), confirmed exactly, optionally "
+                "with embeddings + a judge; and against each other with boilerplate removed. Contaminated tasks and "
+                "non-representative near duplicates leave the pipeline but stay in the catalog with the evidence.",
 )
 def decontaminated_tasks(context: dg.AssetExecutionContext, config: DedupRunConfig, catalog: CatalogResource,
                          docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
@@ -27,13 +30,17 @@ def decontaminated_tasks(context: dg.AssetExecutionContext, config: DedupRunConf
     n = result.counts()
     context.log.info(f"{n['clean']} clean, {n['contaminated']} contaminated, {n['duplicate']} duplicates; "
                      f"index +{result.sync.added_docs} docs")
+    for warning in result.warnings():
+        context.log.warning(warning)
     return dg.MaterializeResult(metadata={
         "tasks": len(tasks), "clean": n["clean"], "contaminated": n["contaminated"], "duplicates": n["duplicate"],
-        "duplicate_pairs": len(result.pairs), "index_docs_added": result.sync.added_docs, "chart": png(result.chart),
+        "duplicate_pairs": len(result.pairs), "index_docs_added": result.sync.added_docs,
+        "semantic_stage": result.semantic.status, "chart": png(result.chart),
+        "evidence_chart": png(result.evidence_chart),
         "mlflow_run": mlflow_run(settings, result.mlflow_run_id),
         # what the stages after this one take: the clean versions, and for the task set's lineage what left and why
         "clean_versions": dg.MetadataValue.json(result.kept_hashes()),
-        "removed": dg.MetadataValue.json(result.removed()), "params": dg.MetadataValue.json(dedup.as_params()),
+        "removed": dg.MetadataValue.json(result.removed()), "params": dg.MetadataValue.json(result.config.as_params()),
     })
 
 
@@ -45,9 +52,9 @@ def decontaminated_tasks(context: dg.AssetExecutionContext, config: DedupRunConf
 def contamination_report(catalog: CatalogResource) -> dg.MaterializeResult:
     frame = catalog.catalog().latest_quality()
     flagged = frame.filter(frame["status"] != "clean")
-    table = ["| task | status | match | exact J | longest run | reason |", "|---|---|---|---|---|---|"]
-    table += [f"| {r['task_id']} | {r['status']} | {r['corpus'] or '-'}/{r['doc_id'] or '-'} | "
-              f"{r['exact_jaccard']:.2f} | {r['longest_shared_ngram']} | {r['reason'][:120]} |"
+    table = ["| task | status | field | match | exact J | longest run | reason |", "|---|---|---|---|---|---|---|"]
+    table += [f"| {r['task_id']} | {r['status']} | {r['field'] or '-'} | {r['corpus'] or '-'}/{r['doc_id'] or '-'} | "
+              f"{r['exact_jaccard']:.2f} | {r['longest_shared_ngram']} | {r['reason'][:160].replace('|', '/')} |"
               for r in frame.iter_rows(named=True)]
     return dg.MaterializeResult(metadata={
         "tasks": frame.height, "flagged": flagged.height, "report": dg.MetadataValue.md("\n".join(table)),

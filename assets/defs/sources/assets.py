@@ -84,11 +84,12 @@ class CandidateConfig(dg.Config):
 )
 def candidate_tasks(context: dg.AssetExecutionContext, config: CandidateConfig, catalog: CatalogResource,
                     docker: DockerResource, mlflow: MlflowResource) -> dg.MaterializeResult:
-    from envforge.sources import discover_sources
+    from envforge.sources import scan_sources
 
     settings = settings_from(catalog, docker, mlflow)
     cat = catalog.catalog()
-    refs, _ = discover_sources(settings.bundled_sources())
+    found = scan_sources(settings.bundled_sources())
+    refs = found.refs
     if config.reingest:
         tracked = ingest.tracked(settings, IngestConfig(), settings.bundled_sources(), context=stage_context(context))
         context.log.info(f"re-ingested {len(tracked.sources)} sources: {len(tracked.result.tasks)} valid, "
@@ -109,5 +110,6 @@ def candidate_tasks(context: dg.AssetExecutionContext, config: CandidateConfig, 
         "tasks": frame.height, "rejects": rejects.height, "sources": loads.height,
         "by_kind": dg.MetadataValue.json(by_kind), "sources_table": dg.MetadataValue.md("\n".join(table)),
         "retired_sources": dg.MetadataValue.json(retired),
+        "skipped_files": problems_table(found.skipped),  # e.g. a .md without front matter among runbooks
         "task_versions": dg.MetadataValue.json(frame["content_hash"].to_list()),  # what decontamination takes
     })

@@ -15,8 +15,10 @@ GateRunConfig = run_config(GateConfig, "GateRunConfig")
 @dg.asset(
     group_name="verification", kinds={"docker", "duckdb"}, owners=["team:envforge"], deps=["environment_images"],
     description="Every clean task version through the flakiness gate, in the run's images: empty and reference "
-                "solutions graded N times on pristine copies, once more shuffled, and every standard reward-hacking "
-                "probe. Tasks that disagree are quarantined with the exact disagreement.",
+                "solutions graded N times on pristine copies (the test files that decide the verdict), the whole "
+                "suite once in reversed order, and every reward-hacking probe that applies. Tasks that disagree are "
+                "quarantined with the exact disagreement; unchanged tasks (content, image digest, gate parameters) "
+                "keep their verdict.",
     op_tags={"envforge/sandbox-heavy": "true"}, pool=SANDBOX_POOL,
 )
 def validated_tasks(context: dg.AssetExecutionContext, config: GateRunConfig, catalog: CatalogResource,
@@ -30,7 +32,7 @@ def validated_tasks(context: dg.AssetExecutionContext, config: GateRunConfig, ca
     quarantined = [r for r in rows if r["verdict"] != "accepted"]
     return dg.MaterializeResult(metadata={
         "tasks": len(tasks), "accepted": len(rows) - len(quarantined), "quarantined": len(quarantined),
-        "quarantine_rate": len(quarantined) / max(1, len(rows)),
+        "quarantine_rate": len(quarantined) / max(1, len(rows)), "kept": len(result.kept),
         "flake_report": dg.MetadataValue.json(rows), "infra_failures": problems_table(result.infra_failures),
         "chart": png(result.chart), "mlflow_run": mlflow_run(settings, result.mlflow_run_id),
         # what the task set is made of: the accepted versions, and for its lineage what the gate kept out and why

@@ -15,6 +15,10 @@ from envforge.errors import EnvforgeError, InfraError
 console = Console(stderr=True)
 out = Console()
 
+# Exit codes: 0 done, 1 error or not resolved, 2 infrastructure fault, 3 a rollout batch dropped more of
+# its groups than its config's max_dropped_fraction allows.
+EXIT_TOO_MANY_DROPPED = 3
+
 DataDir = typer.Option(None, "--data-dir", help="data directory (default: $ENVFORGE_DATA_DIR or ./.envforge)")
 
 

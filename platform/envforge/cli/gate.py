@@ -12,7 +12,7 @@ import typer
 from envforge.cli.common import DataDir, console, fail, out, run_stage, settings_for
 from envforge.cli.images import current_tasks
 from envforge.cli.options import config_options
-from envforge.errors import EnvforgeError, InfraError
+from envforge.errors import EnvforgeError, InfraError, PolicyOutcome
 from envforge.stages.configs import ImagesConfig
 from envforge.verify.config import GateConfig
 
@@ -54,9 +54,16 @@ def verify(task: str = typer.Option(..., "--task", help="spec file/folder or cat
                 diff, notes = patch.read_text(), []
             else:
                 lines = [ln for ln in commands.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-                diff, notes = grader.commands_diff(t, image, lines)
-            result = grader.grade(t, image, diff, "patch" if patch else "commands")
-            result.reasons += notes
+                try:
+                    diff, notes = grader.commands_diff(t, image, lines)
+                except PolicyOutcome as exc:  # what the commands did is their outcome: not resolved, exit 1
+                    diff, notes = None, [f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason]
+            if diff is None:
+                result = VerificationResult(task_id=t.id, solution="commands", reward=0.0, resolved=False,
+                                            reasons=notes, image=image)
+            else:
+                result = grader.grade(t, image, diff, "patch" if patch else "commands")
+                result.reasons += notes
     except InfraError as exc:
         result = VerificationResult(task_id=task, solution="patch" if patch else "commands", reward=0.0,
                                     resolved=False, infra_error=f"{exc.cause}: {exc.detail}")
@@ -98,13 +105,17 @@ def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these
     if as_json:
         sys.stdout.write(json.dumps({"tasks": result.rows(), "chart": str(result.chart),
                                      "probes": {r.task_id: r.probe_results for r in result.reports},
+                                     "probes_skipped": {r.task_id: r.probes_skipped for r in result.reports},
                                      "infra_failures": [str(p) for p in result.infra_failures],
                                      "image_failures": [str(p) for p in built.failures]}) + "\n")
     else:
         for r in result.rows():
+            how = "kept: unchanged since its last gate" if r["kept"] else (
+                f"{r['gradings']} gradings, {r['gate_s']} s" + (", stopped at the first disagreement"
+                                                                 if r["stopped_early"] else ""))
             out.print(f"{r['task_id']}: {r['verdict']} (reference {r['reference_passes']}/{r['runs']}, "
-                      f"empty failed {r['empty_fails']}/{r['runs']}, probes {r['probes_caught']}/{r['probes']})"
-                      + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else ""))
+                      f"empty failed {r['empty_fails']}/{r['empty_runs']}, probes {r['probes_caught']}/{r['probes']}"
+                      f"; {how})" + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else ""))
         out.print(f"flake report: {result.chart}")
     for p in built.failures:
         console.print(f"[red]not validated[/red] {p}")

@@ -44,12 +44,15 @@ def ingest(paths: List[Path] = typer.Argument(..., help="source files or directo
             "valid": len(res.tasks), "rejected": len(res.rejects), "added": summ.added, "unchanged": summ.unchanged,
             "rejects": [p.as_json() for p in res.rejects], "tasks": [t.id for t in res.tasks],
             "by_kind": {k: sum(1 for t in res.tasks if t.spec.source == k) for k in sorted({t.spec.source for t in res.tasks})},
+            "skipped": [{"source": p.source, "reason": p.reason} for p in tracked.skipped],
             "mlflow_run_id": tracked.mlflow_run_id}) + "\n")
         return
     out.print(f"{len(res.tasks)} valid task(s) ({summ.added} new, {summ.unchanged} unchanged), "
-              f"{len(res.rejects)} rejected")
+              f"{len(res.rejects)} rejected" + (f", {len(tracked.skipped)} file(s) skipped" if tracked.skipped else ""))
     for p in res.rejects:
         out.print(f"  [yellow]rejected[/yellow] {p}")
+    for p in tracked.skipped:
+        out.print(f"  [cyan]skipped[/cyan] {p.source}: {p.reason}")
 
 
 def schema(output: Optional[Path] = typer.Option(None, "-o", help="write here instead of stdout")) -> None:

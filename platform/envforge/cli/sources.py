@@ -18,18 +18,22 @@ app = typer.Typer(help="Task sources on disk: what is found, and bundled reposit
 def sources_list(paths: List[Path] = typer.Argument(None, help="default: the bundled task_sources/ folders"),
                  as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
     """Every source found under the paths: kind, key (the Dagster partition) and fingerprint."""
-    from envforge.sources import discover_sources, fingerprint
+    from envforge.sources import fingerprint, scan_sources
 
     settings = settings_for(data_dir)
-    refs, problems = discover_sources(paths or settings.bundled_sources())
-    rows = [{"kind": r.kind, "key": r.key(settings.task_sources_dir), "fingerprint": fingerprint(r)} for r in refs]
+    found = scan_sources(paths or settings.bundled_sources())
+    rows = [{"kind": r.kind, "key": r.key(settings.task_sources_dir), "fingerprint": fingerprint(r)}
+            for r in found.refs]
     if as_json:
-        sys.stdout.write(json.dumps({"sources": rows, "problems": [p.as_json() for p in problems]}) + "\n")
+        sys.stdout.write(json.dumps({"sources": rows, "problems": [p.as_json() for p in found.problems],
+                                     "skipped": [p.as_json() for p in found.skipped]}) + "\n")
         return
     for r in rows:
         out.print(f"{r['kind']:<9} {r['key']}  {r['fingerprint'][:12]}")
-    for p in problems:
+    for p in found.problems:
         out.print(f"[yellow]problem[/yellow] {p}")
+    for p in found.skipped:
+        out.print(f"[cyan]skipped[/cyan] {p.source}: {p.reason}")
 
 
 @app.command("build-repo")

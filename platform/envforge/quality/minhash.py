@@ -1,36 +1,31 @@
 """MinHash signatures, computed for many documents at once with numpy.
 
-Hashing dominates MinHash cost. datasketch hashes every shingle with SHA-1 in Python and
-permutes one shingle at a time (`update`) or one document at a time (`bulk`). Here each
-distinct word is hashed once (xxh64, cached), word n-gram hashes are rolled from word hashes
-with vectorised integer arithmetic over a whole batch of documents, and the 128 affine
-permutations run as one matrix operation per chunk, reduced per document with
-`np.minimum.reduceat`. Same estimator (min over random bijections of 32-bit shingle
-hashes), different hash functions: Jaccard estimates agree within sampling error.
+Hashing dominates MinHash cost. datasketch hashes every shingle in Python (SHA-1 by default,
+or the `hashfunc` given) from a shingle object the caller builds, and permutes one shingle
+(`update`) or one document (`bulk`) at a time. Here the tokens of a whole batch of documents
+are hashed from one byte buffer (`fingerprint.hash_tokens`: no Python object per token or
+per shingle), word n-gram hashes are rolled from the token hashes with vectorised integer
+arithmetic, and the 128 affine permutations run as one matrix operation per chunk, reduced
+per document with `np.minimum.reduceat`. Same estimator (min over random bijections of
+32-bit shingle hashes), different hash functions: Jaccard estimates agree within sampling
+error. The same token hashes feed the exact n-gram index and the shared-run confirmation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 import xxhash
 
-from envforge.quality.text import char_shingle_strings, is_short, tokens
+from envforge.quality.fingerprint import fmix64 as _fmix64
+from envforge.quality.fingerprint import hash_tokens
+from envforge.quality.text import char_shingle_strings, is_short, token_string
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 _ROLL = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier for rolling word hashes into n-gram hashes
 EMPTY_SLOT = np.uint32(0xFFFFFFFF)
-
-
-def _fmix64(x: np.ndarray) -> np.ndarray:
-    """The murmur3 64-bit finalizer: spreads rolled n-gram hashes over all bits."""
-    x = x ^ (x >> np.uint64(33))
-    x = x * np.uint64(0xFF51AFD7ED558CCD)
-    x = x ^ (x >> np.uint64(33))
-    x = x * np.uint64(0xC4CEB9FE1A85EC53)
-    return x ^ (x >> np.uint64(33))
 
 
 @dataclass
@@ -47,7 +42,6 @@ class MinHasher:
     short_words: int = 20
     seed: int = 1
     chunk: int = 1 << 14  # shingles per permutation chunk (memory: chunk x num_perm x 4 bytes)
-    _word_cache: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.num_perm < 16:
@@ -60,19 +54,25 @@ class MinHasher:
         self._b = gen.randint(0, 1 << 32, self.num_perm, dtype=np.uint64)
         self._a32, self._b32 = self._a.astype(np.uint32), self._b.astype(np.uint32)
 
-    # -- shingles ------------------------------------------------------------------------
+    # -- tokens and shingles ---------------------------------------------------------------
 
-    def _word_hashes(self, words: list[str]) -> np.ndarray:
-        cache = self._word_cache
-        out = np.empty(len(words), dtype=np.uint64)
-        for i, w in enumerate(words):
-            h = cache.get(w)
-            if h is None:
-                h = cache[w] = xxhash.xxh64_intdigest(w.encode(), seed=self.seed)
-                if len(cache) > 2_000_000:  # bound memory on huge vocabularies
-                    cache.clear()
-            out[i] = h
-        return out
+    def word_hashes(self, words: Sequence[str]) -> np.ndarray:
+        """64-bit hashes of tokens (tokens never hold spaces): what n-grams and runs are computed on."""
+        if not words:
+            return np.zeros(0, np.uint64)
+        return hash_tokens(" ".join(words).encode(), self.seed)[0]
+
+    def text_hashes(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """(token hashes of all texts concatenated, tokens per text, each text's token string)."""
+        strings = [token_string(t) for t in texts]
+        if not strings:
+            return np.zeros(0, np.uint64), np.zeros(0, np.int64), strings
+        buf = " ".join(strings).encode()
+        hashes, starts = hash_tokens(buf, self.seed)
+        offsets = np.cumsum([0] + [len(s.encode()) + 1 for s in strings[:-1]]) if not buf.isascii() else \
+            np.cumsum([0] + [len(s) + 1 for s in strings[:-1]])
+        owner = np.searchsorted(offsets, starts, side="right") - 1
+        return hashes, np.bincount(owner, minlength=len(strings)).astype(np.int64), strings
 
     def _rolled(self, word_hashes: np.ndarray, n: int) -> np.ndarray:
         """Hashes of all word n-grams of one token sequence (fewer than n words: one n-gram)."""
@@ -86,41 +86,49 @@ class MinHasher:
             acc = acc * _ROLL + word_hashes[j: j + m]
         return _fmix64(acc)
 
+    def shingle_sequence(self, word_hashes: np.ndarray) -> np.ndarray:
+        """The 32-bit word n-gram shingle at every position (repeats kept, in order)."""
+        return (self._rolled(word_hashes, self.ngram) & _MASK32).astype(np.uint32)
+
+    def _char_shingles(self, token_str: str) -> np.ndarray:
+        grams = char_shingle_strings(" ".join(token_str.split()), self.char_ngram)
+        h = np.fromiter((xxhash.xxh64_intdigest(g.encode(), seed=self.seed) for g in grams), dtype=np.uint64,
+                        count=len(grams))
+        return np.unique((h & _MASK32).astype(np.uint32))
+
     def shingle_hashes(self, text: str) -> np.ndarray:
         """Unique 32-bit shingle hashes of one text (what exact Jaccard is computed on)."""
-        words = tokens(text)
-        if is_short(words, self.short_words):
-            grams = char_shingle_strings(" ".join(words), self.char_ngram)
-            h = np.fromiter((xxhash.xxh64_intdigest(g.encode(), seed=self.seed) for g in grams), dtype=np.uint64,
-                            count=len(grams))
-        else:
-            h = self._rolled(self._word_hashes(words), self.ngram)
-        return np.unique((h & _MASK32).astype(np.uint32))
+        hashes, lengths, strings = self.text_hashes([text])
+        if int(lengths[0]) < self.short_words:
+            return self._char_shingles(strings[0])
+        return np.unique(self.shingle_sequence(hashes))
 
     # -- signatures ----------------------------------------------------------------------
 
-    def signatures(self, texts: Iterable[str]) -> np.ndarray:
-        """(n, num_perm) uint32 MinHash signatures. An empty text gets all-EMPTY_SLOT.
+    def signatures(self, texts: Sequence[str]) -> np.ndarray:
+        """(n, num_perm) uint32 MinHash signatures. An empty text gets all-EMPTY_SLOT."""
+        texts = list(texts)
+        flat, lengths, strings = self.text_hashes(texts)
+        return self.signatures_from_hashes(np.split(flat, np.cumsum(lengths)[:-1]) if len(texts) else [],
+                                           strings.__getitem__)
 
-        Long texts are processed as one batch: word hashes of all documents are concatenated,
-        n-gram hashes are rolled over the whole array at once and n-grams that would cross a
-        document boundary are dropped. Short texts go through `shingle_hashes`.
+    def signatures_from_hashes(self, hashes: Sequence[np.ndarray], short_text: Callable[[int], str]) -> np.ndarray:
+        """Signatures of texts given their token hashes; a text under `short_words` tokens uses
+        character shingles of `short_text(i)` (its token string).
+
+        Long texts are processed as one batch: their token hashes are concatenated, n-gram
+        hashes are rolled over the whole array at once and n-grams that would cross a
+        document boundary are dropped.
         """
-        word_lists = [tokens(t) for t in texts]
-        n = len(word_lists)
-        long_docs = [i for i, w in enumerate(word_lists) if len(w) >= max(self.short_words, self.ngram)]
-        other = [i for i in range(n) if i not in set(long_docs)] if len(long_docs) < n else []
+        n = len(hashes)
+        min_len = max(self.short_words, self.ngram)
+        lengths_all = np.fromiter((len(h) for h in hashes), dtype=np.int64, count=n)
+        long_docs = np.flatnonzero(lengths_all >= min_len)
         parts_h: list[np.ndarray] = []
         parts_d: list[np.ndarray] = []
-        if long_docs:
-            lengths = np.fromiter((len(word_lists[i]) for i in long_docs), dtype=np.int64, count=len(long_docs))
-            cache, seed = self._word_cache, self.seed
-            if len(cache) > 2_000_000:  # bound memory on huge vocabularies
-                cache.clear()
-            words = [w for i in long_docs for w in word_lists[i]]
-            for w in set(words).difference(cache):
-                cache[w] = xxhash.xxh64_intdigest(w.encode(), seed=seed)
-            wh = np.array(list(map(cache.__getitem__, words)), dtype=np.uint64)
+        if len(long_docs):
+            lengths = lengths_all[long_docs]
+            wh = np.concatenate([hashes[i] for i in long_docs.tolist()])
             k = self.ngram
             m = len(wh) - k + 1
             acc = np.zeros(m, dtype=np.uint64)
@@ -131,15 +139,18 @@ class MinHasher:
             offset = np.arange(m) - starts[doc_of_pos]
             valid = offset <= (lengths[doc_of_pos] - k)
             parts_h.append(_fmix64(acc[valid]) & _MASK32)
-            parts_d.append(np.asarray(long_docs, dtype=np.int64)[doc_of_pos[valid]])
-        for i in other:
-            sh = self.shingle_hashes(" ".join(word_lists[i])).astype(np.uint64)
+            parts_d.append(long_docs[doc_of_pos[valid]])
+        short = np.flatnonzero((lengths_all < min_len) & (lengths_all > 0))
+        for i in short.tolist():
+            sh = self._char_shingles(short_text(i)).astype(np.uint64)
             parts_h.append(sh)
             parts_d.append(np.full(len(sh), i, dtype=np.int64))
         flat = np.concatenate(parts_h) if parts_h else np.zeros(0, np.uint64)
         doc_of = np.concatenate(parts_d) if parts_d else np.zeros(0, np.int64)
-        order = np.argsort(doc_of, kind="stable")
-        return self._min_permute(flat[order], doc_of[order], n)
+        if len(short):
+            order = np.argsort(doc_of, kind="stable")
+            flat, doc_of = flat[order], doc_of[order]
+        return self._min_permute(flat, doc_of, n)
 
     def signatures_from_shingles(self, shingles: Sequence[np.ndarray]) -> np.ndarray:
         n = len(shingles)

@@ -27,11 +27,17 @@ def normalize(text: str) -> str:
 _SEPARATORS = {c: " " for c in range(128) if not (chr(c).isalnum() or chr(c) == "_")}
 
 
-def tokens(text: str) -> list[str]:
+def token_string(text: str) -> str:
+    """The normalised text with every non-word character a space: its tokens are the runs of
+    non-spaces (what `fingerprint.hash_tokens` hashes without making a string per token)."""
     norm = normalize(text)
     if norm.isascii():
-        return norm.translate(_SEPARATORS).split()
-    return _WORD.findall(norm)
+        return norm.translate(_SEPARATORS)
+    return " ".join(_WORD.findall(norm))
+
+
+def tokens(text: str) -> list[str]:
+    return token_string(text).split()
 
 
 def is_short(words: list[str], short_words: int) -> bool:
@@ -63,11 +69,11 @@ def task_text(task: Task) -> str:
     return "\n".join(p for p in (task.spec.instruction, patch_body(task.reference_patch), names) if p)
 
 
-def windows(words: list[str], size: int, stride: int) -> list[list[str]]:
-    """Overlapping word windows; a text no longer than `size` is one window."""
-    if len(words) <= size:
-        return [words]
-    starts = list(range(0, len(words) - size + 1, stride))
-    if starts[-1] + size < len(words):
-        starts.append(len(words) - size)
-    return [words[s: s + size] for s in starts]
+def window_starts(n_words: int, size: int) -> list[int]:
+    """Where the half-overlapping windows of `size` words start; the last one ends the text."""
+    if n_words <= size:
+        return [0]
+    starts = list(range(0, n_words - size + 1, size // 2))
+    if starts[-1] + size < n_words:
+        starts.append(n_words - size)
+    return starts

@@ -67,9 +67,10 @@ def run_batch(settings: Settings, items: Sequence[tuple[Task, str]], policy: Any
               client: docker.DockerClient | None = None, progress: Progress | None = None,
               pool: SandboxPool | None = None) -> BatchResult:
     """Roll out every (task, image) n_samples times into the store; register the batch in the catalog."""
-    client = client or docker_client(settings)
+    if pool is None:  # a given pool (a fleet) brings its own engines: no local one is needed
+        client = client or docker_client(settings)
     batch_id = batch_id or default_batch_id(task_set_version, getattr(policy, "policy_id", "policy"), config.seed)
-    store = TrajectoryStore(root or str(settings.data_dir / "rollouts"), batch_id)
+    store = TrajectoryStore(root or settings.artifact_root("rollouts"), batch_id)
     own_pool = pool is None
     pool = pool or SandboxPool(client, max_idle_per_key=max(2, config.concurrency), max_starting=4)
     try:

@@ -24,6 +24,16 @@ class RolloutConfig:
     max_tokens: int = field(default=512, metadata={"help": "completion tokens per turn"})
     max_turns: int | None = field(default=None, metadata={"help": "turns per trajectory (default: the task's "
                                                                    "max_turns)"})
+    engine_wait_s: float = field(default=120.0, metadata={"help": "after an infrastructure fault, how long to wait "
+                                                                   "for the Docker engine to answer again before "
+                                                                   "retrying (a dockerd restart takes seconds)"})
+    max_dropped_fraction: float = field(default=0.1, metadata={
+        "help": "a batch that dropped more than this fraction of its groups (infrastructure faults outlasted the "
+                "retries) has failed: `envforge rollout` exits 3"})
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_dropped_fraction <= 1.0:
+            raise ValueError(f"max_dropped_fraction must be between 0 and 1, not {self.max_dropped_fraction}")
 
     def as_params(self) -> dict[str, Any]:
         return dict(self.__dict__)

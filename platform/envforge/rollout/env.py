@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from envforge.errors import InfraError
+from envforge.errors import InfraError, PolicyOutcome
 from envforge.rollout.actions import Action, ActionError, ApplyPatch, ReadFile, Run, Submit, WriteFile
 from envforge.sandbox.container import Sandbox, run_blocking
 from envforge.sandbox.pool import SandboxPool
@@ -29,6 +29,8 @@ from envforge.verify.grader import Grader, options_for
 from envforge.verify.result import VerificationResult
 
 MAX_OBSERVATION_CHARS = 8000
+# The first observation holds the instruction (capped at ingest, 64 KiB by default) and the file list.
+MAX_FIRST_OBSERVATION_CHARS = 80_000
 MAX_LISTED_FILES = 200
 
 
@@ -91,8 +93,8 @@ class RolloutEnv:
         self._deadline = time.monotonic() + self.limits.trajectory_timeout_s
         listing = await self.sandbox.aexec("git ls-files | head -n %d" % MAX_LISTED_FILES, timeout_s=60)
         files = listing.text().strip() or "(empty)"
-        return Observation(f"{self.task.spec.instruction.strip()}\n\nThe repository is in {WORKSPACE}. "
-                           f"Files:\n{files}")
+        return Observation(_clip(f"{self.task.spec.instruction.strip()}\n\nThe repository is in {WORKSPACE}. "
+                                 f"Files:\n{files}", MAX_FIRST_OBSERVATION_CHARS))
 
     def _remaining(self) -> float:
         return self._deadline - time.monotonic()
@@ -118,6 +120,18 @@ class RolloutEnv:
         return obs, self.done, info
 
     async def _execute(self, action: Action) -> Observation:
+        """The action's effect as an observation. A tool that fails for what the policy did (a full
+        /tmp under apply_patch, a path that is a directory) answers with an error; only an
+        infrastructure fault leaves the episode, as InfraError."""
+        try:
+            return await self._run_tool(action)
+        except InfraError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a tool error is an observation, never an escape
+            return Observation(f"error: {action.name} failed: {type(exc).__name__}: {exc}"[:2000], 1,
+                               error="tool_failed")
+
+    async def _run_tool(self, action: Action) -> Observation:
         sb = self.sandbox
         assert sb is not None
         timeout = max(1.0, min(self.limits.step_timeout_s, self._remaining()))
@@ -156,9 +170,26 @@ class RolloutEnv:
         assert self.sandbox is not None
         return await self.sandbox.adiff()
 
-    async def verify(self) -> tuple[str, VerificationResult]:
-        """(final diff, verdict): the diff is graded on a pristine sandbox, never on this one."""
-        diff = await self.diff()
+    async def verify(self, keep_sandbox: bool = False) -> tuple[str, VerificationResult]:
+        """(final diff, verdict): the diff is graded on a pristine sandbox, never on this one.
+
+        The episode's sandbox goes back to the pool before grading takes one, so a trajectory never
+        holds two: with a capacity-bound pool (a fleet node) nested acquires could deadlock. An
+        episode that goes on after the grade (the service's mid-episode verify) keeps it
+        (`keep_sandbox`); its grade then waits for room like any acquire. A workspace the policy made
+        impossible to diff (too large, or its files leave no memory to diff them in) scores 0 with the
+        reason: a model outcome, not a fault to retry.
+        """
+        try:
+            diff = await self.diff()
+        except PolicyOutcome as exc:
+            if not keep_sandbox:
+                await self.close()
+            return "", VerificationResult(task_id=self.task.id, solution="rollout", reward=0.0, resolved=False,
+                                          reasons=[f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason],
+                                          image=self.image)
+        if not keep_sandbox:
+            await self.close()
         result = await run_blocking(self.grader.grade, self.task, self.image, diff, "rollout")
         if result.infra_error:
             raise InfraError("grading", result.infra_error)

@@ -5,7 +5,9 @@ Rules it keeps:
 - a model outcome (malformed actions, out of turns or time, a wrong answer) is kept and scored;
 - an infrastructure fault (`InfraError`, or a `PolicyError` from the policy's transport)
   restarts the trajectory on a fresh sandbox after a backoff, up to `max_infra_retries`;
-  nothing of the failed attempt is kept;
+  nothing of the failed attempt is kept. When the engine itself stopped answering (a dockerd
+  restart), the retry first waits for it (`engine_wait_s`), and the pool sweeps away the
+  containers the restart left dead;
 - when a sample's retry budget runs out, its whole group is dropped and recorded: a group is
   stored complete or not at all;
 - each sample's seed depends only on (seed, task, sample), so reruns sample the same way;
@@ -175,6 +177,13 @@ class RolloutScheduler:
                 return traj
             except (InfraError, PolicyError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, InfraError):
+                    # A dockerd restart fails everything in flight within a second: wait for the
+                    # engine instead of spending the retry budget while it is away.
+                    try:
+                        await run_blocking(self.pool.wait_for_engine, cfg.engine_wait_s)
+                    except InfraError as down:
+                        last = f"{last}; then {down}"
         return f"retry budget exhausted after {cfg.max_infra_retries + 1} attempts; last: {last}"
 
     # -- a batch -------------------------------------------------------------------------

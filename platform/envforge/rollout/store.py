@@ -7,8 +7,9 @@ Layout under the root (a local path or any fsspec URL), one folder per batch:
     <batch_id>/pending/<task>__<n>.json   finished trajectories whose group is not complete yet
     <batch_id>/dropped/<task>.json        groups dropped after an exhausted retry budget
 
-Every file appears by rename of a finished temporary file, so a reader (or a resumed run)
-never sees half a trajectory. A trajectory is in exactly one of pending/ or a part: parts are
+Every file appears whole (rename of a finished temporary file on disk, one PUT on S3-compatible
+storage: `envforge.objectstore`), so a reader (or a resumed run) never sees half a trajectory,
+and a group, being one parquet object, is committed all at once. A trajectory is in exactly one of pending/ or a part: parts are
 written before their pending files are removed, and readers prefer the part. A resumed
 run skips every trajectory already in a part or in pending/, so none is redone or duplicated.
 """
@@ -21,11 +22,11 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
-import fsspec
 import pandera.errors
 import polars as pl
 
 from envforge.errors import BatchRejectedError, Problem
+from envforge.objectstore import open_store, write_atomic, write_url
 from envforge.rollout.trajectory import DroppedGroup, Trajectory, dumps, trajectory_id
 from envforge.schemas import TrajectoryRow
 
@@ -73,17 +74,13 @@ class TrajectoryStore:
     def __init__(self, root: str | Path, batch_id: str):
         self.root = str(root).rstrip("/")
         self.batch_id = batch_id
-        self.fs, base = fsspec.core.url_to_fs(self.root)
+        self.fs, base = open_store(self.root)
         self.dir = f"{base}/{_safe(batch_id)}"  # folders appear with the first write
 
     # -- atomic files ----------------------------------------------------------------------
 
     def _write(self, path: str, data: bytes) -> None:
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with self.fs.open(tmp, "wb") as fh:
-            fh.write(data)
-        self.fs.mv(tmp, path)
+        write_atomic(self.fs, path, data)
 
     def _read_json(self, path: str) -> Any:
         with self.fs.open(path, "rb") as fh:
@@ -187,28 +184,14 @@ class TrajectoryStore:
 
     def export_jsonl(self, path: str | Path) -> int:
         rows = self.trajectories()
-        with fsspec.open(str(path), "w", encoding="utf-8") as fh:
-            for t in rows:
-                fh.write(dumps({"trajectory_id": t.trajectory_id, **t.to_json()}) + "\n")
+        text = "".join(dumps({"trajectory_id": t.trajectory_id, **t.to_json()}) + "\n" for t in rows)
+        write_url(str(path), text.encode("utf-8"))
         return len(rows)
 
-    def export_verl(self, path: str | Path, tasks: dict[str, Any] | None = None) -> int:
-        """verl's RL parquet layout: data_source, prompt (chat messages), ability, reward_model, extra_info."""
-        rows = []
-        for t in self.trajectories():
-            rows.append({
-                "data_source": f"envforge/{t.source or 'task'}",
-                "prompt": [{"role": "user", "content": t.instruction}],
-                "ability": "agentic-coding",
-                "reward_model": {"style": "rule", "ground_truth": json.dumps({"task_id": t.task_id,
-                                                                           "content_hash": t.content_hash})},
-                "extra_info": {"trajectory_id": t.trajectory_id, "sample_index": t.sample_index,
-                               "reward": t.reward, "resolved": t.resolved, "n_turns": len(t.turns),
-                               "policy_id": t.policy_id, "end_reason": t.end_reason},
-            })
-        frame = pl.DataFrame(rows)
-        buf = io.BytesIO()
-        frame.write_parquet(buf)
-        with fsspec.open(str(path), "wb") as fh:
-            fh.write(buf.getvalue())
-        return len(rows)
+    def export_verl(self, path: str | Path, service_url: str = "", splits: dict[str, str] | None = None,
+                    max_turns: dict[str, int] | None = None) -> int:  # splits by task id, max_turns by content hash
+        """verl's multi-turn RL data, one row per task of the batch (see `envforge.rollout.verl_export`);
+        returns the number of rows."""
+        from envforge.rollout.verl_export import verl_rows, write_verl_parquet
+
+        return write_verl_parquet(verl_rows(self.trajectories(), service_url, splits, max_turns), path)

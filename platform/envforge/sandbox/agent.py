@@ -15,6 +15,7 @@ compatible with the base image's Python (3.11).
 """
 
 import base64
+import errno
 import json
 import os
 import select
@@ -64,6 +65,22 @@ XBASH = BIN_DIR + "/bash"
 _BOOT = 'read -r -u 3 _go || exit 0; exec 3<&-; __f=$ENVFORGE_CMD; unset _go ENVFORGE_CMD; . "$__f"'
 # For a command that gets a report channel on fd 3: no waiting, the script already exists.
 _BOOT_NOW = '__f=$ENVFORGE_CMD; unset ENVFORGE_CMD; . "$__f"'
+
+
+def _oom_first():
+    """Make this process the OOM killer's first choice (oom_score_adj 1000).
+
+    Every command starts there, so a memory hog of the sandbox user dies before the agent (at
+    0, with far less memory than any hog). Raising needs no privilege. Lowering it again needs
+    nothing either down to the inherited floor (0): a command that lowers itself and then
+    makes the agent the biggest process can still get the agent killed, and the host then
+    scores that as the command's OOM (`Sandbox.exec`), a model outcome like any other OOM.
+    """
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("1000")
+    except OSError:
+        pass
 
 
 def install_execute_only_shell():
@@ -139,6 +156,7 @@ class Spawner:
         pid = os.fork()
         if pid == 0:  # child: drop privileges, become the waiting shell
             try:
+                _oom_first()
                 os.setsid()
                 os.setgroups([])
                 os.setgid(GID)
@@ -230,12 +248,16 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
                 cmd, cwd, dict(CHILD_ENV, **(env or {})), rep_w)
         else:
             pid, in_w, out_r, err_r, script = SPAWNER.spawn(cmd, cwd, dict(CHILD_ENV, **(env or {})))
-    except BlockingIOError:
-        # fork() -> EAGAIN: the sandbox's own processes fill its pids limit. That is the
-        # command's outcome (as it would be for a shell), not an infrastructure fault.
-        msg = b"envforge: cannot start the command: the sandbox's process limit is reached\n"
+    except OSError as exc:
+        # fork() -> EAGAIN: the sandbox's own processes fill its pids limit; ENOMEM: they fill its
+        # memory. Either is the command's outcome (as it would be for a shell), not an
+        # infrastructure fault.
+        if exc.errno not in (errno.EAGAIN, errno.ENOMEM):
+            raise
+        what = "process limit" if exc.errno == errno.EAGAIN else "memory"
+        msg = f"envforge: cannot start the command: the sandbox's {what} is exhausted\n".encode()
         return {"exit_code": 126, "stdout": "", "stderr": base64.b64encode(msg).decode(),
-                "stdout_truncated": False, "stderr_truncated": False,
+                "stdout_truncated": False, "stderr_truncated": False, "oom_seen": _oom_seen[0],
                 "duration": time.monotonic() - started, "timed_out": False, "oom_killed": False}
     bufs = {"stdout": bytearray(), "stderr": bytearray(), "report": bytearray()}
     trunc = {"stdout": False, "stderr": False, "report": False}
@@ -348,6 +370,7 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
              "report_truncated": trunc["report"]} if report else {}
     return {
         **extra,
+        "oom_seen": _oom_seen[0],
         "exit_code": exit_code,
         "stdout": base64.b64encode(bytes(bufs["stdout"])).decode(),
         "stderr": base64.b64encode(bytes(bufs["stderr"])).decode(),
@@ -391,6 +414,17 @@ def kill_sandbox_processes(keep=()):
     raise RuntimeError(f"processes of uid {UID} survive SIGKILL: {[p for p in sandbox_pids() if p not in keep][:10]}")
 
 
+# Everything a command can write to, emptied on reset as the sandbox user once its processes are
+# dead: the tmpfs mounts (a `chmod 000` does not stop it), POSIX message queues and System V IPC.
+# What survived a reset could reach the next episode or its grading (a symlink into /dev/shm).
+WRITABLE = "/workspace /tmp /run/envforge /dev/shm"
+WIPE_WRITABLE = (f"chmod -R u+rwX {WRITABLE} 2>/dev/null; "
+                 f"find {WRITABLE} -mindepth 1 -maxdepth 1 -exec rm -rf -- {{}} + ; "
+                 "find /dev/mqueue -mindepth 1 -maxdepth 1 -delete 2>/dev/null; "
+                 "ipcrm --all 2>/dev/null; "
+                 f"test -z \"$(find {WRITABLE} /dev/mqueue -mindepth 1 -maxdepth 1 2>/dev/null | head -n 1)\"")
+
+
 def restore(snapshot):
     """Kill leftovers, empty /workspace and /tmp, and lay the chosen state back down.
 
@@ -402,9 +436,7 @@ def restore(snapshot):
     killed = kill_sandbox_processes()
     oom_killed_since_last_look()
     clear_grader_files()
-    wipe = ("chmod -R u+rwX /workspace /tmp /run/envforge 2>/dev/null; "
-            "find /workspace /tmp /run/envforge -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + && "
-            "test -z \"$(ls -A /workspace)\"")
+    wipe = WIPE_WRITABLE + ' && test -z "$(ls -A /workspace)"'
     if snapshot:
         with open(os.path.join(SNAPSHOTS, snapshot + ".tar"), "rb") as fh:
             data = fh.read()
@@ -413,7 +445,7 @@ def restore(snapshot):
         res = run_command(wipe + f" && cp -a {TEMPLATE}/. {WORKSPACE}/", 120, cwd="/")
     if res["exit_code"] != 0:
         raise RuntimeError("restore failed: " + base64.b64decode(res["stderr"]).decode(errors="replace")[-300:])
-    return {"killed": killed, "duration": time.monotonic() - started}
+    return {"killed": killed, "duration": time.monotonic() - started, "oom_seen": _oom_seen[0]}
 
 
 GRADER_DIR = "/run/envforge-verifier"  # root-owned tmpfs: verifier files and runners, read-only to commands

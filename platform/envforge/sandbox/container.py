@@ -22,7 +22,6 @@ import base64
 import json
 import os
 import re
-import secrets
 import shlex
 import socket
 import time
@@ -33,19 +32,24 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import docker
-from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import LogConfig
 from docker.utils.socket import STDERR, STDOUT, frames_iter
-from requests.exceptions import RequestException
 
-from envforge.errors import InfraError
+from envforge.errors import InfraError, PolicyOutcome
+from envforge.sandbox.agent import WIPE_WRITABLE
 from envforge.sandbox.channel import AgentChannel, AgentDead, AgentTimeout
-from envforge.sandbox.engine import MANAGED_LABEL, OWNER_LABEL, owner_id
+from envforge.sandbox.engine import ENGINE_ERRORS, MANAGED_LABEL, OWNER_LABEL, engine_call, owner_id
 from envforge.sandbox.images import TEMPLATE_DIR
-from envforge.task import WORKSPACE, Limits, NetworkPolicy
+from envforge.task import EXTRA_TMPFS_MB, WORKSPACE, Limits, NetworkPolicy
 
 SANDBOX_UID = 1000
 DEFAULT_OUTPUT_CAP = 1 << 20  # bytes kept per stream; the rest is counted and dropped
+SHM_MB = RUN_ENVFORGE_MB = EXTRA_TMPFS_MB // 2  # /dev/shm and /run/envforge, counted in Limits' memory check
+# A policy's workspace changes larger than this (or than half of /tmp, where the diff's objects go)
+# cannot be graded: a model outcome (`diff_too_large`), not an infrastructure fault.
+MAX_DIFF_INPUT = 16 << 20
+_DIFF_TOO_LARGE_EXIT = 75
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text()
 # The supervisor keeps the container alive if the agent dies (so `docker exec` still works)
 # and says so on the stream (docker-init holds the stream open, so it never ends by itself).
@@ -70,6 +74,43 @@ _PRIVATE_GIT = (
     f"GIT_OBJECT_DIRECTORY=\"$t/objects\" GIT_ALTERNATE_OBJECT_DIRECTORIES={TEMPLATE_DIR}/.git/objects; "
     f"cp {TEMPLATE_DIR}/.git/index \"$t/index\"; cd {WORKSPACE}; "
 )
+# The sizes of the files that differ from the initial state (added, modified; deleted ones count 0),
+# before `git add` writes their objects: too much is the policy's outcome, stated, not a full /tmp.
+_CHANGED_BYTES_AT_MOST = (
+    "n=$(git status --porcelain=v1 -z --untracked-files=all --no-renames | sed -z 's/^...//' "
+    "| du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f 1); "
+    "if [ \"${{n:-0}}\" -gt {limit} ]; then echo \"$n\" >&2; exit {code}; fi; "
+)
+_READ_OOM_KILLS = ("cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null "
+                   "| sed -n 's/^oom_kill //p' | head -n 1")
+_CLEAR_TMP = "chmod -R u+rwX /tmp 2>/dev/null; find /tmp -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + ; true"
+
+# apply_patch in one command: the patch arrives on stdin; each method's complaint goes to stderr
+# after a `@method` marker line; the method that worked is the last line of stdout.
+_APPLY_METHODS = ("git_apply", "git_apply_reject", "patch_fuzz")
+_APPLY_PATCH = (
+    "p=$(mktemp /tmp/.envforge-apply-XXXXXXXX); trap 'rm -f \"$p\"' EXIT; cat > \"$p\"; "
+    "clean=$(git status --porcelain --untracked-files=all 2>/dev/null); "
+    "echo @git_apply >&2; git apply --whitespace=nowarn \"$p\" >&2 && { echo git_apply; exit 0; }; "
+    "if [ -z \"$clean\" ]; then echo @git_apply_reject >&2; "
+    "if git apply --reject --whitespace=nowarn \"$p\" >&2; then echo git_apply_reject; exit 0; fi; "
+    "git checkout -q -- . && git clean -fdq; fi; "
+    "echo @patch_fuzz >&2; patch --batch --fuzz=5 -p1 --dry-run -i \"$p\" >&2 "
+    "&& patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -i \"$p\" >&2 && { echo patch_fuzz; exit 0; }; exit 1"
+)
+
+
+def _apply_errors(lines: list[str]) -> list[str]:
+    """'method: complaint' per method tried, from the script's marked stderr."""
+    out: list[str] = []
+    for line in lines:
+        if line.startswith("@") and line[1:] in _APPLY_METHODS:
+            out.append(f"{line[1:]}:")
+        elif out and len(out[-1]) < 300:
+            out[-1] = (out[-1] + " " + line.strip())[:300]
+    return out
+
+
 # One shared pool for the async API: hundreds of sandboxes block in I/O at once.
 _ASYNC_EXECUTOR = ThreadPoolExecutor(max_workers=int(os.environ.get("ENVFORGE_SANDBOX_THREADS", "256")),
                                      thread_name_prefix="envforge-sandbox")
@@ -140,7 +181,7 @@ class SandboxOptions:
             tmpfs={
                 WORKSPACE: f"rw,exec,nosuid,nodev,size={lim.workspace_mb}m,{uid},mode=0755",
                 "/tmp": f"rw,exec,nosuid,nodev,size={lim.tmp_mb}m,mode=1777",
-                "/run/envforge": f"rw,exec,nosuid,nodev,size=64m,{uid},mode=0700",
+                "/run/envforge": f"rw,exec,nosuid,nodev,size={RUN_ENVFORGE_MB}m,{uid},mode=0700",
                 "/run/envforge-agent": f"rw,noexec,nosuid,nodev,size={lim.workspace_mb}m,mode=0700",
                 "/run/envforge-bin": "rw,exec,nosuid,nodev,size=16m,mode=0755",
                 # Root-owned: what the grader installs here (verifier files, runners) is read-only to commands.
@@ -148,6 +189,7 @@ class SandboxOptions:
             },
             mem_limit=f"{lim.memory_mb}m",
             memswap_limit=f"{lim.memory_mb}m",
+            shm_size=f"{SHM_MB}m",  # wiped on reset, like every other place a command can write
             nano_cpus=int(lim.cpus * 1e9),
             pids_limit=lim.pids,
             init=True,
@@ -191,6 +233,7 @@ class Sandbox:
         self.stats = SandboxStats(agent_alive=channel is not None)
         self.tainted: str | None = None  # why this sandbox must not be reused, if it must not
         self._network = None
+        self._oom_seen = 0  # the memory cgroup's OOM-kill count when the agent last looked
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -202,7 +245,8 @@ class Sandbox:
 
         options = options or SandboxOptions()
         if options.network.mode == "allowlist":
-            ensure_allowlist_network(client)
+            with engine_call("allowlist_network_failed"):
+                ensure_allowlist_network(client)
         started = time.perf_counter()
         all_labels = {MANAGED_LABEL: "1", OWNER_LABEL: owner_id(), "envforge.image": image, **(labels or {})}
         command = ["/bin/sh", "-c", _SUPERVISOR, AGENT_SOURCE] if options.use_agent else ["sleep", "infinity"]
@@ -211,16 +255,17 @@ class Sandbox:
                                                  labels=all_labels, **options.container_kwargs())
         except ImageNotFound:
             raise InfraError("image_missing", f"image {image} is not built; run `envforge images build`") from None
-        except (APIError, DockerException) as exc:
-            raise InfraError("container_create_failed", str(exc)) from None
+        except ENGINE_ERRORS as exc:
+            raise InfraError("container_create_failed", f"{type(exc).__name__}: {exc}"[:500]) from None
         sandbox = cls(client, container, options, image, None)
         try:
-            if options.use_agent:
-                sandbox._channel = AgentChannel(client, container.id)
-                sandbox.stats.agent_alive = True
-            container.start()
-            if options.network.mode == "allowlist":
-                sandbox._network = attach_allowlist(client, container, options.network)
+            with engine_call("container_start_failed"):
+                if options.use_agent:
+                    sandbox._channel = AgentChannel(client, container.id)
+                    sandbox.stats.agent_alive = True
+                container.start()
+                if options.network.mode == "allowlist":
+                    sandbox._network = attach_allowlist(client, container, options.network)
             sandbox._restore(INITIAL)
         except BaseException:
             sandbox.close()
@@ -242,8 +287,9 @@ class Sandbox:
     def agent_alive(self) -> bool:
         return self._channel is not None and not self._channel.closed
 
-    def close(self) -> None:
-        """Remove the container (and its allow-list rules); safe to call twice."""
+    def close(self) -> bool:
+        """Remove the container (and its allow-list rules); safe to call twice. False when the
+        engine could not remove it (it is down or restarting): the pool removes it later."""
         if self._channel is not None:
             self._channel.close()
         if self._network is not None:
@@ -251,8 +297,11 @@ class Sandbox:
             self._network = None
         try:
             self.container.remove(force=True, v=True)
-        except (NotFound, APIError, DockerException, RequestException):
-            pass  # the engine is gone (restarted): orphan cleanup removes the container once this process ends
+        except NotFound:
+            pass
+        except ENGINE_ERRORS:
+            return False
+        return True
 
     release = close
 
@@ -278,9 +327,20 @@ class Sandbox:
                        "cwd": workdir, "cap": cap, "stream": on_output is not None, "report": report}
             if stdin:
                 payload["stdin"] = base64.b64encode(stdin).decode()
-            msg = self._agent(payload, timeout + _HOST_GRACE_S, on_output)
+            started = time.perf_counter()
+            try:
+                msg = self._agent(payload, timeout + _HOST_GRACE_S, on_output)
+            except InfraError as exc:
+                if exc.cause == "agent_died" and self._oom_kills() > self._oom_seen:
+                    # The memory cgroup OOM-killed the agent (or what it waited for) while this
+                    # command ran: the policy's own memory use, a model outcome like any OOM.
+                    self.tainted = "oom"
+                    return ExecResult(137, b"", b"envforge: the sandbox ran out of memory; the command was killed\n",
+                                      time.perf_counter() - started, False, True)
+                raise
             if not msg.get("ok"):
                 raise InfraError("agent_error", msg.get("error", "unknown"))
+            self._oom_seen = msg.get("oom_seen", self._oom_seen)
             if msg["oom_killed"]:
                 self.tainted = self.tainted or "oom"
             rep = base64.b64decode(msg["report"]) if "report" in msg else None
@@ -312,15 +372,23 @@ class Sandbox:
         if self._channel is not None:
             self._channel.close()
 
+    def _oom_kills(self) -> int:
+        """The memory cgroup's OOM-kill count, read without the agent (0 when it cannot be read)."""
+        try:
+            code, out, _, _, _ = self._raw_docker_exec(["/bin/sh", "-c", _READ_OOM_KILLS], None, BASE_ENV, "/", 30, 4096)
+        except InfraError:
+            return 0
+        return int(out.split()[0]) if code == 0 and out.split() and out.split()[0].isdigit() else 0
+
     def _raise_if_container_gone(self) -> None:
         try:
             self.container.reload()
         except NotFound:
             self.tainted = "container vanished"
             raise InfraError("container_vanished", f"container {self.container.short_id} is gone") from None
-        except (APIError, DockerException) as exc:
+        except ENGINE_ERRORS as exc:
             self.tainted = "engine error"
-            raise InfraError("engine_error", str(exc)) from None
+            raise InfraError("engine_error", f"{type(exc).__name__}: {exc}"[:500]) from None
         if self.container.status != "running":
             self.tainted = f"container {self.container.status}"
             raise InfraError("container_not_running", f"container is {self.container.status}")
@@ -328,7 +396,9 @@ class Sandbox:
     def _docker_exec(self, command: str, timeout: float, env: Mapping[str, str] | None, workdir: str,
                      stdin: bytes | None, cap: int) -> ExecResult:
         """The fallback path: `docker exec` as the sandbox user, wrapped in `timeout`."""
-        argv = ["timeout", "--kill-after=2", f"{timeout:g}", "/bin/bash", "-c", command]
+        # Without the agent to set it, commands still make themselves the OOM killer's first choice.
+        argv = ["/bin/sh", "-c", 'echo 1000 >/proc/self/oom_score_adj 2>/dev/null; exec "$@"', "sh",
+                "timeout", "--kill-after=2", f"{timeout:g}", "/bin/bash", "-c", command]
         started = time.perf_counter()
         code, out, err, out_t, err_t = self._raw_docker_exec(argv, stdin, {**BASE_ENV, **(env or {})}, workdir,
                                                              timeout + _HOST_GRACE_S, cap)
@@ -351,9 +421,9 @@ class Sandbox:
             self.tainted = "engine error"
             cause = "container_not_running" if exc.status_code == 409 else "engine_error"
             raise InfraError(cause, str(exc)) from None
-        except DockerException as exc:
+        except ENGINE_ERRORS as exc:
             self.tainted = "engine error"
-            raise InfraError("engine_error", str(exc)) from None
+            raise InfraError("engine_error", f"{type(exc).__name__}: {exc}"[:500]) from None
         raw = getattr(sock, "_sock", sock)
         bufs = {STDOUT: bytearray(), STDERR: bytearray()}
         trunc = {STDOUT: False, STDERR: False}
@@ -382,8 +452,8 @@ class Sandbox:
                 pass
         try:
             code = api.exec_inspect(exec_id).get("ExitCode")
-        except (APIError, DockerException) as exc:
-            raise InfraError("engine_error", str(exc)) from None
+        except ENGINE_ERRORS as exc:
+            raise InfraError("engine_error", f"{type(exc).__name__}: {exc}"[:500]) from None
         if code is None:
             self._raise_if_container_gone()
             raise InfraError("exec_lost", "exec finished without an exit code")
@@ -430,28 +500,16 @@ class Sandbox:
         Tries `git apply`, then `git apply --reject`, then `patch --fuzz`, as the SWE-bench
         harness does. A failed `--reject` leaves hunks half-applied, so it is only tried on a
         clean tree, which is then restored before `patch` runs. Raises ValueError naming every
-        method's complaint when none applies; the workspace is then as it was.
+        method's complaint when none applies; the workspace is then as it was. One command
+        does it all (graders apply two patches per grading, so round trips count).
         """
         data = patch if patch.endswith("\n") else patch + "\n"
-        path = f"/tmp/.envforge-apply-{secrets.token_hex(4)}.patch"
-        self.write_file(path, data)
-        clean = self.exec("git status --porcelain --untracked-files=all", timeout_s=60).text().strip() == ""
-        attempts = [("git_apply", f"git apply --whitespace=nowarn {path}")]
-        if clean:
-            attempts.append(("git_apply_reject", f"git apply --reject --whitespace=nowarn {path} "
-                                                  "|| { git checkout -q -- . && git clean -fdq; exit 1; }"))
-        attempts.append(("patch_fuzz", f"patch --batch --fuzz=5 -p1 --dry-run -i {path} >/dev/null "
-                                       f"&& patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -i {path}"))
-        errors = []
-        try:
-            for method, cmd in attempts:
-                res = self.exec(cmd, timeout_s=60)
-                if res.exit_code == 0:
-                    return method
-                errors.append(f"{method}: {(res.err_text() or res.text()).strip()[:300]}")
-        finally:
-            self.exec(f"rm -f {path}", timeout_s=30, workdir="/")
-        raise ValueError("patch does not apply: " + " | ".join(errors))
+        res = self.exec(_APPLY_PATCH, stdin=data.encode("utf-8", errors="surrogateescape"), timeout_s=120)
+        lines = res.text().strip().splitlines()
+        if res.exit_code == 0 and lines and lines[-1] in _APPLY_METHODS:
+            return lines[-1]
+        errors = [line for line in res.err_text().splitlines() if line.strip()]
+        raise ValueError("patch does not apply: " + " | ".join(_apply_errors(errors)))
 
     def diff(self, kill_processes: bool = True) -> str:
         """The workspace's changes against the task's initial state, as a binary-safe git patch.
@@ -465,13 +523,28 @@ class Sandbox:
         """
         if kill_processes:
             self.kill_processes()  # nothing left running can write into git's output
-        res = self.exec(_PRIVATE_GIT + "git add -A && git diff --cached --binary --no-ext-diff --no-textconv HEAD",
+            # /tmp holds the diff's private index and objects: what a policy left there (a full
+            # tmpfs included) must not stop its diff, and only /workspace is graded.
+            self.exec(_CLEAR_TMP, timeout_s=120, workdir="/")
+        limit = self.diff_input_limit()
+        res = self.exec(_PRIVATE_GIT + _CHANGED_BYTES_AT_MOST.format(limit=limit, code=_DIFF_TOO_LARGE_EXIT)
+                        + "git add -A && git diff --cached --binary --no-ext-diff --no-textconv HEAD",
                         timeout_s=120, output_cap=DIFF_CAP)
+        if res.exit_code == _DIFF_TOO_LARGE_EXIT:
+            raise PolicyOutcome("diff_too_large", f"the workspace changes hold {res.err_text().strip()} bytes, over "
+                                                  f"the {limit}-byte limit")
+        if res.oom_killed:
+            raise PolicyOutcome("oom", "the diff was killed for memory the policy's files take")
         if res.exit_code != 0:
             raise InfraError("diff_failed", res.err_text()[-300:])
         if res.stdout_truncated:
             raise InfraError("diff_too_large", f"the workspace diff is over {DIFF_CAP >> 20} MiB")
         return res.stdout.decode("utf-8", errors="surrogateescape")
+
+    def diff_input_limit(self) -> int:
+        """Bytes of changed files a diff may take: its objects are written to /tmp, and past a few
+        MiB a diff is not a solution anyone can learn from."""
+        return min(MAX_DIFF_INPUT, self.options.limits.tmp_mb << 19)
 
     def changed_paths(self) -> list[str]:
         """Workspace paths that differ from the task's initial state (added, modified, deleted, type-changed)."""
@@ -551,12 +624,11 @@ class Sandbox:
             if not msg.get("ok"):
                 self.tainted = f"reset failed: {msg.get('error')}"
                 raise InfraError("reset_failed", msg.get("error", ""))
+            self._oom_seen = msg.get("oom_seen", self._oom_seen)
             return
         if snapshot.name is not None:
             raise InfraError("agent_unavailable", "resetting to a snapshot needs the in-sandbox agent")
-        script = (f"for i in 1 2 3 4 5; do kill -9 -1 2>/dev/null; done; "
-                  f"chmod -R u+rwX {WORKSPACE} /tmp 2>/dev/null; "
-                  f"find {WORKSPACE} /tmp -mindepth 1 -maxdepth 1 -exec rm -rf -- {{}} + ; "
+        script = (f"for i in 1 2 3 4 5; do kill -9 -1 2>/dev/null; done; {WIPE_WRITABLE}; "
                   f"cp -a {TEMPLATE_DIR}/. {WORKSPACE}/")
         code, _, err, _, _ = self._raw_docker_exec(["/bin/sh", "-c", script], None, BASE_ENV, "/", 180,
                                                    DEFAULT_OUTPUT_CAP)

@@ -31,6 +31,7 @@ import docker
 import yaml
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound
 
+from envforge import safefs
 from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError
 from envforge.hashing import digest_parts, tree_digest
@@ -102,6 +103,14 @@ def image_exists(client: docker.DockerClient, tag: str) -> bool:
         return True
     except ImageNotFound:
         return False
+
+
+def image_digest(client: docker.DockerClient, tag: str) -> str | None:
+    """The image's id (sha256 of its config): changes whenever the image is rebuilt differently. None if absent."""
+    try:
+        return client.images.get(tag).id
+    except ImageNotFound:
+        return None
 
 
 def _size_mb(client: docker.DockerClient, tag: str) -> float:
@@ -352,7 +361,10 @@ def _write_workspace(task: Task, dest: Path, settings: Settings) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     src = task.workspace_path()
     if src is not None:
-        shutil.copytree(src, dest, dirs_exist_ok=True, symlinks=True)
+        try:  # checked at ingest; checked again here, since the folder may have changed since
+            safefs.copy_tree(src, dest)
+        except (safefs.UnsafePath, OSError) as exc:
+            raise ImageBuildError(f"task {task.id}: environment.files: {exc}") from None
         return
     repo = task.spec.environment.repository
     if repo is not None:
@@ -389,10 +401,21 @@ def build_task_image(client: docker.DockerClient, task: Task, base_tag: str, set
         return ImageBuild(tag, True, time.perf_counter() - started, task.id, _size_mb(client, tag), env)
     settings.build_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=settings.build_dir, prefix=f"task-{task.id}-") as tmp:
-        ctx = Path(tmp)
-        _write_workspace(task, ctx / "workspace", settings)
-        (ctx / "Dockerfile").write_text(_task_dockerfile(parent, task))
+        write_task_context(task, parent, Path(tmp), settings)
         # The network is for setup commands only; the editable install is offline.
-        _build(client, ctx, tag, {}, None, f"task {task.id}", log,
-               network_mode=None if task.spec.environment.setup else "none")
+        build_from_context(client, Path(tmp), tag, f"task {task.id}", log,
+                           network_mode=None if task.spec.environment.setup else "none")
     return ImageBuild(tag, False, time.perf_counter() - started, task.id, _size_mb(client, tag), env)
+
+
+def write_task_context(task: Task, parent: str, dest: Path, settings: Settings | None = None) -> None:
+    """The build context of a task's image (its workspace and Dockerfile): what a fleet node that
+    lacks the image builds from, with the same content-hash tag. `settings` say where envforge's
+    object store of repository commits is (default: from the environment)."""
+    _write_workspace(task, dest / "workspace", settings or Settings.from_env())
+    (dest / "Dockerfile").write_text(_task_dockerfile(parent, task))
+
+
+def build_from_context(client: docker.DockerClient, context: Path, tag: str, what: str, log: Log = _quiet,
+                       network_mode: str | None = None) -> None:
+    _build(client, context, tag, {}, None, what, log, network_mode=network_mode)

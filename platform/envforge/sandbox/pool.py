@@ -14,6 +14,7 @@ import asyncio
 import statistics
 import threading
 import time
+import uuid
 from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +24,9 @@ import docker
 
 from envforge.errors import InfraError
 from envforge.sandbox.container import INITIAL, Sandbox, SandboxOptions, run_blocking
-from envforge.sandbox.engine import remove_orphans
+from envforge.sandbox.engine import ENGINE_ERRORS, engine_answers, remove_orphans, wait_for_engine
+
+POOL_LABEL = "envforge.pool"  # which pool started a container: what it sweeps when it closes
 
 PoolKey = tuple[str, str]  # (image, SandboxOptions.key())
 
@@ -40,6 +43,9 @@ class PoolStats:
     started: int = 0
     start_failures: int = 0
     unhealthy_idle: int = 0
+    engine_waits: int = 0
+    engine_wait_s: float = 0.0
+    swept: int = 0  # containers removed late: their removal failed while the engine was away
     start_latency_s: list[float] = field(default_factory=list)
     reset_latency_s: list[float] = field(default_factory=list)
 
@@ -52,6 +58,7 @@ class PoolStats:
             "hits": self.hits, "misses": self.misses, "hit_rate": round(self.hits / total, 4) if total else None,
             "resets": self.resets, "destroyed": self.destroyed, "destroyed_reasons": dict(self.destroyed_reasons),
             "started": self.started, "start_failures": self.start_failures, "unhealthy_idle": self.unhealthy_idle,
+            "engine_waits": self.engine_waits, "engine_wait_s": round(self.engine_wait_s, 3), "swept": self.swept,
             "start_p50_ms": p50(self.start_latency_s), "reset_p50_ms": p50(self.reset_latency_s),
         }
 
@@ -63,12 +70,14 @@ class SandboxPool:
                  labels: Mapping[str, str] | None = None, clean_orphans: bool = True):
         self.client = client
         self.max_idle_per_key = max_idle_per_key
-        self.labels = dict(labels or {})
+        self.id = uuid.uuid4().hex[:12]
+        self.labels = {**(labels or {}), POOL_LABEL: self.id}
         self.stats = PoolStats()
         self._idle: dict[PoolKey, deque[Sandbox]] = defaultdict(deque)
         self._lock = threading.Lock()
         self._starting = threading.BoundedSemaphore(max_starting)
         self._closed = False
+        self._unremoved: set[str] = set()  # container ids whose removal the engine refused for now
         if clean_orphans:
             remove_orphans(client)
 
@@ -128,18 +137,86 @@ class SandboxPool:
             self._idle[key].extend(started)
         return len(started)
 
+    def trim(self, image: str | None = None, keep: int = 0) -> int:
+        """Destroy idle sandboxes (of one image, or of every image) beyond `keep` per key; returns how many.
+
+        Elastic pools shrink with this when the queue no longer asks for an image.
+        """
+        doomed: list[Sandbox] = []
+        with self._lock:
+            for (img, _), q in self._idle.items():
+                if image is None or img == image:
+                    while len(q) > keep:
+                        doomed.append(q.pop())
+        for sb in doomed:
+            self._destroy(sb, "trimmed")
+        return len(doomed)
+
+    def idle_by_image(self) -> dict[str, int]:
+        with self._lock:
+            counts: dict[str, int] = {}
+            for (img, _), q in self._idle.items():
+                if q:
+                    counts[img] = counts.get(img, 0) + len(q)
+            return counts
+
     def idle_count(self, image: str | None = None) -> int:
         with self._lock:
             return sum(len(q) for (img, _), q in self._idle.items() if image is None or img == image)
 
     def close(self) -> None:
-        """Destroy every idle sandbox; sandboxes still acquired are the caller's to release."""
+        """Destroy every idle sandbox, and every container of this pool left dead by an engine
+        restart; sandboxes still acquired are the caller's to release."""
         with self._lock:
             self._closed = True
             idle = [sb for q in self._idle.values() for sb in q]
             self._idle.clear()
         for sb in idle:
             self._destroy(sb, "pool closed")
+        self.sweep(include_created=True)
+
+    # -- engine faults -----------------------------------------------------------------
+
+    def wait_for_engine(self, timeout_s: float = 120.0) -> float:
+        """After an infrastructure fault: block until the engine answers (a dockerd restart takes
+        seconds), then remove what the outage left behind. Returns the seconds waited; raises
+        InfraError('engine_unavailable') when it stays away."""
+        if engine_answers(self.client):
+            return 0.0
+        waited = wait_for_engine(self.client, timeout_s)
+        with self._lock:
+            self.stats.engine_waits += 1
+            self.stats.engine_wait_s += waited
+        self.sweep()
+        return waited
+
+    def sweep(self, include_created: bool = False) -> int:
+        """Remove containers whose removal failed earlier, and this pool's containers that a
+        dockerd restart left exited or dead (never a running one: it may be in use). With
+        include_created (when the pool closes, so no start is in flight), also the ones created
+        but never started: a start the restart cut short, whose cleanup failed with it."""
+        with self._lock:
+            pending = set(self._unremoved)
+        states = ["exited", "dead", *(["created"] if include_created else [])]
+        try:
+            listed = self.client.containers.list(all=True, sparse=True, filters={
+                "label": f"{POOL_LABEL}={self.id}", "status": states})
+            pending |= {c.id for c in listed}
+        except ENGINE_ERRORS:
+            return 0
+        removed = 0
+        for cid in pending:
+            try:
+                self.client.api.remove_container(cid, force=True, v=True)
+            except ENGINE_ERRORS as exc:
+                if getattr(exc, "status_code", None) != 404:
+                    continue  # still unreachable: next sweep
+            removed += 1
+            with self._lock:
+                self._unremoved.discard(cid)
+        with self._lock:
+            self.stats.swept += removed
+        return removed
 
     def __enter__(self) -> "SandboxPool":
         return self
@@ -175,7 +252,9 @@ class SandboxPool:
         return sandbox
 
     def _destroy(self, sandbox: Sandbox, reason: str) -> None:
-        sandbox.close()
+        if not sandbox.close():
+            with self._lock:
+                self._unremoved.add(sandbox.id)
         with self._lock:
             self.stats.destroyed += 1
             self.stats.destroyed_reasons[reason] = self.stats.destroyed_reasons.get(reason, 0) + 1

@@ -9,19 +9,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from envforge.sources.discover import KINDS, SourceRef, discover_sources, fingerprint, load_source
+from envforge.sources.discover import KINDS, Discovery, SourceRef, discover_sources, fingerprint, load_source, scan_sources
 from envforge.sources.result import LoadResult
 from envforge.sources.runbooks import load_runbook, load_runbooks
 from envforge.sources.specs import discover_spec_files, load_spec_file, load_specs
 
-__all__ = ["KINDS", "LoadResult", "SourceRef", "discover_sources", "discover_spec_files", "fingerprint",
+__all__ = ["KINDS", "Discovery", "LoadResult", "SourceRef", "discover_sources", "discover_spec_files", "fingerprint",
            "load_by_source", "load_runbook", "load_runbooks", "load_source", "load_sources", "load_spec_file",
-           "load_specs"]
+           "load_specs", "scan_sources"]
 
 
-def load_by_source(paths: Iterable[Path]) -> tuple[list[tuple[SourceRef, LoadResult]], list]:
+def load_by_source(paths: Iterable[Path], discovery: Discovery | None = None
+                   ) -> tuple[list[tuple[SourceRef, LoadResult]], list]:
     """Each discovered source with its result (task ids unique across all of them), plus path problems."""
-    refs, problems = discover_sources(paths)
+    discovery = discovery or scan_sources(paths)
+    refs, problems = discovery.refs, discovery.problems
     seen: dict[str, str] = {}
     loaded = []
     for ref in refs:

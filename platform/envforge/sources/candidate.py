@@ -14,29 +14,26 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from envforge.environment import check_command
 from envforge.errors import Problem, SpecError
+from envforge.sources import guard
 from envforge.sources.environment import HistoryEnvironment, ResolvedEnvironment, check_dockerfile, resolve_environment
-from envforge.sources.gitrepo import SplitChange, materialize_repo, resolve_commit
-from envforge.sources.records import iter_records
-from envforge.sources.specs import _pydantic_problems
-from envforge.task import Limits, Task, TaskSpec
+from envforge.sources.fields import StrictModel
+from envforge.sources.gitrepo import SplitChange, materialize_repo, resolve_commit, tree_footprint
+from envforge.sources.policy import SourcePolicy
+from envforge.sources.records import built_records
+from envforge.task import Limits, Task, TaskSpec, valid_test_id
 
 if TYPE_CHECKING:
     from envforge.sources.result import LoadResult
 
 # Stands in for the test ids while a candidate's image is built: the image depends on the
 # environment and workspace only, never on the verification, so it is the task's real image.
-PENDING_TEST = "(derived by running the tests)"
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+PENDING_TEST = "(derived-by-running-the-tests)"
 
 
 class SuiteConfig(StrictModel):
@@ -48,6 +45,11 @@ class SuiteConfig(StrictModel):
     plugins: list[str] = Field(default_factory=list, description="pytest plugins to load by name (`-p NAME`); "
                                                                  "plugin autoload is always off")
     timeout_s: float = Field(300, gt=0, le=86400)
+    pass_to_pass: Literal["test-files", "suite"] = Field(
+        "test-files", description="which tests that pass before and after the change become PASS_TO_PASS: those in "
+                                  "the test files the change touches or that hold its FAIL_TO_PASS tests (as the "
+                                  "SWE-bench harness does; grading then runs only those files), or every one in the "
+                                  "suite (grading then runs the whole suite)")
 
     @field_validator("command")
     @classmethod
@@ -110,7 +112,7 @@ class Candidate:
         try:
             spec = TaskSpec.model_validate(data)
         except ValidationError as err:
-            raise SpecError(_pydantic_problems(self.origin, err)) from None
+            raise SpecError(guard.validation_problems(self.origin, err)) from None
         task = Task(spec=spec, origin=self.origin, base_dir=str(self.base_dir),
                     reference_patch=self.change.source_patch, test_patch=self.change.test_patch,
                     workspace_digest=f"git:{self.workspace_commit}")
@@ -137,12 +139,12 @@ def check_change(change: SplitChange, where: str, field: str, what: str) -> None
                                                f"there is no source change to ask for")])
 
 
-def open_repository(config_path: Path, field: str, rel: str) -> Path:
+def open_repository(config_path: Path, field: str, rel: str, policy: SourcePolicy) -> Path:
     """The git directory a history source's config names (path, bundle or patch series, relative to
-    the config), or SpecError naming the config file and field."""
-    where = config_path.parent / rel
+    the config and confined to its folder or an allowed root), or SpecError naming the config file and field."""
+    where = guard.confined(config_path.parent, rel, str(config_path), field, policy)
     try:
-        git_dir = materialize_repo(where.resolve())
+        git_dir = materialize_repo(where)
     except ValueError as exc:
         raise SpecError([Problem(str(config_path), field, str(exc))]) from None
     if resolve_commit(git_dir, "HEAD") is None:
@@ -150,38 +152,51 @@ def open_repository(config_path: Path, field: str, rel: str) -> Path:
     return git_dir
 
 
-def add_candidates(result: "LoadResult", config_path: Path, field: str, path: Path, fmt: str | None,
-                   to_candidate: Callable[[dict, str], "Candidate"], seen: dict[str, str], id_field: str = "id") -> None:
+def check_repo_footprint(git_dir: Path, commit: str, limits: Limits, where: str, field: str) -> None:
+    """A repository tree that cannot fit the sandbox's /workspace is a reject now, not an
+    infrastructure fault at every sandbox start later."""
+    need = tree_footprint(git_dir, commit)
+    guard.check_footprint(need, limits, where, field)
+
+
+def derivable_ids(ids: list[str]) -> tuple[list[str], list[str]]:
+    """(ids a task can require, ids it cannot): a derived id with whitespace could never be matched."""
+    ok = [t for t in ids if valid_test_id(t)]
+    return ok, [t for t in ids if not valid_test_id(t)]
+
+
+def add_candidates(result: "LoadResult", config_path: Path, field: str, rel: str, fmt: str | None,
+                   to_candidate: Callable[[dict, str], "Candidate"], seen: dict[str, str], policy: SourcePolicy,
+                   id_field: str = "id") -> None:
     """Every record of one record file as a candidate (spec checked before any sandbox time), into result;
-    a missing file, an unreadable record or an invalid one becomes a reject and the rest still load."""
-    if not path.is_file():
+    a missing or outside file, an unreadable record or an invalid one becomes a reject and the rest still load."""
+    path = config_path.parent / rel
+    try:
+        guard.confined(config_path.parent, rel, str(config_path), field, policy)
+    except SpecError as exc:
+        result.rejects.extend(exc.problems)
+        return
+    if not path.exists():
         result.rejects.append(Problem(str(config_path), field, f"{path} does not exist"))
         return
-    for where, rec in iter_records(path, fmt):
-        if isinstance(rec, Problem):
-            result.rejects.append(rec)
-            continue
-        try:
-            cand = to_candidate(rec, where)
-            cand.provisional_task()
-        except SpecError as exc:
-            result.rejects.extend(exc.problems)
-            continue
+    def build(rec: dict, where: str) -> "Candidate":
+        cand = to_candidate(rec, where)
+        cand.provisional_task()  # the spec is checked before any sandbox time is spent
+        return cand
+
+    for cand in built_records(path, fmt, policy, result.rejects, build):
         result.add_unique_candidate(cand, seen, id_field)
 
 
-def load_config(path: Path, model: type[BaseModel]) -> BaseModel:
+def load_config(path: Path, model: type[BaseModel], policy: SourcePolicy) -> BaseModel:
     """A YAML config file validated into its model; problems name the file and dotted field."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecError([Problem(str(path), "", f"cannot read config: {exc}")]) from None
+    data = guard.load_yaml_file(path, str(path), policy) or {}
     if not isinstance(data, dict):
         raise SpecError([Problem(str(path), "", "config must be a YAML mapping")])
     try:
         cfg = model.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_pydantic_problems(str(path), err)) from None
+        raise SpecError(guard.validation_problems(str(path), err)) from None
     if isinstance(cfg, HistorySourceConfig):
-        check_dockerfile(cfg.environment, path)
+        check_dockerfile(cfg.environment, path, policy)
     return cfg

@@ -4,15 +4,20 @@ For each candidate, in sandboxes of its own image (the workspace before the chan
 
 - *before*: the held-back test change only, the whole suite in file order;
 - *after*: the source change and the test change, twice: the whole suite in file order, then
-  the same ids again in a shuffled order, each id selected on its own (as the grader selects
-  them).
+  the whole suite again in reverse order (every pair of tests runs the other way round, as in
+  the gate's order check).
 
 A test is kept only if both runs of the after state agree on it. Ids that are not found again (they
 change between runs: memory addresses, timestamps, random parametrization) and tests whose
 outcome changes with the order are excluded and named in the task's metadata with the reason.
 FAIL_TO_PASS pass after and did not pass before (failed, errored, or did not exist or
-collect); PASS_TO_PASS pass in both. A test that passed before and fails after was broken by
-the fix: it is left out of both lists and recorded (`broken_by_change`).
+collect); PASS_TO_PASS pass in both and, by default, sit in a test file the change touches or
+that holds a FAIL_TO_PASS test (the SWE-bench harness's scope: grading runs only those files;
+how many passing tests lie elsewhere goes to the task's metadata, and a source's
+`tests.pass_to_pass: suite` keeps them all). A test that passed before and fails after was
+broken by the fix: it is left out of both lists and recorded (`broken_by_change`). Ids with
+whitespace or control characters can never be required (#16 refuses them at ingest): they are
+left out and listed as `unselectable_tests`.
 
 Then the derived ids are graded by the grader itself, the reference solution and the empty
 one, once each; ids that do not reproduce are dropped and the check runs once more. A candidate with
@@ -29,10 +34,8 @@ cached for them).
 from __future__ import annotations
 
 import json
-import random
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
 import docker
@@ -46,14 +49,16 @@ from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import build_base_image, build_task_image
 from envforge.sandbox.pool import SandboxPool
 from envforge.sources import store
-from envforge.sources.candidate import Candidate
+from envforge.sources.candidate import Candidate, derivable_ids
 from envforge.sources.result import LoadResult
 from envforge.task import Task
 from envforge.verify.checkpoints import SuiteRun, install_verifier_files, run_suite
 from envforge.verify.grader import PURGE_CACHES, Grader, options_for
 from envforge.verify.parsers import error_summary
+from envforge.verify.selection import SUITE, TestRun
 
-CACHE_VERSION = "derive-v5"
+CACHE_VERSION = "derive-v6"
+REVERSED_SUITE = TestRun("suite", "reverse")
 GRADER_CHECKS = 2
 T = TypeVar("T")
 
@@ -87,18 +92,18 @@ def _stable(first: Run, second: Run, state: str) -> tuple[dict[str, str], dict[s
     for test_id, status in first.statuses.items():
         again = second.statuses.get(test_id)
         if again is None:
-            excluded[test_id] = (f"its id was not found again in the shuffled {state} run (an id that changes between "
+            excluded[test_id] = (f"its id was not found again in the reversed {state} run (an id that changes between "
                                  f"runs: a memory address, a timestamp, random parametrization)")
         elif again != status:
             excluded[test_id] = (f"its outcome depends on the order ({state}: {status} in file order, {again} "
-                                 f"shuffled)")
+                                 f"reversed)")
         else:
             stable[test_id] = status
     return stable, excluded
 
 
 def classify(before: Sequence[Run], after: Sequence[Run]) -> Classified:
-    """FAIL_TO_PASS / PASS_TO_PASS from the runs of both states (file order, then shuffled, where a
+    """FAIL_TO_PASS / PASS_TO_PASS from the runs of both states (file order, then reversed, where a
     state ran twice); what a single run of a state cannot tell, the grader-way check settles."""
     b, b_excluded = _stable(before[0], before[1], "before") if len(before) > 1 else (dict(before[0].statuses), {})
     a, a_excluded = _stable(after[0], after[1], "after")
@@ -140,6 +145,8 @@ class Settled:
     excluded: dict[str, str]
     confirmed: bool
     classified: Classified
+    unselectable: list[str] = field(default_factory=list)  # ids a task cannot require (whitespace)
+    pass_to_pass_elsewhere: int = 0  # passing tests outside the scoped test files
 
 
 def outside_test_change(f2p: list[str], test_files: Sequence[str]) -> list[str]:
@@ -148,8 +155,9 @@ def outside_test_change(f2p: list[str], test_files: Sequence[str]) -> list[str]:
     return [t for t in f2p if t.split("::", 1)[0] not in set(test_files)]
 
 
-def settle(derivation: Derivation, test_files: Sequence[str]) -> Settled:
-    """Apply every run of the derivation in order: stability, the lone before-run, grader-way checks."""
+def settle(derivation: Derivation, test_files: Sequence[str], pass_to_pass: str = "suite") -> Settled:
+    """Apply every run of the derivation in order: stability, the lone before-run, which ids a task
+    can require and PASS_TO_PASS's scope (`test-files` or `suite`), grader-way checks."""
     cls = classify(derivation.before, derivation.after)
     f2p, p2p, excluded = list(cls.fail_to_pass), list(cls.pass_to_pass), dict(cls.excluded)
     if derivation.alone is not None:
@@ -157,13 +165,20 @@ def settle(derivation: Derivation, test_files: Sequence[str]) -> Settled:
             if derivation.alone.statuses.get(t) == "passed":
                 excluded[t] = "fails before the change only when other tests ran first (order-dependent)"
         f2p = [t for t in f2p if t not in excluded]
+    f2p, odd_f2p = derivable_ids(f2p)
+    p2p, odd_p2p = derivable_ids(p2p)
+    elsewhere = 0
+    if pass_to_pass == "test-files":
+        files = {t.split("::", 1)[0] for t in f2p} | set(test_files)
+        scoped = [t for t in p2p if t.split("::", 1)[0] in files]
+        elsewhere, p2p = len(p2p) - len(scoped), scoped
     confirmed = False
     for check in derivation.checks:
         bad = not_reproduced(f2p, p2p, check)
         excluded.update(bad)
         f2p, p2p = [t for t in f2p if t not in bad], [t for t in p2p if t not in bad]
         confirmed = not bad
-    return Settled(f2p, p2p, excluded, confirmed, cls)
+    return Settled(f2p, p2p, excluded, confirmed, cls, odd_f2p + odd_p2p, elsewhere)
 
 
 def not_reproduced(f2p: list[str], p2p: list[str], check: dict[str, Run]) -> dict[str, str]:
@@ -183,8 +198,8 @@ def not_reproduced(f2p: list[str], p2p: list[str], check: dict[str, Run]) -> dic
     return bad
 
 
-def _run(pool: SandboxPool, task: Task, image: str, patches: Sequence[str], order: list[str] | None = None) -> Run:
-    """One suite run (or the ids in `order`, selected one by one) after applying the patches."""
+def _run(pool: SandboxPool, task: Task, image: str, patches: Sequence[str], run: TestRun = SUITE) -> Run:
+    """One run of the whole suite (in collection order, or reversed) after applying the patches."""
     check = task.spec.verification.tests
     assert check is not None
     sandbox = pool.acquire(image, options_for(task))
@@ -194,7 +209,7 @@ def _run(pool: SandboxPool, task: Task, image: str, patches: Sequence[str], orde
                 sandbox.apply_patch(patch)  # ValueError: the candidate's own patch does not apply
         sandbox.exec(PURGE_CACHES, timeout_s=120)
         install_verifier_files(sandbox, task)
-        return Run.of(run_suite(sandbox, check, task.spec.environment, order))
+        return Run.of(run_suite(sandbox, check, task.spec.environment, run))
     finally:
         pool.release(sandbox)
 
@@ -215,28 +230,23 @@ def _grade(pool: SandboxPool, candidate: Candidate, image: str, f2p: list[str], 
     return runs
 
 
-def _shuffled(ids: list[str], seed_text: str) -> list[str]:
-    order = sorted(ids)
-    random.Random(int(digest_parts(seed_text)[:12], 16)).shuffle(order)
-    return order
-
-
 def run_derivation(pool: SandboxPool, candidate: Candidate, image: str) -> Derivation:
-    """The before/after runs (file order, shuffled) and up to GRADER_CHECKS grader-way checks."""
+    """The before/after runs (file order, reversed) and up to GRADER_CHECKS grader-way checks."""
     task = candidate.provisional_task()
     before_patches = [candidate.change.test_patch]
     after_patches = [candidate.change.source_patch, candidate.change.test_patch]
     before = [_run(pool, task, image, before_patches)]
     after = [_run(pool, task, image, after_patches)]
-    after.append(_run(pool, task, image, after_patches, _shuffled(list(after[0].statuses), candidate.id + "/a")))
+    after.append(_run(pool, task, image, after_patches, REVERSED_SUITE))
     derivation = Derivation(before, after)
-    suspects = outside_test_change(settle(derivation, candidate.change.test_files).fail_to_pass,
+    scope = candidate.config.tests.pass_to_pass
+    suspects = outside_test_change(settle(derivation, candidate.change.test_files, scope).fail_to_pass,
                                    candidate.change.test_files)
     if suspects:
         alone = _grade(pool, candidate, image, [], [], only=suspects)["before"]
         derivation = Derivation(before, after, [], alone)
     for _ in range(GRADER_CHECKS):
-        settled = settle(derivation, candidate.change.test_files)
+        settled = settle(derivation, candidate.change.test_files, scope)
         if not settled.fail_to_pass or (derivation.checks and settled.confirmed):
             break
         derivation.checks.append(_grade(pool, candidate, image, settled.fail_to_pass, settled.pass_to_pass))
@@ -244,8 +254,9 @@ def run_derivation(pool: SandboxPool, candidate: Candidate, image: str) -> Deriv
 
 
 def cache_key(candidate: Candidate, image: str) -> str:
+    # The runs do not depend on how PASS_TO_PASS is scoped afterwards.
     return digest_parts(CACHE_VERSION, image, candidate.change.source_patch, candidate.change.test_patch,
-                        candidate.config.tests.model_dump_json())[:32]
+                        candidate.config.tests.model_dump_json(exclude={"pass_to_pass"}))[:32]
 
 
 def _collection_note(run: Run, state: str) -> str:
@@ -263,15 +274,18 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
                                  f"the test suite produced no results after the change "
                                  f"({', '.join(first_after.reasons)}); check the `tests.command` of the source"
                                  + _collection_note(first_after, "after"))])
-    settled = settle(derivation, candidate.change.test_files)
+    settled = settle(derivation, candidate.change.test_files, candidate.config.tests.pass_to_pass)
     cls, p2p, excluded = settled.classified, settled.pass_to_pass, settled.excluded
     f2p = settled.fail_to_pass if settled.confirmed else []  # else never run the way the grader runs it
+    odd_f2p = [t for t in settled.unselectable if t in cls.fail_to_pass]
     if not f2p:
         after = first_after.statuses
         failing = sorted(t for t, s in after.items() if s != "passed")
         detail = f"{len(after)} tests ran after the change, {len(cls.pass_to_pass)} already passed before"
         if failing:
             detail += f", {len(failing)} still fail ({', '.join(failing[:3])})"
+        if odd_f2p:
+            detail += f", {len(odd_f2p)} cannot be required (ids with whitespace or control characters)"
         candidates = [t for t in excluded if after.get(t) == "passed"]
         if candidates:
             detail += "; excluded: " + "; ".join(f"{t}: {excluded[t]}" for t in candidates[:3])
@@ -283,6 +297,10 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
         metadata["broken_by_change"] = cls.broken_by_change
     if excluded:
         metadata["excluded_tests"] = excluded
+    if settled.unselectable:
+        metadata["unselectable_tests"] = settled.unselectable
+    if candidate.config.tests.pass_to_pass == "test-files":
+        metadata["pass_to_pass_elsewhere"] = settled.pass_to_pass_elsewhere
     metadata["derivation"] = {"suite_runs": len(derivation.before) + len(derivation.after),
                               "grader_checks": len(derivation.checks), "ran_alone": derivation.alone is not None}
     return candidate.to_task(f2p, p2p, metadata)

@@ -18,7 +18,9 @@ from pydantic import Field, field_validator
 
 from envforge.environment import PythonEnvironment, inside_path, pip_file_reference
 from envforge.errors import Problem, SpecError
+from envforge.sources import guard
 from envforge.sources.infer import RepoTree, infer_environment, nearest_version
+from envforge.sources.policy import SourcePolicy
 
 
 class HistoryEnvironment(PythonEnvironment):
@@ -48,15 +50,11 @@ class ResolvedEnvironment:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def check_dockerfile(section: HistoryEnvironment, config_path: Path) -> None:
-    """The Dockerfile must exist inside the config's folder (symlinks included)."""
+def check_dockerfile(section: HistoryEnvironment, config_path: Path, policy: SourcePolicy) -> None:
+    """The Dockerfile must exist inside the config's folder or an allowed root (symlinks included)."""
     if section.dockerfile is None:
         return
-    folder = config_path.parent.resolve()
-    path = (folder / section.dockerfile).resolve()
-    if not path.is_relative_to(folder):
-        raise SpecError([Problem(str(config_path), "environment.dockerfile", f"{section.dockerfile} resolves outside "
-                                                                            f"the source folder {folder}")])
+    path = guard.confined(config_path.parent, section.dockerfile, str(config_path), "environment.dockerfile", policy)
     if not path.is_file():
         raise SpecError([Problem(str(config_path), "environment.dockerfile", f"{path} does not exist")])
 

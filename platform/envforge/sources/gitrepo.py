@@ -19,8 +19,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+from pydantic import Field, ValidationError
 
+from envforge.errors import SpecError
+from envforge.sources.fields import StrictModel
 from envforge.verify.protect import TEST_GLOBS, matches, split_diff
 
 REPO_CACHE = Path(tempfile.gettempdir()) / "envforge-repos"
@@ -41,27 +43,37 @@ def _stderr(proc: subprocess.CompletedProcess) -> str:
     return proc.stderr.decode(errors="replace").strip()
 
 
-@dataclass(frozen=True)
-class SeriesConfig:
+class Committer(StrictModel):
+    name: str = Field("envforge", min_length=1, max_length=200)
+    email: str = Field("envforge@localhost", min_length=1, max_length=200)
+
+
+class SeriesConfig(StrictModel):
     """`repo.yaml` of a patch-series project: who commits and on which branch (fixed, so SHAs are)."""
 
-    committer_name: str = "envforge"
-    committer_email: str = "envforge@localhost"
-    branch: str = "main"
+    committer: Committer = Field(default_factory=Committer)
+    branch: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
 
     @classmethod
     def load(cls, project: Path) -> "SeriesConfig":
+        """The project's repo.yaml (defaults without one); ValueError naming the file and field."""
+        from envforge.sources import guard
+        from envforge.sources.policy import SourcePolicy
+
         path = project / "repo.yaml"
         if not path.exists():
             return cls()
-        data = yaml.safe_load(path.read_text()) or {}
-        committer = data.get("committer") or {}
-        unknown = set(data) - {"committer", "branch"}
-        if unknown or not isinstance(committer, dict):
-            raise ValueError(f"{path}: unknown or malformed fields {sorted(unknown) or ['committer']} "
-                             f"(allowed: committer.name, committer.email, branch)")
-        return cls(committer.get("name", cls.committer_name), committer.get("email", cls.committer_email),
-                   data.get("branch", cls.branch))
+        try:
+            data = guard.load_yaml_file(path, str(path), SourcePolicy.from_env()) or {}
+        except SpecError as exc:
+            raise ValueError(str(exc)) from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: must be a YAML mapping (committer.name, committer.email, branch)")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            raise ValueError(f"{path}: {fields} (allowed: committer.name, committer.email, branch)") from None
 
 
 def is_patch_series(path: Path) -> bool:
@@ -93,7 +105,7 @@ def build_patch_series(project: Path, target: Path) -> Path:
     init = git(target, "init", "-q", "-b", cfg.branch)
     if init.returncode != 0:
         raise ValueError(f"git init {target}: {_stderr(init)}")
-    env = {"GIT_COMMITTER_NAME": cfg.committer_name, "GIT_COMMITTER_EMAIL": cfg.committer_email}
+    env = {"GIT_COMMITTER_NAME": cfg.committer.name, "GIT_COMMITTER_EMAIL": cfg.committer.email}
     am = git(target, "-c", "commit.gpgsign=false", "am", "-q", "-k", "--keep-cr", "--committer-date-is-author-date",
              *[str(p.resolve()) for p in patches], env=env)
     if am.returncode != 0:
@@ -136,6 +148,21 @@ def resolve_commit(repo: Path, rev: str) -> str | None:
         return None
     proc = git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     return proc.stdout.decode().strip() if proc.returncode == 0 else None
+
+
+def tree_footprint(repo: Path, commit: str) -> int:
+    """Bytes of tmpfs the tree at commit needs as a sandbox workspace (see safefs.TreeScan.footprint)."""
+    from envforge.safefs import PAGE
+
+    proc = git(repo, "ls-tree", "-r", "-t", "-l", "-z", commit)
+    total = 0
+    for entry in proc.stdout.split(b"\0"):
+        if not entry:
+            continue
+        meta = entry.split(b"\t", 1)[0].split()
+        size = meta[3] if len(meta) > 3 else b"-"
+        total += 2 * (max(PAGE, -(-int(size) // PAGE) * PAGE) if size.isdigit() else PAGE)
+    return total
 
 
 def first_parent(repo: Path, sha: str) -> str | None:
@@ -192,4 +219,4 @@ def split_change(repo: Path, old: str, new: str) -> SplitChange:
 
 __all__ = ["REPO_CACHE", "SplitChange", "build_patch_series", "commit_subject", "first_parent",
            "git", "is_ancestor", "is_patch_series", "materialize_repo", "patch_applies", "resolve_commit",
-           "split_change"]
+           "split_change", "tree_footprint"]

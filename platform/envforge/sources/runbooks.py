@@ -18,18 +18,20 @@ as shell checkpoints on a pristine copy with the policy's diff applied.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import stat
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
-import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envforge.errors import Problem, SpecError
+from envforge.sources import guard
+from envforge.sources.policy import SourcePolicy
 from envforge.sources.result import LoadResult
-from envforge.sources.specs import _pydantic_problems
-from envforge.task import Task, TaskSpec
+from envforge.task import Limits, Task, TaskSpec
 
 SECTIONS = ("setup", "files", "checks", "solution")
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
@@ -37,20 +39,37 @@ _H2 = re.compile(r"^## +(.+?)\s*$", re.MULTILINE)
 _H3 = re.compile(r"^### +(.+?)\s*$", re.MULTILINE)
 
 
-def _front_matter(text: str, src: str) -> tuple[dict, str]:
+class FrontMatter(BaseModel):
+    """A runbook's front matter."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: Any = Field(description="the task id (checked by the task spec)")
+    tags: list[str] = Field(default_factory=list)
+    max_turns: int = Field(30, ge=1, le=1000)
+    limits: Limits | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict, description="free-form, kept with the task")
+
+
+def _front_matter(text: str, src: str, policy: SourcePolicy) -> tuple[FrontMatter, str]:
+    text = text.replace("\r\n", "\n")
     if not text.startswith("---\n"):
         raise SpecError([Problem(src, "front matter", "a runbook starts with YAML front matter between '---' "
                                                        "lines (at least `id:`)")])
-    end = text.find("\n---", 4)
+    end = text.find("\n---", 3)
     if end < 0:
         raise SpecError([Problem(src, "front matter", "front matter is not closed by a '---' line")])
-    try:
-        meta = yaml.safe_load(text[4:end]) or {}
-    except yaml.YAMLError as exc:
-        raise SpecError([Problem(src, "front matter", f"not valid YAML: {exc}")]) from None
+    meta = guard.load_yaml(text[4:end], src, policy, "front matter") or {}
     if not isinstance(meta, dict):
         raise SpecError([Problem(src, "front matter", "must be a YAML mapping")])
-    return meta, text[end + 4:].lstrip("\n")
+    try:
+        front = FrontMatter.model_validate(meta)
+    except ValidationError as err:
+        allowed = "unknown field (allowed: id, tags, max_turns, limits, metadata)"
+        raise SpecError([Problem(p.source, f"front matter.{p.field}" if p.field else "front matter",
+                                 allowed if p.reason.startswith("unknown field") else p.reason)
+                         for p in guard.validation_problems(src, err)]) from None
+    return front, text[end + 4:].lstrip("\n")
 
 
 def _sections(body: str) -> tuple[str, dict[str, str]]:
@@ -95,16 +114,15 @@ def _files(section: str, src: str) -> tuple[list[str], list[Problem]]:
     return commands, problems
 
 
-def load_runbook(path: Path) -> Task:
+def load_runbook(path: Path, policy: SourcePolicy | None = None) -> Task:
     """Parse and validate one runbook into a resolved Task, or raise SpecError with every problem."""
-    path = Path(path).resolve()
+    policy = policy or SourcePolicy.from_env()
+    path = Path(os.path.abspath(path))
     src = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([Problem(src, "", f"cannot read file: {exc}")]) from None
-    meta, body = _front_matter(text, src)
+    text = guard.read_text(guard.source_file(path, policy), policy.max_markdown_bytes, src)
+    meta, body = _front_matter(text, src, policy)
     instruction, sections = _sections(body)
+    instruction = guard.check_text(instruction, src, "instruction", policy)
     problems: list[Problem] = []
     setup: list[str] = []
     if "files" in sections:
@@ -119,9 +137,9 @@ def load_runbook(path: Path) -> Task:
                                                "checkpoints (name, run, expect_exit, stdout)"))
     else:
         try:
-            checks = yaml.safe_load(check_blocks[0]) or []
-        except yaml.YAMLError as exc:
-            problems.append(Problem(src, "Checks", f"not valid YAML: {exc}"))
+            checks = guard.load_yaml(check_blocks[0], src, policy, "Checks") or []
+        except SpecError as exc:
+            problems.extend(exc.problems)
         if not isinstance(checks, list) or not checks:
             problems.append(Problem(src, "Checks", "must be a non-empty YAML list of checkpoints"))
             checks = []
@@ -135,40 +153,48 @@ def load_runbook(path: Path) -> Task:
         if isinstance(c, dict) and "stdout" in c:
             c = {**{k: v for k, v in c.items() if k != "stdout"}, "stdout_pattern": c["stdout"]}
         renamed.append(c)
-    environment = {"image": "base", "setup": setup}
-    if "limits" in meta:
-        environment["limits"] = meta.pop("limits")
+    environment: dict[str, Any] = {"image": "base", "setup": setup}
+    if meta.limits is not None:
+        environment["limits"] = meta.limits
     data = {
-        "id": meta.pop("id", None), "source": "runbook", "instruction": instruction,
+        "id": meta.id, "source": "runbook", "instruction": instruction,
         "environment": environment, "verification": {"checkpoints": renamed},
         "reference_solution": {"commands": ["\n".join(solution)]},
-        "max_turns": meta.pop("max_turns", 30), "tags": meta.pop("tags", []),
-        "metadata": {"runbook": path.name, **meta.pop("metadata", {})},
+        "max_turns": meta.max_turns, "tags": meta.tags,
+        "metadata": {"runbook": path.name, **meta.metadata},
     }
-    if meta:
-        raise SpecError([Problem(src, f"front matter.{k}", "unknown field (allowed: id, tags, max_turns, limits, "
-                                                           "metadata)") for k in sorted(meta)])
     try:
         spec = TaskSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_pydantic_problems(src, err)) from None
+        raise SpecError(guard.validation_problems(src, err)) from None
     task = Task(spec=spec, origin=src, base_dir=str(path.parent), workspace_digest="runbook")
     return task.model_copy(update={"content_hash": task.compute_content_hash()})
 
 
+def _head(path: Path, n: int = 64) -> bytes:
+    """The first bytes of a regular file (b"" for anything else); opened non-blocking, so a FIFO never hangs."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return b""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(n)
+
+
 def is_runbook(path: Path) -> bool:
-    """A Markdown file that opens with front matter (so a task's own README.md is never one)."""
+    """A regular Markdown file that opens with front matter (so a task's own README.md is never one);
+    a byte-order mark before the opening line is allowed."""
     if path.suffix != ".md":
         return False
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.readline().rstrip("\n") == "---"
+        head = _head(path)
     except OSError:
         return False
+    return head.removeprefix(b"\xef\xbb\xbf").split(b"\n", 1)[0].rstrip(b"\r") == b"---"
 
 
-def load_runbooks(paths: Iterable[Path]) -> LoadResult:
+def load_runbooks(paths: Iterable[Path], policy: SourcePolicy | None = None) -> LoadResult:
     """Every runbook (a .md file opening with front matter) under the paths; bad ones become rejects."""
+    policy = policy or SourcePolicy.from_env()
     result = LoadResult()
     seen: dict[str, str] = {}
     for p in paths:
@@ -179,9 +205,12 @@ def load_runbooks(paths: Iterable[Path]) -> LoadResult:
             continue
         for f in files:
             try:
-                task = load_runbook(f)
+                task = load_runbook(f, policy)
             except SpecError as exc:
                 result.rejects.extend(exc.problems)
+                continue
+            except Exception as exc:  # noqa: BLE001 - one runbook is lost, never the batch
+                result.rejects.append(guard.unexpected(str(f), exc))
                 continue
             result.add_unique(task, seen, "id")
     return result

@@ -8,15 +8,21 @@ specs, so YAML files that belong to a task's workspace are never mistaken for on
 from __future__ import annotations
 
 import base64
+import os
+import stat
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
 from pydantic import ValidationError
 
+from envforge import safefs
 from envforge.errors import Problem, SpecError
-from envforge.hashing import iter_tree, tree_digest
-from envforge.sources.gitrepo import resolve_commit
+from envforge.hashing import tree_digest
+from envforge.sources import guard
+from envforge.sources.gitrepo import resolve_commit, tree_footprint
+from envforge.sources.policy import SourcePolicy
 from envforge.sources.result import LoadResult
 from envforge.task import Task, TaskSpec
 
@@ -42,133 +48,161 @@ def discover_spec_files(paths: Iterable[Path]) -> tuple[list[Path], list[Problem
     return found, problems
 
 
-def _field_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _pydantic_problems(source: str, err: ValidationError) -> list[Problem]:
-    problems = []
-    for e in err.errors():
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see docs/task-spec.md)"
-        elif e["type"] == "missing":
-            msg = "required field is missing"
-        problems.append(Problem(source, _field_path(e["loc"]), msg))
-    return problems
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([Problem(str(path), "", f"not valid YAML{where}: {problem}")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([Problem(str(path), "", f"cannot read file: {exc}")]) from None
+def _read_yaml(path: Path, policy: SourcePolicy) -> dict[str, Any]:
+    data = guard.load_yaml_file(path, str(path), policy)
     if not isinstance(data, dict):
         kind = "empty" if data is None else type(data).__name__
         raise SpecError([Problem(str(path), "", f"a task spec must be a YAML mapping, got {kind}")])
     return data
 
 
-def _check_referenced_files(path: Path, spec: TaskSpec) -> list[Problem]:
-    base = path.parent
-    src = str(path)
-    problems: list[Problem] = []
+class _Resolved:
+    """The real paths a spec names, each confined to the spec's folder or an allowed root."""
 
-    def need(field: str, rel: str | None, kind: str) -> None:
+    def __init__(self, path: Path, policy: SourcePolicy):
+        self.src, self.base, self.policy = str(path), path.parent, policy
+        self.problems: list[Problem] = []
+
+    def path(self, field: str, rel: str | None, kind: str) -> Path | None:
         if rel is None:
-            return
-        target = base / rel
-        ok = target.is_dir() if kind == "dir" else target.is_file()
-        if not ok:
-            problems.append(Problem(src, field, f"{kind} {rel!r} not found (relative to {base})"))
+            return None
+        try:
+            target = guard.confined(self.base, rel, self.src, field, self.policy)
+        except SpecError as exc:
+            self.problems.extend(exc.problems)
+            return None
+        try:
+            mode = target.stat().st_mode
+        except OSError:
+            self.problems.append(Problem(self.src, field, f"{kind} {rel!r} not found (relative to {self.base})"))
+            return None
+        if not (stat.S_ISDIR(mode) if kind == "dir" else stat.S_ISREG(mode)):
+            self.problems.append(Problem(self.src, field, f"{rel!r} is {safefs.kind_of(mode)}, not a {kind}"))
+            return None
+        return target
 
-    env = spec.environment
-    need("environment.files", env.files, "dir")
-    need("environment.dockerfile", env.dockerfile, "file")
-    if env.repository is not None:
-        need("environment.repository.path", env.repository.path, "dir")
-        if (base / env.repository.path).is_dir() and resolve_commit(base / env.repository.path, env.repository.commit) is None:
-            problems.append(Problem(src, "environment.repository.commit",
-                                    f"commit {env.repository.commit!r} not found in {env.repository.path}"))
-    need("verification.files", spec.verification.files, "dir")
-    for field, rel in (("reference_solution.patch", spec.reference_solution.patch),
-                       ("verification.test_patch", spec.verification.test_patch)):
-        need(field, rel, "file")
-        if rel and (base / rel).is_file():
-            text = (base / rel).read_text(encoding="utf-8", errors="replace")
-            if not any(line.startswith(("--- ", "diff --git")) for line in text.splitlines()):
-                problems.append(Problem(src, field, "file is not a unified diff (no '---' or 'diff --git' header)"))
-    return problems
+    def tree(self, field: str, rel: str | None) -> tuple[Path, safefs.TreeScan] | None:
+        root = self.path(field, rel, "dir")
+        if root is None:
+            return None
+        try:
+            return root, guard.scan_tree(root, self.src, field)
+        except SpecError as exc:
+            self.problems.extend(exc.problems)
+            return None
+
+    def patch(self, field: str, rel: str | None) -> str | None:
+        target = self.path(field, rel, "file")
+        if target is None:
+            return None
+        try:
+            text = guard.read_text(target, self.policy.max_patch_bytes, self.src, field)
+        except SpecError as exc:
+            self.problems.extend(exc.problems)
+            return None
+        if not any(line.startswith(("--- ", "diff --git")) for line in text.splitlines()):
+            self.problems.append(Problem(self.src, field, "file is not a unified diff (no '---' or 'diff --git' header)"))
+            return None
+        return text
 
 
-def _workspace_digest(base: Path, spec: TaskSpec) -> str:
-    env = spec.environment
-    if env.files:
-        return tree_digest(base / env.files)
-    if env.repository:
-        return "git:" + (resolve_commit(base / env.repository.path, env.repository.commit) or "")
-    return ""
-
-
-def _verifier_files(root: Path) -> dict[str, str]:
+def _verifier_files(root: Path, scan: safefs.TreeScan, src: str) -> dict[str, str]:
     files: dict[str, str] = {}
     total = 0
-    for f in iter_tree(root):
-        data = f.read_bytes()
+    for rel in [*scan.files, *(link for link in scan.links if (root / link).is_file())]:
+        data = guard.read_bytes(safefs.real(root / rel), MAX_VERIFIER_BYTES, src, "verification.files")
         total += len(data)
-        files[f.relative_to(root).as_posix()] = base64.b64encode(data).decode()
-    if total > MAX_VERIFIER_BYTES:
-        raise ValueError(f"verifier files total {total} bytes, over the {MAX_VERIFIER_BYTES} limit")
-    return files
+        if total > MAX_VERIFIER_BYTES:
+            raise guard.reject(src, "verification.files", f"verifier files total over the {MAX_VERIFIER_BYTES}-byte "
+                                                          "limit")
+        files[rel] = base64.b64encode(data).decode()
+    return dict(sorted(files.items()))
 
 
-def load_spec_file(path: Path) -> Task:
+def _patch_check(workspace: Path, patch: str) -> str | None:
+    """None if the patch applies to the workspace files (`git apply --check`); else git's complaint."""
+    with tempfile.TemporaryDirectory(prefix="envforge-check-") as tmp:
+        safefs.copy_tree(workspace, Path(tmp) / "w")
+        proc = subprocess.run(["git", "apply", "--check", "-"], cwd=Path(tmp) / "w", input=patch.encode(),
+                              capture_output=True, env={**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null",
+                                                        "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"})
+        return None if proc.returncode == 0 else proc.stderr.decode(errors="replace").strip()[:300]
+
+
+def load_spec_file(path: Path, policy: SourcePolicy | None = None) -> Task:
     """Parse and validate one spec file into a resolved Task, or raise SpecError."""
-    path = Path(path).resolve()
-    data = _read_yaml(path)
+    policy = policy or SourcePolicy.from_env()
+    path = Path(os.path.abspath(path))
+    src = str(path)
+    data = _read_yaml(path, policy)
     try:
         spec = TaskSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_pydantic_problems(str(path), err)) from None
-    problems = _check_referenced_files(path, spec)
-    if problems:
-        raise SpecError(problems)
-    base = path.parent
-    patch = test_patch = None
-    if spec.reference_solution.patch:
-        patch = (base / spec.reference_solution.patch).read_text(encoding="utf-8")
-    if spec.verification.test_patch:
-        test_patch = (base / spec.verification.test_patch).read_text(encoding="utf-8")
-    try:
-        verifier = _verifier_files(base / spec.verification.files) if spec.verification.files else {}
-    except ValueError as exc:
-        raise SpecError([Problem(str(path), "verification.files", str(exc))]) from None
-    workspace = _workspace_digest(base, spec)
-    task = Task(
-        spec=spec, origin=str(path), base_dir=str(base), reference_patch=patch, test_patch=test_patch,
-        verifier_files=verifier, workspace_digest=workspace,
-    )
+        raise SpecError(guard.validation_problems(src, err)) from None
+    instruction = guard.check_text(spec.instruction, src, "instruction", policy)
+    env = spec.environment
+    r = _Resolved(path, policy)
+    workspace = r.tree("environment.files", env.files)
+    r.path("environment.dockerfile", env.dockerfile, "file")
+    verifier = r.tree("verification.files", spec.verification.files)
+    patch = r.patch("reference_solution.patch", spec.reference_solution.patch)
+    test_patch = r.patch("verification.test_patch", spec.verification.test_patch)
+    pins: dict[str, dict[str, str]] = {}
+    repo_sha = None
+    if env.repository is not None:
+        repo_dir = r.path("environment.repository.path", env.repository.path, "dir")
+        if repo_dir is not None:
+            repo_sha = resolve_commit(repo_dir, env.repository.commit)
+            if repo_sha is None:
+                r.problems.append(Problem(src, "environment.repository.commit",
+                                          f"commit {env.repository.commit!r} not found in {env.repository.path}"))
+            else:
+                try:
+                    repo_sha = guard.pinned(env.repository.commit, repo_sha, src, "environment.repository.commit",
+                                            policy, pins)
+                    guard.check_footprint(tree_footprint(repo_dir, repo_sha), env.limits, src,
+                                          "environment.repository")
+                except SpecError as exc:
+                    r.problems.extend(exc.problems)
+    if workspace is not None:
+        try:
+            guard.check_footprint(workspace[1].footprint, env.limits, src, "environment.files")
+        except SpecError as exc:
+            r.problems.extend(exc.problems)
+        if not env.setup and not env.dockerfile:  # setup could create what the patches change: the gate checks those
+            for field, text in (("reference_solution.patch", patch), ("verification.test_patch", test_patch)):
+                complaint = _patch_check(workspace[0], text) if text else None
+                if complaint:
+                    r.problems.append(Problem(src, field, f"does not apply to environment.files: {complaint}"))
+    if r.problems:
+        raise SpecError(r.problems)
+    verifier_files = _verifier_files(*verifier, src) if verifier else {}
+    updates: dict[str, Any] = {"instruction": instruction}
+    if pins:
+        repo = env.repository.model_copy(update={"commit": repo_sha})
+        updates["environment"] = env.model_copy(update={"repository": repo})
+        updates["metadata"] = {**spec.metadata, "resolved_refs": pins}
+    spec = spec.model_copy(update=updates)
+    digest = tree_digest(workspace[0]) if workspace else (f"git:{repo_sha}" if repo_sha else "")
+    task = Task(spec=spec, origin=src, base_dir=str(path.parent), reference_patch=patch, test_patch=test_patch,
+                verifier_files=verifier_files, workspace_digest=digest)
     return task.model_copy(update={"content_hash": task.compute_content_hash()})
 
 
-def load_specs(paths: Iterable[Path]) -> LoadResult:
+def load_specs(paths: Iterable[Path], policy: SourcePolicy | None = None) -> LoadResult:
     """Load every spec under the given paths; bad ones become rejects, good ones go through."""
+    policy = policy or SourcePolicy.from_env()
     files, result_rejects = discover_spec_files(paths)
     result = LoadResult(rejects=result_rejects)
     seen: dict[str, str] = {}
     for f in files:
         try:
-            task = load_spec_file(f)
+            task = load_spec_file(f, policy)
         except SpecError as exc:
             result.rejects.extend(exc.problems)
+            continue
+        except Exception as exc:  # noqa: BLE001 - one spec is lost, never the batch
+            result.rejects.append(guard.unexpected(str(f), exc))
             continue
         result.add_unique(task, seen, "id")
     return result

@@ -4,7 +4,10 @@ Input: JSONL records with repo, instance_id, base_commit, patch, test_patch,
 problem_statement, FAIL_TO_PASS, PASS_TO_PASS (lists, or JSON-encoded lists as in the
 published datasets), and optionally environment_setup_commit and version. The repository
 comes from a `repos:` mapping (owner/name -> local path or .bundle file) in a
-`swebench.yaml` beside the JSONL, or from a `repo_path` field in the record.
+`swebench.yaml` beside the JSONL, or from a `repo_path` field in the record. Either must
+resolve inside the JSONL's folder or an allowed root (`envforge.sources.policy`).
+`swebench.yaml` may also hold an `environment:` section (the tickets' vocabulary); without one
+what the repository needs is inferred at each base_commit.
 
 The task's workspace is the repository's tree at base_commit with no history at all (the
 image commits that tree as its only commit), so no git command in the sandbox can reach the
@@ -17,135 +20,169 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from envforge.errors import Problem, SpecError
-from envforge.sources.candidate import relative_to_source, slug
+from envforge.sources import guard
+from envforge.sources.candidate import check_repo_footprint, load_config, relative_to_source, slug
 from envforge.sources.environment import HistoryEnvironment, check_dockerfile, resolve_environment
+from envforge.sources.fields import Identifier, Ref, StrictModel
 from envforge.sources.gitrepo import materialize_repo, patch_applies, resolve_commit
-from envforge.sources.records import iter_records
+from envforge.sources.policy import SourcePolicy
+from envforge.sources.records import blank, built_records
 from envforge.sources.result import LoadResult
-from envforge.sources.specs import _pydantic_problems
-from envforge.task import Task, TaskSpec
+from envforge.task import Limits, Task, TaskSpec, TestId
 
+CONFIG_NAME = "swebench.yaml"
 REQUIRED = ("repo", "instance_id", "base_commit", "patch", "test_patch", "problem_statement", "FAIL_TO_PASS",
             "PASS_TO_PASS")
+
+
+class SweBenchConfig(StrictModel):
+    """`swebench.yaml` beside the JSONL."""
+
+    repos: dict[Identifier, str] = Field(default_factory=dict, description="owner/name -> git directory, .bundle "
+                                                                           "or patch-series project (relative)")
+    environment: HistoryEnvironment = Field(default_factory=HistoryEnvironment,
+                                            description="what the repositories need to run their tests (declared "
+                                                        "or inferred at each base_commit), as for tickets")
+
+
+def _decode_ids(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except (ValueError, RecursionError):
+            raise ValueError("must be a list of test ids (or a JSON-encoded list)") from None
+    return value
+
+
+class SweBenchRecord(BaseModel):
+    """One instance; fields the format carries but envforge does not use are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    repo: Identifier
+    instance_id: Identifier
+    base_commit: Ref
+    patch: str
+    test_patch: str
+    problem_statement: str
+    FAIL_TO_PASS: list[TestId]
+    PASS_TO_PASS: list[TestId]
+    version: str | int | float | None = None
+    environment_setup_commit: Ref | None = None
+    repo_path: str | None = None
+
+    _ids = field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")(_decode_ids)
 
 
 def task_id_for(instance_id: str) -> str:
     return slug(instance_id) or "instance"
 
 
-def _ids(value: Any) -> list[str] | None:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return None
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value
-    return None
-
-
-def _repo_map(jsonl: Path) -> dict[str, str]:
-    sidecar = jsonl.with_name("swebench.yaml")
+def _sidecar(jsonl: Path, policy: SourcePolicy, result: LoadResult) -> tuple[dict[str, Path], HistoryEnvironment]:
+    """(owner/name -> real repository path, the environment section) from swebench.yaml; a bad repos
+    entry is a reject naming the config and field, and the other entries still count."""
+    sidecar = jsonl.with_name(CONFIG_NAME)
     if not sidecar.exists():
-        return {}
-    data = yaml.safe_load(sidecar.read_text()) or {}
-    return {name: str(p) for name, p in (data.get("repos") or {}).items()}
+        return {}, HistoryEnvironment()
+    cfg = load_config(sidecar, SweBenchConfig, policy)
+    check_dockerfile(cfg.environment, sidecar, policy)
+    repos = {}
+    for name, rel in cfg.repos.items():
+        try:
+            repos[name] = guard.confined(sidecar.parent, rel, str(sidecar), f"repos.{name}", policy)
+        except SpecError as exc:
+            result.rejects.extend(exc.problems)
+    return repos, cfg.environment
 
 
-def _environment(jsonl: Path) -> HistoryEnvironment:
-    """The `environment:` section of swebench.yaml (SpecError naming the file and field)."""
-    sidecar = jsonl.with_name("swebench.yaml")
-    data = (yaml.safe_load(sidecar.read_text()) or {}) if sidecar.exists() else {}
-    try:
-        section = HistoryEnvironment.model_validate(data.get("environment") or {})
-    except ValidationError as err:
-        raise SpecError([Problem(p.source, f"environment.{p.field}", p.reason)
-                         for p in _pydantic_problems(str(sidecar), err)]) from None
-    check_dockerfile(section, sidecar)
-    return section
-
-
-def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, str],
-                   environment: HistoryEnvironment | None = None) -> Task:
+def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, Path],
+                   policy: SourcePolicy | None = None, environment: HistoryEnvironment | None = None) -> Task:
     """One instance -> Task, or SpecError naming the record and field."""
-    missing = [f for f in REQUIRED if rec.get(f) in (None, "")]
+    policy = policy or SourcePolicy.from_env()
+    missing = [f for f in REQUIRED if blank(rec.get(f))]
     if missing:
         raise SpecError([Problem(where, f, "required field is missing") for f in missing])
-    problems: list[Problem] = []
-    f2p, p2p = _ids(rec["FAIL_TO_PASS"]), _ids(rec["PASS_TO_PASS"])
-    if f2p is None:
-        problems.append(Problem(where, "FAIL_TO_PASS", "must be a list of test ids (or a JSON-encoded list)"))
-    if p2p is None:
-        problems.append(Problem(where, "PASS_TO_PASS", "must be a list of test ids (or a JSON-encoded list)"))
-    repo_ref = rec.get("repo_path") or repos.get(rec["repo"])
-    if repo_ref is None:
-        problems.append(Problem(where, "repo", f"no local repository for {rec['repo']!r}: add it to swebench.yaml "
-                                               f"`repos:` or give `repo_path`"))
-        raise SpecError(problems)
-    repo_path = (base_dir / repo_ref).resolve()
+    try:
+        r = SweBenchRecord.model_validate(rec)
+    except ValidationError as err:
+        raise SpecError(guard.validation_problems(where, err)) from None
+    statement = guard.check_text(r.problem_statement, where, "problem_statement", policy)
+    if r.repo_path:
+        repo_path = guard.confined(base_dir, r.repo_path, where, "repo_path", policy)
+    elif r.repo in repos:
+        repo_path = repos[r.repo]
+    else:
+        raise guard.reject(where, "repo", f"no local repository for {r.repo!r}: add it to swebench.yaml `repos:` or "
+                                          f"give `repo_path`")
     try:
         git_dir = materialize_repo(repo_path)
     except ValueError as exc:
-        raise SpecError(problems + [Problem(where, "repo", str(exc))]) from None
+        raise guard.reject(where, "repo", str(exc)) from None
     if not git_dir.exists():
-        raise SpecError(problems + [Problem(where, "repo", f"repository {repo_path} does not exist")])
-    sha = resolve_commit(git_dir, str(rec["base_commit"]))
+        raise guard.reject(where, "repo", f"repository {repo_path} does not exist")
+    sha = resolve_commit(git_dir, r.base_commit)
     if sha is None:
-        raise SpecError(problems + [Problem(where, "base_commit", f"commit {rec['base_commit']!r} not found in "
-                                                                 f"{repo_path}")])
+        raise guard.reject(where, "base_commit", f"commit {r.base_commit!r} not found in {repo_path}")
+    pins: dict[str, dict[str, str]] = {}
+    sha = guard.pinned(r.base_commit, sha, where, "base_commit", policy, pins)
+    check_repo_footprint(git_dir, sha, Limits(), where, "base_commit")
+    problems = []
     for field in ("patch", "test_patch"):
-        complaint = patch_applies(git_dir, sha, rec[field])
+        complaint = patch_applies(git_dir, sha, getattr(r, field))
         if complaint:
             problems.append(Problem(where, field, f"does not apply to base_commit: {complaint}"))
     if problems:
         raise SpecError(problems)
     env = resolve_environment(environment or HistoryEnvironment(), git_dir, sha, where)
+    metadata: dict[str, Any] = {"instance_id": r.instance_id, "repo": r.repo, **env.metadata}
+    if r.version not in (None, ""):
+        metadata["version"] = str(r.version)
+    if r.environment_setup_commit:
+        metadata["environment_setup_commit"] = r.environment_setup_commit
+    if pins:
+        metadata["resolved_refs"] = pins
     data = {
-        "id": task_id_for(rec["instance_id"]), "source": "swebench", "instruction": rec["problem_statement"],
-        "environment": {**env.fields, "repository": {"path": relative_to_source(str(repo_ref), base_dir),
+        "id": task_id_for(r.instance_id), "source": "swebench", "instruction": statement,
+        "environment": {**env.fields, "repository": {"path": relative_to_source(str(repo_path), base_dir),
                                                      "commit": sha}},
-        "verification": {"tests": {"framework": "pytest", "fail_to_pass": f2p, "pass_to_pass": p2p}},
-        "reference_solution": {"patch": "<inline>"},
-        "metadata": {"instance_id": rec["instance_id"], "repo": rec["repo"], **env.metadata,
-                     **{k: rec[k] for k in ("version", "environment_setup_commit") if rec.get(k)}},
+        "verification": {"tests": {"framework": "pytest", "fail_to_pass": r.FAIL_TO_PASS,
+                                   "pass_to_pass": r.PASS_TO_PASS}},
+        "reference_solution": {"patch": "<inline>"}, "metadata": metadata,
     }
     try:
         spec = TaskSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_pydantic_problems(where, err)) from None
-    task = Task(spec=spec, origin=where, base_dir=str(base_dir), reference_patch=rec["patch"],
-                test_patch=rec["test_patch"], workspace_digest=f"git:{sha}")
+        raise SpecError(guard.validation_problems(where, err)) from None
+    task = Task(spec=spec, origin=where, base_dir=str(base_dir), reference_patch=r.patch,
+                test_patch=r.test_patch, workspace_digest=f"git:{sha}")
     return task.model_copy(update={"content_hash": task.compute_content_hash()})
 
 
-def load_swebench(paths: Iterable[Path]) -> LoadResult:
+def load_swebench_file(f: Path, result: LoadResult, seen: dict[str, str], policy: SourcePolicy) -> None:
+    """Every instance of one JSONL into result; a broken swebench.yaml rejects the file, not the batch."""
+    try:
+        guard.source_file(f, policy)
+        repos, environment = _sidecar(f, policy, result)
+    except SpecError as exc:
+        result.rejects.extend(exc.problems)
+        return
+    build = lambda rec, where: record_to_task(rec, where, f.parent, repos, policy, environment)  # noqa: E731
+    for task in built_records(f, "jsonl", policy, result.rejects, build):
+        result.add_unique(task, seen, "instance_id")
+
+
+def load_swebench(paths: Iterable[Path], policy: SourcePolicy | None = None) -> LoadResult:
     """Every instance in the JSONL files (or *.jsonl under directories); bad ones become rejects."""
+    policy = policy or SourcePolicy.from_env()
     result = LoadResult()
     seen: dict[str, str] = {}
     for p in paths:
         p = Path(p)
-        files = sorted(p.rglob("*.jsonl")) if p.is_dir() else [p]
-        for f in files:
-            repos = _repo_map(f)
-            try:
-                environment = _environment(f)
-            except SpecError as exc:
-                result.rejects.extend(exc.problems)
-                continue
-            for where, rec in iter_records(f, "jsonl"):
-                if isinstance(rec, Problem):
-                    result.rejects.append(rec)
-                    continue
-                try:
-                    task = record_to_task(rec, where, f.parent, repos, environment)
-                except SpecError as exc:
-                    result.rejects.extend(exc.problems)
-                    continue
-                result.add_unique(task, seen, "instance_id")
+        for f in (sorted(p.rglob("*.jsonl")) if p.is_dir() else [p]):
+            load_swebench_file(f, result, seen, policy)
     return result
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -14,19 +15,21 @@ from requests.exceptions import RequestException
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.errors import InfraError, Problem
+from envforge.fleet.backend import dispatcher_from_env
 from envforge.sandbox.engine import docker_client
+from envforge.sandbox.images import image_digest
 from envforge.sandbox.pool import SandboxPool
 from envforge.stages.base import StageContext, StageResult, stage
 from envforge.stages.images import ImageSet
 from envforge.task import Task
 from envforge.verify.config import GateConfig
-from envforge.verify.gate import GateReport, validate_task
+from envforge.verify.gate import GateReport, gate_key, validate_task
 from envforge.verify.grader import Grader
 
 
 @dataclass
 class GateResult(StageResult):
-    reports: list[GateReport] = field(default_factory=list)
+    reports: list[GateReport] = field(default_factory=list)  # every task's verdict, kept ones included
     ungated: list[tuple[Task, Problem]] = field(default_factory=list)  # no image, or the infrastructure failed
     chart: Path | None = None
     n_tasks: int = 0
@@ -34,6 +37,15 @@ class GateResult(StageResult):
     @property
     def infra_failures(self) -> list[Problem]:
         return [p for _, p in self.ungated]
+
+    @property
+    def kept(self) -> list[GateReport]:
+        """Verdicts of unchanged tasks (same content, image digest and gate parameters), not re-gated."""
+        return [r for r in self.reports if r.reused_from is not None]
+
+    @property
+    def gated(self) -> list[GateReport]:
+        return [r for r in self.reports if r.reused_from is None]
 
     def accepted_hashes(self) -> list[str]:
         return [r.content_hash for r in self.reports if r.accepted]
@@ -48,9 +60,13 @@ class GateResult(StageResult):
 
     def rows(self) -> list[dict]:
         return [{"task_id": r.task_id, "verdict": r.verdict, "reference_passes": r.reference_passes,
-                 "empty_fails": r.empty_fails, "runs": r.runs, "disagreements": r.disagreements[:5],
+                 "empty_fails": r.empty_fails, "runs": r.runs, "empty_runs": r.empty_runs,
+                 "disagreements": r.disagreements[:5],
                  "probes_caught": sum(p["reward"] == 0 for p in r.probe_results.values()),
-                 "probes": len(r.probe_results), "verifier_median_s": round(r.median_verifier_s, 2)}
+                 "probes": len(r.probe_results), "probes_skipped": len(r.probes_skipped),
+                 "gradings": r.gradings, "stopped_early": r.stopped_early, "kept": r.reused_from is not None,
+                 "gate_s": round(r.wall_s, 2), "sandbox_s": round(r.sandbox_s, 2),
+                 "verifier_median_s": round(r.median_verifier_s, 2)}
                 for r in self.reports]
 
     def params(self) -> dict[str, Any]:
@@ -62,46 +78,98 @@ class GateResult(StageResult):
                 "quarantine_rate": (len(self.reports) - accepted) / max(1, len(self.reports)),
                 "infra_failures": len(self.infra_failures),
                 "infra_retries": sum(r.infra_retries for r in self.reports),
-                "verifier_median_s": statistics.median([r.median_verifier_s for r in self.reports] or [0.0])}
+                "verifier_median_s": statistics.median([r.median_verifier_s for r in self.reports] or [0.0]),
+                "tasks_kept": len(self.kept), "gradings": sum(r.gradings for r in self.gated),
+                "gate_sandbox_s": sum(r.sandbox_s for r in self.gated)}
 
     def artifacts(self) -> dict[str, Any]:
-        return {"flake_report.json": self.rows(), "probes.json": {r.task_id: r.probe_results for r in self.reports}}
+        return {"flake_report.json": self.rows(), "probes.json": {r.task_id: r.probe_results for r in self.reports},
+                "probes_skipped.json": {r.task_id: r.probes_skipped for r in self.reports}}
 
     def charts(self) -> list[Path]:
         return [self.chart] if self.chart else []
 
 
+def _digest(client: docker.DockerClient, images: ImageSet, tag: str) -> str | None:
+    """The image's id as the run recorded it, else as the engine has it (None: no such image)."""
+    return images.digests.get(tag) or image_digest(client, tag)
+
+
 @stage("validate")
 def gate(settings: Settings, config: GateConfig, tasks: Sequence[Task], images: ImageSet,
-         context: StageContext = StageContext(), client: docker.DockerClient | None = None) -> GateResult:
+         context: StageContext = StageContext(), client: docker.DockerClient | None = None,
+         pool: SandboxPool | None = None) -> GateResult:
     """Run the flakiness gate on every task (tasks in parallel, one warm pool) and record the verdicts.
 
-    A task without an image in `images` is not gated; it is reported as an infrastructure failure.
+    A task whose content hash, image digest and gate parameters (and the verifier's code) are
+    unchanged keeps its stored verdict without a sandbox: the nightly refresh re-gates only what
+    changed; `config.force` re-gates everything. A task without an image in `images` is not
+    gated; it is reported as an infrastructure failure. The sandboxes run in `pool` when one is
+    given (it is not closed here), on the fleet when `ENVFORGE_RAY_ADDRESS` is set
+    (docs/fleet.md), else in a warm pool on this process's engine. A task whose gate run hits an
+    infrastructure fault (a fleet node lost mid-run) is gated again from the start.
     """
     from envforge.charts import flake_chart
 
-    client = client or docker_client(settings)
+    client = client or docker_client(settings)  # images are built and digested on this engine
     progress = context.progress
+    catalog = Catalog(settings.catalog_path)
     result = GateResult(n_tasks=len(tasks))
-    items = images.items(tasks)
+    keyed: list[tuple[Task, str, str, str]] = []  # task, image tag, image digest, gate key
+    for t, image in images.items(tasks):
+        digest = _digest(client, images, image)
+        if digest is None:
+            result.ungated.append((t, Problem(t.origin, "environment", f"image {image} is not in the engine")))
+        else:
+            keyed.append((t, image, digest, gate_key(t, digest, config)))
     for t in images.missing(tasks):
         result.ungated.append((t, Problem(t.origin, "environment", "no image built for this task version")))
-    progress("validate", "starting sandboxes", 0, len(items))
-    with SandboxPool(client, max_idle_per_key=2, max_starting=config.concurrency) as pool:
-        grader = Grader(client, pool)
-        with ThreadPoolExecutor(max_workers=max(1, config.concurrency)) as ex:
-            futures = {ex.submit(validate_task, grader, t, image, config): t for t, image in items}
-            for done, fut in enumerate(as_completed(futures), start=1):
-                task = futures[fut]
-                try:
-                    result.reports.append(fut.result())
-                except (InfraError, docker.errors.DockerException, RequestException) as exc:
-                    # a raw client error is the engine going away (a restarted daemon): infra, not a verdict
-                    result.ungated.append((task, Problem(task.origin, "verification", str(exc)[:500])))
-                progress("validate", task.id, done, len(items))
-    result.reports.sort(key=lambda r: r.task_id)
+    kept = {} if config.force else catalog.validations_by_key(key for *_, key in keyed)
+    result.reports += [GateReport.from_row(kept[key]) for *_, key in keyed if key in kept]
+    todo = [item for item in keyed if item[3] not in kept]
     if result.reports:
-        Catalog(settings.catalog_path).record_validations(result.reports, config.as_params(), context.mlflow_run_id,
-                                                          context.dagster_run_id)
+        progress("validate", f"{len(result.reports)} unchanged tasks keep their verdicts", 0, len(todo))
+    new: list[GateReport] = []
+    if todo:
+        if pool is None and (fleet := dispatcher_from_env()) is not None:
+            from envforge.fleet.run import gate_pool
+
+            pool = gate_pool(fleet, [(t, image) for t, image, *_ in todo], config, client)
+        if pool is None:
+            sandboxes = SandboxPool(client, max_idle_per_key=max(2, config.workers), max_starting=config.concurrency)
+        else:
+            sandboxes = nullcontext(pool)
+        progress("validate", "starting sandboxes", 0, len(todo))
+        with sandboxes as pool:
+            grader = Grader(client, pool)
+            with ThreadPoolExecutor(max_workers=max(1, config.concurrency)) as ex:
+                futures = {ex.submit(_gate_with_retries, grader, t, image, config): (t, digest, key)
+                           for t, image, digest, key in todo}
+                for done, fut in enumerate(as_completed(futures), start=1):
+                    task, digest, key = futures[fut]
+                    try:
+                        report = fut.result()
+                    except (InfraError, docker.errors.DockerException, RequestException) as exc:
+                        # a raw client error is the engine going away (a restarted daemon): infra, not a verdict
+                        result.ungated.append((task, Problem(task.origin, "verification", str(exc)[:500])))
+                    else:
+                        report.image_digest, report.gate_key = digest, key
+                        new.append(report)
+                    progress("validate", task.id, done, len(todo))
+    if new:
+        catalog.record_validations(new, config.as_params(), context.mlflow_run_id, context.dagster_run_id)
+    result.reports = sorted(result.reports + new, key=lambda r: r.task_id)
     result.chart = flake_chart(result.rows(), settings.charts_dir / "flake_report.png")
     return result
+
+
+def _gate_with_retries(grader: Grader, task: Task, image: str, config: GateConfig, attempts: int = 3) -> GateReport:
+    """`validate_task`, run again from the start when an infrastructure fault escapes its per-grade retries
+    (the reference diff or a probe's sandbox lost with its node)."""
+    for attempt in range(attempts):
+        try:
+            return validate_task(grader, task, image, config)
+        except InfraError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")

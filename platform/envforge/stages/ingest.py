@@ -13,6 +13,7 @@ from envforge.config import Settings
 from envforge.errors import InfraError, Problem
 from envforge.progress import Progress, no_progress
 from envforge.sources import LoadResult
+from envforge.sources.guard import unexpected
 from envforge.stages.base import StageContext, StageResult, stage
 from envforge.stages.configs import IngestConfig
 
@@ -34,6 +35,7 @@ class IngestResult(StageResult):
     result: LoadResult  # every source merged
     summary: IngestSummary
     sources: list[SourceIngest] = field(default_factory=list)
+    skipped: list[Problem] = field(default_factory=list)  # files that look like sources but are not, and why
 
     def rows(self) -> list[dict]:
         return [{"source": s.key, "kind": s.kind, "valid": len(s.result.tasks), "rejected": len(s.result.rejects),
@@ -53,7 +55,8 @@ class IngestResult(StageResult):
     def artifacts(self) -> dict[str, Any]:
         return {"rejects.json": [{"source": p.source, "field": p.field, "reason": p.reason}
                                  for p in self.result.rejects],
-                "sources.json": self.rows()}
+                "sources.json": self.rows(),
+                **({"skipped.json": [p.as_json() for p in self.skipped]} if self.skipped else {})}
 
 
 def derive_candidates(settings: Settings, result: LoadResult, client: docker.DockerClient | None = None,
@@ -68,6 +71,8 @@ def derive_candidates(settings: Settings, result: LoadResult, client: docker.Doc
     except InfraError as exc:
         derived = LoadResult(rejects=[Problem(c.origin, c.field, f"infra: cannot run the tests to derive "
                                                                 f"FAIL_TO_PASS: {exc}") for c in result.candidates])
+    except Exception as exc:  # noqa: BLE001 - this source's candidates are lost, never the batch
+        derived = LoadResult(rejects=[unexpected(c.origin, exc) for c in result.candidates])
     result.candidates = []
     result.extend(derived)
 
@@ -80,20 +85,24 @@ def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], cont
 
     With config.strict a bad record anywhere refuses the whole batch (nothing is written).
     """
-    from envforge.sources import fingerprint, load_by_source
+    from envforge.sources import fingerprint, load_by_source, scan_sources
 
     progress = context.progress
-    loaded, problems = load_by_source(paths)
+    discovery = scan_sources(paths)
+    loaded, problems = load_by_source(paths, discovery)
     root = settings.task_sources_dir
+    catalog = Catalog(settings.catalog_path)
     sources = []
     for i, (ref, res) in enumerate(loaded, start=1):
         progress("ingest", ref.key(root), i, len(loaded))
         derive_candidates(settings, res, client=client, progress=progress)
         sources.append(SourceIngest(ref.key(root), ref.kind, fingerprint(ref), res))
+    owners = catalog.current_owners(t.id for s in sources for t in s.result.tasks)
+    for s in sources:
+        _reject_ids_of_other_sources(owners, s.result, s.key)
     combined = LoadResult(rejects=list(problems))
     for s in sources:
         combined.extend(s.result)
-    catalog = Catalog(settings.catalog_path)
     if config.strict and combined.rejects:
         catalog.ingest(combined, strict=True)  # raises BatchRejectedError listing every problem
     summaries = [catalog.ingest(LoadResult(rejects=list(problems)), source_kind="path")] if problems else []
@@ -102,4 +111,19 @@ def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], cont
         summaries.append(s.summary)
     summary = IngestSummary(summaries[0].batch_id if summaries else "", sum(x.added for x in summaries),
                             sum(x.unchanged for x in summaries), sum(x.rejected for x in summaries))
-    return IngestResult(list(paths), combined, summary, sources)
+    return IngestResult(list(paths), combined, summary, sources, discovery.skipped)
+
+
+def _reject_ids_of_other_sources(owners: dict[str, list[tuple[str, str]]], result: LoadResult, key: str) -> None:
+    """A task id already current from another source is a reject naming both, not a silent shadow."""
+    kept = []
+    for task in result.tasks:
+        other = [(k, origin) for k, origin in owners.get(task.id, []) if k != key]
+        if other:
+            other_key, other_origin = other[0]
+            result.rejects.append(Problem(task.origin, "id", f"task id {task.id!r} is already current from source "
+                                                             f"{other_key} ({other_origin}); ids are unique across "
+                                                             "sources: rename one, or retire the other source"))
+        else:
+            kept.append(task)
+    result.tasks = kept

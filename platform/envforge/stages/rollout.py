@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from envforge.config import Settings
+from envforge.fleet.backend import dispatcher_from_env
 from envforge.rollout.batch import BatchResult
 from envforge.rollout.config import RolloutConfig
+from envforge.sandbox.pool import SandboxPool
 from envforge.stages.base import StageContext, StageResult, stage
 from envforge.stages.images import ImageSet, ensure_images
 from envforge.task import Task
@@ -19,6 +21,12 @@ class RolloutResult(StageResult):
     policy: str
     task_set_version: str
 
+    @property
+    def dropped_fraction(self) -> float:
+        """The share of the batch's groups dropped (this run's and earlier runs' of a resumed batch)."""
+        n = self.batch.report.n_tasks
+        return len(self.batch.store.dropped()) / n if n else 0.0
+
     def location(self) -> str:
         return f"{self.batch.store.root}/{self.batch.store.batch_id}"
 
@@ -27,7 +35,7 @@ class RolloutResult(StageResult):
                 "n_tasks": self.batch.report.n_tasks}
 
     def metrics(self) -> dict[str, float]:
-        return dict(self.batch.metrics)
+        return {**self.batch.metrics, "dropped_fraction": round(self.dropped_fraction, 4)}
 
     def artifacts(self) -> dict[str, Any]:
         return {"rollout_batch.json": {"batch_id": self.batch.store.batch_id, "location": self.location(),
@@ -37,13 +45,22 @@ class RolloutResult(StageResult):
 @stage("rollout")
 def rollout(settings: Settings, config: RolloutConfig, tasks: Sequence[Task], policy: str,
             task_set_version: str = "", images: ImageSet | None = None, batch_id: str | None = None,
-            root: str | None = None, context: StageContext = StageContext()) -> RolloutResult:
+            root: str | None = None, context: StageContext = StageContext(),
+            pool: SandboxPool | None = None) -> RolloutResult:
     """`config.n_samples` trajectories per task with `policy` (a policy spec), stored under `root`
-    (default <data dir>/rollouts); rerunning with the same batch id resumes."""
+    (default `<ENVFORGE_STORE_URL or data dir>/rollouts`); rerunning with the same batch id resumes.
+
+    The sandboxes run in `pool` when one is given, on the fleet when `ENVFORGE_RAY_ADDRESS` is set
+    (docs/fleet.md), else in a warm pool on this process's engine."""
     from envforge.rollout.batch import run_batch
     from envforge.rollout.policies.factory import make_policy
 
     items = ensure_images(settings, tasks, images, context).items(tasks)
+    if pool is None and (fleet := dispatcher_from_env()) is not None:
+        from envforge.fleet.run import rollout_pool
+        from envforge.sandbox.engine import docker_client
+
+        pool = rollout_pool(fleet, items, config, docker_client(settings))
     batch = run_batch(settings, items, make_policy(policy), config, task_set_version=task_set_version,
-                      batch_id=batch_id, root=root, progress=context.progress)
+                      batch_id=batch_id, root=root, progress=context.progress, pool=pool)
     return RolloutResult(batch, policy, task_set_version)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from envforge import objectstore
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.stages.base import StageContext, StageResult, stage
@@ -42,6 +43,7 @@ class TaskSetResult(StageResult):
     parquet: Path
     new_version: bool
     lineage: dict[str, Any]
+    published: str | None = None  # the parquet's copy under ENVFORGE_STORE_URL, when one is set
 
     def params(self) -> dict[str, Any]:
         return {"n_tasks": self.n_tasks, "task_set_version": self.version}
@@ -50,7 +52,8 @@ class TaskSetResult(StageResult):
         return {"task_set_size": self.n_tasks}
 
     def artifacts(self) -> dict[str, Any]:
-        return {"task_set.json": {"name": self.name, "version": self.version, "parquet": str(self.parquet)},
+        return {"task_set.json": {"name": self.name, "version": self.version, "parquet": str(self.parquet),
+                                  "published": self.published},
                 "lineage.json": self.lineage}
 
 
@@ -67,4 +70,5 @@ def publish_task_set(settings: Settings, config: TaskSetConfig, tasks: Sequence[
     catalog.create_task_set(config.name, tasks, dict(lineage.params), sources=catalog.sources_of(hashes),
                             removed=lineage.removed)
     path = catalog.export_task_set(version, settings.data_dir / "task_sets" / f"{config.name}-{version[:12]}.parquet")
-    return TaskSetResult(version, config.name, len(tasks), path, new, catalog.lineage(version))
+    return TaskSetResult(version, config.name, len(tasks), path, new, catalog.lineage(version),
+                         published=objectstore.publish(settings.store_url, "task_sets", path))

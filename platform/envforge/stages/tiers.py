@@ -55,7 +55,7 @@ def duplicate_groups(settings: Settings, version: str, tasks: list[Task]) -> tup
     """Near-duplicate pairs among a task set's members (with the dedup params the version was made
     with) and the cluster each paired task belongs to: what a split must keep together."""
     params = Catalog(settings.catalog_path).task_set_params(version).get("dedup")
-    pairs = near_duplicate_pairs(tasks, config=DedupConfig(**params) if params else DedupConfig())
+    pairs = near_duplicate_pairs(tasks, config=DedupConfig.from_params(params) if params else DedupConfig())
     return pairs, cluster_keys(tasks, pairs)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import random
 import re
 import shlex
 import time
@@ -15,9 +13,9 @@ from envforge.sandbox.container import Sandbox
 from envforge.task import VERIFIER_DIR, WORKSPACE, ShellCheckpoint, Task, TestCheckpoint
 from envforge.verify.parsers import ReportError, ReportIncomplete, parse_pattern, parse_report, parse_tap
 from envforge.verify.result import CheckpointResult
+from envforge.verify.selection import SUITE, TARGETED, TestRun, selection_env, unittest_ids
 
 RUNNER_DIR = "/run/envforge-verifier/runner"
-SELECT_FILE = "select.json"
 _RUNNERS = {name: (Path(__file__).parent / "runners" / name).read_bytes()
             for name in ("unittest_runner.py", "envforge_reporter.py")}
 # pytest from the system, before anything in the workspace can shadow it: -P keeps the cwd off
@@ -60,33 +58,34 @@ def _pytest_invocation(command: str | None) -> tuple[str, bool]:
     return command, False
 
 
-def test_command(check: TestCheckpoint, order: list[str], environment: PythonEnvironment | None = None,
-                 select: bool = False, extra_args: str = "") -> tuple[str, bool, dict[str, str]]:
-    """(shell command, whether it reports on fd 3, its variables) for the framework.
+def test_command(check: TestCheckpoint, run: TestRun = TARGETED, environment: PythonEnvironment | None = None
+                 ) -> tuple[str, bool, dict[str, str]]:
+    """(shell command, whether it reports on fd 3, its variables) for the framework and the run.
 
     Leading `NAME=value` words of the command become variables merged with the task's and
     envforge's (so `PYTHONPATH=src python3 -m pytest` keeps the launcher and the reporter).
-    With `select`, pytest gets the ids through the select file instead of its command line.
+    Which tests run and in what order is told to envforge's pytest plugin or unittest runner
+    through the variables of selection.py, never through pytest's command line.
     """
     prefix_env, command = split_assignments(check.command) if check.command else ({}, check.command)
     user = {**(environment.env if environment else {}), **prefix_env}
-    ids = "" if select else " ".join(shlex.quote(t) for t in order)
+    envforge = {**CLEAN_ENV, **selection_env(check, run)}
     if check.framework == "pytest":
         plugins = " ".join(f"-p {shlex.quote(p)}" for p in check.plugins)
         base, launcher = _pytest_invocation(command)
-        envforge = dict(CLEAN_ENV)
         if launcher:
             workdir = environment.command_workdir() if environment else WORKSPACE
             paths = [e if e.startswith("/") else f"{workdir}/{e}" for e in user.pop("PYTHONPATH", "").split(":") if e]
             if paths:
                 envforge["ENVFORGE_PYTHONPATH"] = ":".join(paths)
-        if select:
-            envforge["ENVFORGE_SELECT"] = f"{RUNNER_DIR}/{SELECT_FILE}"
-        env = merge_env(user, envforge)
-        return f"{base} -p envforge_reporter -p no:cacheprovider {plugins} -q -o addopts= {extra_args} {ids}", True, env
-    env = merge_env(user, CLEAN_ENV)
+        # A whole-suite run (derivation) goes on past a module that does not import, and says why.
+        extra = " --continue-on-collection-errors" if run.scope == "suite" else ""
+        return (f"{base} -p envforge_reporter -p no:cacheprovider {plugins} -q -o addopts={extra}", True,
+                merge_env(user, envforge))
+    env = merge_env(user, envforge)
     if check.framework == "unittest":
-        return f"{command or 'python3'} -P {RUNNER_DIR}/unittest_runner.py {ids}", True, env
+        ids = " ".join(shlex.quote(t) for t in unittest_ids(check, run))
+        return f"{command or 'python3'} -P {RUNNER_DIR}/unittest_runner.py {ids}".rstrip(), True, env
     return command or "", False, env
 
 
@@ -99,18 +98,14 @@ class SuiteRun:
     collect_errors: dict[str, str] = field(default_factory=dict)
 
 
-def _run_reported(sandbox: Sandbox, check: TestCheckpoint, order: list[str],
-                  environment: PythonEnvironment | None = None, select: bool = False,
-                  extra_args: str = "") -> SuiteRun:
-    """One run of the given ids (all tests the command collects when `order` is empty).
+def _run_reported(sandbox: Sandbox, check: TestCheckpoint, run: TestRun,
+                  environment: PythonEnvironment | None = None) -> SuiteRun:
+    """One run of the check (the required ids' test files or the whole suite, see selection.py).
 
     Every sandbox process is killed afterwards, so nothing the tests started lives on into
     the shell checkpoints.
     """
-    select = select and check.framework == "pytest"
-    if select:
-        sandbox.install_files(RUNNER_DIR, {SELECT_FILE: json.dumps(order).encode()}, mode=0o644)
-    cmd, reports, env = test_command(check, order, environment, select, extra_args)
+    cmd, reports, env = test_command(check, run, environment)
     workdir = environment.command_workdir() if environment else WORKSPACE
     res = sandbox.exec(cmd, timeout_s=check.timeout_s, env=env, report=reports, workdir=workdir)
     sandbox.kill_processes()
@@ -140,18 +135,19 @@ def _run_reported(sandbox: Sandbox, check: TestCheckpoint, order: list[str],
     return SuiteRun(statuses, reasons, collect_errors)
 
 
-def run_tests(sandbox: Sandbox, check: TestCheckpoint, shuffle_seed: int | None = None,
+def run_tests(sandbox: Sandbox, check: TestCheckpoint, run: TestRun = TARGETED,
               environment: PythonEnvironment | None = None) -> tuple[dict[str, str], list[str]]:
-    """Run the required tests, each id on its own: one unknown id is `test_missing`, not a failed run.
-    Statuses come from the report pipe (pytest, unittest) or stdout (tap, pattern)."""
-    order = list(check.ids)
-    if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(order)
-    run = _run_reported(sandbox, check, order, environment, select=True)
-    reasons = list(run.reasons)
+    """The status of every required test (FAIL_TO_PASS, PASS_TO_PASS), and the reasons it fails.
+
+    Statuses come from the report pipe (pytest, unittest) or stdout (tap, pattern); a required
+    id the run did not report is `test_missing` on its own (no id reaches pytest's command
+    line, so an unknown one cannot stop the run), whatever else the run did.
+    """
+    reported = _run_reported(sandbox, check, run, environment)
+    reasons = list(reported.reasons)
     tests: dict[str, str] = {}
     for test_id in check.ids:
-        status = run.statuses.get(test_id, "missing")
+        status = reported.statuses.get(test_id, "missing")
         tests[test_id] = status
         if status == "missing":
             reasons.append(f"test_missing:{test_id}")
@@ -161,11 +157,10 @@ def run_tests(sandbox: Sandbox, check: TestCheckpoint, shuffle_seed: int | None 
 
 
 def run_suite(sandbox: Sandbox, check: TestCheckpoint, environment: PythonEnvironment | None = None,
-              order: list[str] | None = None) -> SuiteRun:
-    """Every test the check's command collects (or exactly `order`, in that order), with its status:
+              run: TestRun = SUITE) -> SuiteRun:
+    """Every test the check's command collects, with its status (in collection order, or reversed):
     how sources derive FAIL_TO_PASS. One broken test module does not stop the other modules."""
-    return _run_reported(sandbox, check, list(order or []), environment, select=bool(order),
-                         extra_args="--continue-on-collection-errors" if check.framework == "pytest" else "")
+    return _run_reported(sandbox, check, run, environment)
 
 
 def run_shell_checkpoint(sandbox: Sandbox, check: ShellCheckpoint,

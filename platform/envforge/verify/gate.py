@@ -1,27 +1,45 @@
 """The flakiness gate: a task enters a task set only when its verifier has proven itself.
 
-For each task: grade the empty and the reference solution N times each in fresh (reset)
-sandboxes, optionally once more with the test order shuffled, and run every standard hack
-probe. Accept only if the reference passes every time, the empty solution fails every
-FAIL_TO_PASS test (or, for checkpoint-only tasks, fails) every time while PASS_TO_PASS
-passes every time, and every probe scores 0. Otherwise quarantine, with the disagreement.
+For each task: grade the empty and the reference solution N times each on pristine copies,
+once more the reference on the whole suite in reversed order (the order check), and every
+hack probe that applies to the task. Accept only if the reference passes every time, the
+empty solution fails every FAIL_TO_PASS test (or, for checkpoint-only tasks, fails) every
+time while PASS_TO_PASS passes every time, and every probe scores 0. Otherwise quarantine,
+with the disagreement.
+
+The default gate spends runs where they tell something: gradings run only the test files
+that decide the verdict (selection.py), in parallel on the pool's warm sandboxes, the first
+disagreement stops the task (the verdict is decided), and probes whose filtered diff equals
+one already graded share its graded copy (batch.py). `full_suite=True` is the exhaustive
+gate the default is measured against: the whole suite on every grading, every run and
+probe graded whatever happens.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import time
 from dataclasses import dataclass, field
-from typing import Callable
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
 
-from envforge.errors import InfraError
+from envforge.errors import PolicyOutcome
+from envforge.hashing import digest_parts
 from envforge.sandbox.container import Sandbox
 from envforge.task import Task
+from envforge.verify.batch import INFRA_RETRIES, Grading, grade_batch, with_retries
 from envforge.verify.config import GateConfig
 from envforge.verify.grader import Grader, options_for
-from envforge.verify.probes import STANDARD_PROBES, Probe, guard_for
+from envforge.verify.probes import Probe, applicable_probes, guard_for
+from envforge.verify.protect import split_diff
 from envforge.verify.result import VerificationResult
+from envforge.verify.selection import SUITE, TARGETED, TestRun
 
-INFRA_RETRIES = 2
+__all__ = ["INFRA_RETRIES", "GateReport", "gate_key", "probe_diff", "validate_task"]
+
+ORDER_CHECK = TestRun("suite", "reverse")
 
 
 @dataclass
@@ -32,10 +50,19 @@ class GateReport:
     disagreements: list[str] = field(default_factory=list)
     reference_passes: int = 0
     empty_fails: int = 0
-    runs: int = 0
+    runs: int = 0  # reference runs graded (fewer than configured when the gate stopped early)
     probe_results: dict[str, dict] = field(default_factory=dict)
     verifier_seconds: list[float] = field(default_factory=list)
     infra_retries: int = 0
+    empty_runs: int = 0
+    probes_skipped: dict[str, str] = field(default_factory=dict)  # probe -> why it does not apply
+    not_run: list[str] = field(default_factory=list)  # gradings left out once the verdict was decided
+    gradings: int = 0  # graded copies actually run
+    sandbox_s: float = 0.0
+    wall_s: float = 0.0
+    image_digest: str = ""
+    gate_key: str = ""
+    reused_from: datetime | None = None  # set when an unchanged task kept an earlier verdict
 
     @property
     def verdict(self) -> str:
@@ -45,64 +72,144 @@ class GateReport:
     def median_verifier_s(self) -> float:
         return statistics.median(self.verifier_seconds) if self.verifier_seconds else 0.0
 
+    @property
+    def stopped_early(self) -> bool:
+        return bool(self.not_run)
 
-def _with_retries(fn: Callable[[], VerificationResult], report: GateReport) -> VerificationResult:
-    for attempt in range(INFRA_RETRIES + 1):
-        try:
-            return fn()
-        except InfraError:
-            if attempt == INFRA_RETRIES:
-                raise
-            report.infra_retries += 1
-    raise AssertionError("unreachable")
+    def stats(self) -> dict:
+        """What the verdict cost, and what it left out: kept with the verdict in the catalog."""
+        return {"empty_runs": self.empty_runs, "probes_skipped": self.probes_skipped, "not_run": self.not_run,
+                "gradings": self.gradings, "sandbox_s": round(self.sandbox_s, 3), "wall_s": round(self.wall_s, 3)}
+
+    @classmethod
+    def from_row(cls, row: dict) -> "GateReport":
+        """A stored verdict (a `validations` row) as the report of an unchanged task that keeps it."""
+        stats = json.loads(row.get("stats_json") or "{}")
+        return cls(
+            task_id=row["task_id"], content_hash=row["content_hash"], accepted=row["verdict"] == "accepted",
+            disagreements=list(row["disagreements"]), reference_passes=row["reference_passes"],
+            empty_fails=row["empty_fails"], runs=row["runs"], probe_results=json.loads(row["probes_json"]),
+            verifier_seconds=[row["verifier_median_s"]], infra_retries=row["infra_retries"],
+            empty_runs=stats.get("empty_runs", row["runs"]), probes_skipped=stats.get("probes_skipped", {}),
+            not_run=stats.get("not_run", []), gradings=stats.get("gradings", 0),
+            sandbox_s=stats.get("sandbox_s", 0.0), wall_s=stats.get("wall_s", 0.0),
+            image_digest=row["image_digest"], gate_key=row["gate_key"], reused_from=row["created_at"])
 
 
-def probe_diff(grader: Grader, task: Task, image: str, probe: Probe) -> str:
+@lru_cache(maxsize=1)
+def verifier_digest() -> str:
+    """The grader, gate, probes and runners' code: a new envforge that grades differently re-gates."""
+    root = Path(__file__).parent
+    return digest_parts(*[f"{p.relative_to(root)}\0{p.read_text()}" for p in sorted(root.rglob("*.py"))])[:16]
+
+
+def gate_key(task: Task, image_digest: str, config: GateConfig) -> str:
+    """What a verdict depends on: the task's content, its image, the gate parameters and the verifier code.
+
+    A task whose key is unchanged keeps its verdict (the nightly refresh re-gates only what changed).
+    """
+    return digest_parts(task.content_hash, image_digest, json.dumps(config.as_params(), sort_keys=True),
+                        verifier_digest())
+
+
+def probe_diff(grader: Grader, task: Task, image: str, probe: Probe, reference_paths: tuple[str, ...] = ()) -> str:
+    """Run a probe's script as a policy's commands would run, and return the workspace diff it leaves."""
     sandbox: Sandbox = grader.pool.acquire(image, options_for(task))
     try:
         env = task.spec.environment
-        sandbox.exec(probe.script(task), timeout_s=120, env=env.command_env(), workdir=env.command_workdir())
+        sandbox.exec(probe.script(task, reference_paths), timeout_s=120, env=env.command_env(),
+                     workdir=env.command_workdir())
         return sandbox.diff()
+    except PolicyOutcome:
+        return ""  # a probe whose workspace cannot be diffed scores what the empty diff scores
     finally:
         grader.pool.release(sandbox)
 
 
-def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = GateConfig()) -> GateReport:
-    report = GateReport(task.id, task.content_hash, accepted=False, runs=config.runs)
-    tests = task.spec.verification.tests
-    ref_diff, ref_failures = grader.solution_diff(task, image, "reference")
-    if ref_failures:
-        report.disagreements += [f"reference_{f}" for f in ref_failures]
-    for run in range(1, config.runs + 1):
-        ref = _with_retries(lambda: grader.grade(task, image, ref_diff, "reference"), report)
-        report.verifier_seconds.append(ref.duration_s)
-        if ref.resolved:
-            report.reference_passes += 1
-        else:
-            report.disagreements.append(f"reference_failed:run{run}:{','.join(ref.reasons)}")
-        empty = _with_retries(lambda: grader.grade(task, image, "", "empty"), report)
-        report.verifier_seconds.append(empty.duration_s)
-        empty_ok = not empty.resolved
-        if tests is not None:
-            passed_f2p = [t for t in tests.fail_to_pass if empty.tests.get(t) == "passed"]
-            failed_p2p = [t for t in tests.pass_to_pass if empty.tests.get(t) != "passed"]
-            empty_ok = not passed_f2p and not failed_p2p
-            report.disagreements += [f"empty_passed_fail_to_pass:{t}:run{run}" for t in passed_f2p]
-            report.disagreements += [f"empty_failed_pass_to_pass:{t}:run{run}" for t in failed_p2p]
-        elif not empty_ok:
-            report.disagreements.append(f"empty_resolved:run{run}")
-        report.empty_fails += int(empty_ok)
+def _judge(task: Task, name: str, result: VerificationResult) -> list[str]:
+    """The disagreements one grading shows (none when it behaved as a verified task's must)."""
+    kind, _, which = name.partition(":")
+    if kind == "reference" and which == "order":
+        return [] if result.resolved else [f"reference_failed_reversed_suite:{','.join(result.reasons)}"]
+    if kind == "reference":
+        return [] if result.resolved else [f"reference_failed:{which}:{','.join(result.reasons)}"]
+    if kind == "empty":
+        tests = task.spec.verification.tests
+        if tests is None:
+            return [f"empty_resolved:{which}"] if result.resolved else []
+        passed_f2p = [t for t in tests.fail_to_pass if result.tests.get(t) == "passed"]
+        failed_p2p = [t for t in tests.pass_to_pass if result.tests.get(t) != "passed"]
+        return ([f"empty_passed_fail_to_pass:{t}:{which}" for t in passed_f2p]
+                + [f"empty_failed_pass_to_pass:{t}:{which}" for t in failed_p2p])
+    return [f"probe_scored:{which}:{result.reward}"] if result.reward > 0 else []
+
+
+def _plan(task: Task, ref_diff: str, config: GateConfig, grader: Grader, image: str,
+          report: GateReport) -> list[Grading]:
+    """The gradings of one task, most telling first: the first reference and empty runs, the order
+    check, the remaining runs, then the probes."""
+    run = SUITE if config.full_suite else TARGETED
+    share = not config.full_suite
+    ref, empty = [], []
+    for i in range(1, config.runs + 1):
+        ref.append(Grading(f"reference:run{i}", ref_diff, run, share=False))
+        empty.append(Grading(f"empty:run{i}", "", run, share=False))
+    plan = [ref[0], empty[0]]
     if config.shuffle:
-        shuffled = _with_retries(lambda: grader.grade(task, image, ref_diff, "reference", shuffle_seed=1), report)
-        if not shuffled.resolved:
-            report.disagreements.append(f"reference_failed_shuffled:{','.join(shuffled.reasons)}")
-    if config.probes and tests is not None:
-        for probe in STANDARD_PROBES:
-            diff = probe_diff(grader, task, image, probe)
-            res = _with_retries(lambda: grader.grade(task, image, diff, f"probe:{probe.name}"), report)
-            report.probe_results[probe.name] = {"reward": res.reward, "guard": guard_for(res),
-                                                "reasons": res.reasons[:6]}
-            if res.reward > 0:
-                report.disagreements.append(f"probe_scored:{probe.name}:{res.reward}")
+        plan.append(Grading("reference:order", ref_diff, ORDER_CHECK, share=False))
+    for r, e in zip(ref[1:], empty[1:]):
+        plan += [r, e]
+    if config.probes:
+        probes, report.probes_skipped = applicable_probes(task)
+        ref_paths = tuple(p for section in split_diff(ref_diff) for p in section.paths)
+        for probe in probes:
+            plan.append(Grading(f"probe:{probe.name}",
+                                lambda probe=probe: probe_diff(grader, task, image, probe, ref_paths), run, share))
+    return plan
+
+
+def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = GateConfig()) -> GateReport:
+    started = time.perf_counter()
+    report = GateReport(task.id, task.content_hash, accepted=False)
+
+    def retried() -> None:
+        report.infra_retries += 1
+
+    ref_diff, ref_failures = with_retries(lambda: grader.solution_diff(task, image, "reference"), retried)
+    if task.reference_patch is None:  # the reference commands ran in a sandbox
+        report.sandbox_s += time.perf_counter() - started
+    report.disagreements += [f"reference_{f}" for f in ref_failures]
+    plan = _plan(task, ref_diff, config, grader, image, report)
+    if ref_failures and not config.full_suite:  # the reference's own commands failed: decided already
+        report.not_run = [g.name for g in plan]
+        report.wall_s = time.perf_counter() - started
+        return report
+
+    def stop(name: str, result: VerificationResult) -> bool:
+        return not config.full_suite and bool(_judge(task, name, result))
+
+    outcome = grade_batch(grader, task, image, plan, workers=config.workers, stop=stop)
+    for name, result in outcome.results.items():
+        report.disagreements += _judge(task, name, result)
+        kind, _, which = name.partition(":")
+        if kind in ("reference", "empty") and which != "order":
+            report.verifier_seconds.append(result.duration_s)
+        if kind == "reference" and which != "order":
+            report.runs += 1
+            report.reference_passes += int(result.resolved)
+        elif kind == "empty":
+            report.empty_runs += 1
+            report.empty_fails += int(not _judge(task, name, result))
+        elif kind == "probe":
+            diff = outcome.diffs.get(name)
+            entry = {"reward": result.reward, "guard": guard_for(result, diff), "reasons": result.reasons[:6]}
+            if name in outcome.shared_with:
+                entry["graded_as"] = outcome.shared_with[name]
+            report.probe_results[which] = entry
+    report.not_run = outcome.not_run
+    report.gradings = outcome.copies
+    report.sandbox_s += outcome.sandbox_s
+    report.infra_retries += outcome.infra_retries
     report.accepted = not report.disagreements
+    report.wall_s = time.perf_counter() - started
     return report

@@ -5,7 +5,8 @@
    `--reject`, then `patch --fuzz`; the method that worked is recorded;
 3. apply the held-back test patch, purge bytecode and caches;
 4. install the verifier's files and runners outside the workspace, run the test checkpoint
-   (reports over the agent's fd-3 pipe) and the shell checkpoints.
+   (reports over the agent's fd-3 pipe; by default only the test files that hold the task's
+   required ids, see selection.py) and the shell checkpoints.
 
 Infrastructure faults raise InfraError: they are retried by callers, never scored.
 """
@@ -13,15 +14,18 @@ Infrastructure faults raise InfraError: they are retried by callers, never score
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import docker
 
+from envforge.errors import PolicyOutcome
 from envforge.sandbox.container import Sandbox, SandboxOptions
 from envforge.sandbox.pool import SandboxPool
 from envforge.task import Task
 from envforge.verify.checkpoints import install_verifier_files, run_shell_checkpoint, run_tests
 from envforge.verify.protect import filter_diff, matches, protected_globs
-from envforge.verify.result import VerificationResult
+from envforge.verify.result import CheckpointResult, VerificationResult
+from envforge.verify.selection import TARGETED, TestRun
 
 PURGE_CACHES = ("find . -name __pycache__ -type d -prune -exec rm -rf {} + ; "
                 "find . \\( -name '*.py[co]' -o -name .pytest_cache \\) -prune -exec rm -rf {} + ; true")
@@ -29,6 +33,29 @@ PURGE_CACHES = ("find . -name __pycache__ -type d -prune -exec rm -rf {} + ; "
 
 def options_for(task: Task) -> SandboxOptions:
     return SandboxOptions(limits=task.spec.environment.limits, network=task.spec.environment.network)
+
+
+@dataclass(frozen=True)
+class PreparedDiff:
+    """A solution's diff as it reaches the graded copy: sections touching protected paths dropped.
+
+    Two solutions with equal `kept` text are graded on identical copies, so they get the same
+    outcome; the gate grades each distinct copy once (see gate.py).
+    """
+
+    kept: str
+    touched: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GradedCopy:
+    """What the task's checks gave on one graded copy (before protected-change and reward rules)."""
+
+    method: str | None
+    tests: dict[str, str]
+    checkpoints: list[CheckpointResult]
+    failures: list[str]
+    duration_s: float
 
 
 class Grader:
@@ -50,38 +77,53 @@ class Grader:
         self.close()
 
     def grade(self, task: Task, image: str, diff: str, solution: str = "diff",
-              shuffle_seed: int | None = None) -> VerificationResult:
-        started = time.perf_counter()
+              run: TestRun = TARGETED) -> VerificationResult:
+        """Grade one solution on a pristine copy. `run` says which tests run: by default the files that
+        hold the task's required ids, in collection order."""
+        prepared = self.prepare(task, diff)
+        return self.result(task, image, solution, prepared, self.run_copy(task, image, prepared.kept, run))
+
+    def prepare(self, task: Task, diff: str) -> PreparedDiff:
         kept, touched = filter_diff(diff, protected_globs(task))
-        reasons = [f"protected_path_modified:{p}" for p in touched]
-        verification = task.spec.verification
+        return PreparedDiff(kept, tuple(touched))
+
+    def run_copy(self, task: Task, image: str, kept: str, run: TestRun = TARGETED) -> GradedCopy:
+        """Apply an already filtered diff to a fresh (or freshly reset) sandbox and run the task's checks."""
+        started = time.perf_counter()
         sandbox = self.pool.acquire(image, options_for(task))
         try:
-            method, tests, checkpoints, failures = self._grade_in(sandbox, task, kept, shuffle_seed)
+            method, tests, checkpoints, failures = self._grade_in(sandbox, task, kept, run)
         finally:
             self.pool.release(sandbox)
-        late = [f for f in failures if f.startswith("protected_path_modified:")]
-        failures = [f for f in failures if not f.startswith("protected_path_modified:")]
+        return GradedCopy(method, tests, checkpoints, failures, time.perf_counter() - started)
+
+    def result(self, task: Task, image: str, solution: str, prepared: PreparedDiff,
+               copy: GradedCopy) -> VerificationResult:
+        """The reward and reasons of a solution whose filtered diff gave `copy`."""
+        verification = task.spec.verification
+        reasons = [f"protected_path_modified:{p}" for p in prepared.touched]
+        late = [f for f in copy.failures if f.startswith("protected_path_modified:")]
+        failures = [f for f in copy.failures if not f.startswith("protected_path_modified:")]
         reasons += [r for r in late if r not in reasons] + failures
-        touched = touched or [r.split(":", 1)[1] for r in late]
+        touched = list(prepared.touched) or [r.split(":", 1)[1] for r in late]
         zeroed = bool(touched) and verification.zero_reward_on_protected_change
         resolved = not failures and not zeroed
-        if verification.partial_credit and not zeroed and method is not None:
-            parts = [s == "passed" for s in tests.values()] + [c.passed for c in checkpoints]
+        if verification.partial_credit and not zeroed and copy.method is not None:
+            parts = [s == "passed" for s in copy.tests.values()] + [c.passed for c in copy.checkpoints]
             reward = round(sum(parts) / len(parts), 6) if parts else 0.0
         else:
             reward = 1.0 if resolved else 0.0
-        return VerificationResult(task_id=task.id, solution=solution, reward=reward, resolved=resolved, tests=tests,
-                                  checkpoints=checkpoints, reasons=reasons, patch_method=method,
-                                  duration_s=time.perf_counter() - started, image=image)
+        return VerificationResult(task_id=task.id, solution=solution, reward=reward, resolved=resolved,
+                                  tests=dict(copy.tests), checkpoints=list(copy.checkpoints), reasons=reasons,
+                                  patch_method=copy.method, duration_s=copy.duration_s, image=image)
 
-    def _grade_in(self, sb: Sandbox, task: Task, diff: str, shuffle_seed: int | None):
+    def _grade_in(self, sb: Sandbox, task: Task, diff: str, run: TestRun):
         method = "empty"
         failures: list[str] = []
         if diff.strip():
             try:
                 method = sb.apply_patch(diff)
-            except ValueError:
+            except (ValueError, OSError):  # OSError: a diff too large to stage in the sandbox's /tmp
                 return None, {}, [], ["patch_failed"]
             # The guard that does not depend on parsing the diff: whatever the applied diff
             # changed in the tree, protected paths go back to their initial state, and so
@@ -94,7 +136,7 @@ class Grader:
         if task.test_patch:
             try:
                 sb.apply_patch(task.test_patch)
-            except ValueError:
+            except (ValueError, OSError):
                 return method, {}, [], ["test_patch_failed"]
         sb.exec(PURGE_CACHES, timeout_s=120)
         install_verifier_files(sb, task)
@@ -102,10 +144,10 @@ class Grader:
         check = task.spec.verification.tests
         environment = task.spec.environment
         if check is not None:
-            tests, test_failures = run_tests(sb, check, shuffle_seed, environment)
+            tests, test_failures = run_tests(sb, check, run, environment)
             failures += test_failures
         ordered = list(task.spec.verification.checkpoints)
-        if shuffle_seed is not None:
+        if run.order == "reverse":
             ordered.reverse()
         checkpoints = [run_shell_checkpoint(sb, c, environment) for c in ordered]
         checkpoints.sort(key=lambda c: [x.name for x in task.spec.verification.checkpoints].index(c.name))
@@ -117,7 +159,9 @@ class Grader:
         return method, tests, checkpoints, failures
 
     def commands_diff(self, task: Task, image: str, commands: list[str]) -> tuple[str, list[str]]:
-        """Run commands as a policy would (fresh sandbox, workspace as cwd); returns (diff, failures)."""
+        """Run commands as a policy would (fresh sandbox, workspace as cwd); returns (diff, failures).
+
+        Raises PolicyOutcome when the commands leave a workspace that cannot be diffed."""
         sandbox = self.pool.acquire(image, options_for(task))
         try:
             failures = []
@@ -136,4 +180,7 @@ class Grader:
             return "", []
         if task.reference_patch is not None:
             return task.reference_patch, []
-        return self.commands_diff(task, image, list(task.spec.reference_solution.commands or []))
+        try:
+            return self.commands_diff(task, image, list(task.spec.reference_solution.commands or []))
+        except PolicyOutcome as exc:  # the reference itself cannot be graded: the gate quarantines the task
+            return "", [exc.reason]

@@ -164,25 +164,31 @@ class OpenAIChatPolicy:
                 pass
         return delay * (1 + 0.1 * random.random())  # jitter, so many workers do not retry in lockstep
 
-    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, seed: int,
-                  temperature: float = 1.0, max_tokens: int = 512) -> PolicyOutput:
-        url = f"{self.base_url}/chat/completions"
-        payload = self._payload(messages, tools, seed, temperature, max_tokens)
-        start = time.perf_counter()
+    async def request(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST `payload` to `{base_url}{path}` with the retry policy above; the JSON body.
+
+        The embeddings and judge calls of decontamination go through here too, so every
+        OpenAI-compatible call envforge makes retries and fails the same way."""
+        url = f"{self.base_url}{path}"
         last: _Retryable | None = None
         for attempt in range(self.max_retries + 1):
             if attempt:
                 await asyncio.sleep(self._delay(attempt - 1, last.retry_after if last else None))
             try:
-                body = await self._post_once(url, payload)
+                return await self._post_once(url, payload)
             except _Retryable as exc:
                 last = exc
-                continue
-            out = parse_chat_response(body, latency_s=time.perf_counter() - start)
-            if isinstance(body.get("policy_version"), int):
-                self.server_version = body["policy_version"]
-            return out
         raise PolicyError(f"gave up after {self.max_retries + 1} attempts: {last}")
+
+    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, seed: int,
+                  temperature: float = 1.0, max_tokens: int = 512) -> PolicyOutput:
+        payload = self._payload(messages, tools, seed, temperature, max_tokens)
+        start = time.perf_counter()
+        body = await self.request("/chat/completions", payload)
+        out = parse_chat_response(body, latency_s=time.perf_counter() - start)
+        if isinstance(body.get("policy_version"), int):
+            self.server_version = body["policy_version"]
+        return out
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:

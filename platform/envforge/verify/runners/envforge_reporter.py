@@ -7,58 +7,53 @@ forged report to. It writes one JSON line per test outcome and, only if the sess
 normally, a final `{"finished": true, ...}` line: a run cut short (os._exit, a crash, a
 kill) has no trailer and counts as a failure.
 
-When ENVFORGE_SELECT names a JSON list of test ids (a root-owned file the grader installs),
-only those tests run, in that order: the command line carries just the files that hold them
-(files that do not exist are left out), and each id is selected on its own after
-collection. An unknown id is therefore missing from the report, never the reason the whole
-run stops, as it would be if it were passed to pytest directly ("ERROR: not found").
-Collection errors are reported with their message, so a missing dependency can be named.
+The grader also tells it, through two environment variables read (and removed) at import,
+which test files to collect (ENVFORGE_TEST_FILES, a JSON list of paths relative to the
+rootdir: every other test file and every directory holding none of them is ignored) and
+in what order to run the collected tests (ENVFORGE_TEST_ORDER=reverse). No test id is ever
+passed to pytest, so an unknown id is missing from the report, never the reason the whole
+run stops ("ERROR: not found"). Collection errors are reported with their message, so a
+missing dependency can be named.
 """
 
 import fcntl
 import json
 import os
 import random
+from pathlib import Path
+
+import pytest
 
 _fd = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, random.randint(300, 900))
 os.close(3)
 _out = os.fdopen(_fd, "w", buffering=1)
 _outcomes: dict = {}
 _collect_errors: dict = {}
-_wanted: list = []
+_files = os.environ.pop("ENVFORGE_TEST_FILES", None)
+_ONLY = frozenset(Path(p).as_posix() for p in json.loads(_files)) if _files else None
+_DIRS = frozenset(str(parent) for p in (_ONLY or ()) for parent in Path(p).parents if str(parent) != ".")
+_REVERSE = os.environ.pop("ENVFORGE_TEST_ORDER", "") == "reverse"
 
 
-def _load_selection():
-    path = os.environ.get("ENVFORGE_SELECT")
-    if not path:
+def pytest_ignore_collect(collection_path, config):
+    """Collect only the test files holding the required ids (and the directories on the way to them)."""
+    if _ONLY is None:
         return None
-    with open(path, encoding="utf-8") as fh:
-        ids = json.load(fh)
-    return [str(i) for i in ids]
+    try:
+        rel = collection_path.relative_to(config.rootpath).as_posix()
+    except ValueError:
+        return None
+    if rel in _ONLY or collection_path.name in ("__init__.py", "conftest.py"):
+        return None
+    if collection_path.is_dir():
+        return None if rel in _DIRS or rel == "." else True
+    return True
 
 
-def pytest_configure(config):
-    ids = _load_selection()
-    if ids is None:
-        return
-    _wanted[:] = ids
-    files = []
-    for test_id in ids:
-        path = os.path.join(str(config.rootpath), test_id.split("::", 1)[0])
-        if path not in files and os.path.exists(path):
-            files.append(path)
-    config.args[:] = files or [os.devnull]
-
-
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    if not _wanted:
-        return
-    rank = {test_id: i for i, test_id in enumerate(_wanted)}
-    keep = sorted((item for item in items if item.nodeid in rank), key=lambda item: rank[item.nodeid])
-    dropped = [item for item in items if item.nodeid not in rank]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-    items[:] = keep
+    if _REVERSE:
+        items.reverse()
 
 
 def pytest_collectreport(report):

@@ -1,0 +1,15 @@
+"""Scale-out: a sandbox fleet over many Docker hosts, on Ray (the optional `fleet` extra).
+
+- `config.FleetConfig`: the settings (ENVFORGE_RAY_ADDRESS, ENVFORGE_FLEET_*), typed.
+- `node.NodeAgent`: one per node (a detached Ray actor), owning its engine, images and warm pool.
+- `dispatcher.FleetDispatcher`: places sandboxes on nodes by image locality, room and warmth,
+  with backpressure; node loss becomes `InfraError('node_lost')`.
+- `pool.FleetSandboxPool` / `RemoteSandbox`: the sandbox-pool interface over the fleet, so the
+  rollout scheduler, the grader and the gate run on it unchanged.
+- `images`: image distribution without a registry (build from the recipe, or docker save/load
+  through Ray's object store).
+- `local.LocalCluster`: a head and worker nodes on one machine (demo, tests, benchmark).
+
+Nothing here is imported by the single-machine path; Ray is imported only when a fleet starts.
+See docs/fleet.md.
+"""

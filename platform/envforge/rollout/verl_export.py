@@ -1,0 +1,88 @@
+"""A rollout batch as verl's multi-turn RL data: one row per task, the way verl's `RLHFDataset`
+and its tool agent loop read them.
+
+verl samples its own rollouts, so the rows are prompts, not trajectories: each task of the batch
+once, with what the episode starts from and what grading needs:
+
+| column | |
+|---|---|
+| `data_source` | `envforge/<source kind>` (verl picks the reward function by it) |
+| `agent_name` | `tool_agent`: verl's multi-turn tool loop |
+| `prompt` | the messages: envforge's system prompt with the tool definitions and the `<tool_call>` format, then the task's instruction, as the service's first observation starts |
+| `tools` | the OpenAI tool definitions, as JSON text (for a verl tool config or a chat template's `tools=`) |
+| `ability` | `agentic-coding` |
+| `reward_model` | `{"style": "rule", "ground_truth": "<json: task_id, content_hash, task_set_version>"}` |
+| `extra_info` | `index`, `split`, the task id and content hash, `service_url` (where the reward function grades), `max_turns`, and the batch's `batch_id`, `batch_samples` and `batch_pass_rate` for filtering |
+
+The reward function is `envforge.service.adapters.verl_reward.compute_score`: it replays the
+response's tool calls in a fresh session of the exact task version and returns the verified reward.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import polars as pl
+
+from envforge.objectstore import write_url
+from envforge.rollout.actions import TOOLS
+from envforge.rollout.scheduler import SYSTEM_PROMPT
+from envforge.rollout.trajectory import Trajectory
+from envforge.task import WORKSPACE
+
+AGENT_NAME = "tool_agent"
+ABILITY = "agentic-coding"
+
+
+def system_message() -> str:
+    """The system prompt with the tools and the text form of a call (the Hermes/Qwen convention the
+    rollout tools parse), so prompts work for models and templates without native tool support."""
+    tools = "\n".join(json.dumps(t, sort_keys=True) for t in TOOLS)
+    return (f"{SYSTEM_PROMPT}\n\n# Tools\n\nYou may call the following tools:\n<tools>\n{tools}\n</tools>\n\n"
+            'To act, answer with one JSON object between tags:\n<tool_call>{"name": <tool-name>, "arguments": '
+            "<args-json-object>}</tool_call>")
+
+
+def user_message(instruction: str) -> str:
+    return f"{instruction.strip()}\n\nThe repository is in {WORKSPACE}."
+
+
+def verl_rows(trajectories: Iterable[Trajectory], service_url: str, splits: Mapping[str, str] | None = None,
+              max_turns: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+    """One row per task of the trajectories (ordered by task id); `splits` by task id (from the task set's
+    tiers), `max_turns` by content hash (from the catalog)."""
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        by_task[t.task_id].append(t)
+    rows = []
+    for index, task_id in enumerate(sorted(by_task)):
+        group = by_task[task_id]
+        first = group[0]
+        truth = {"task_id": task_id, "content_hash": first.content_hash, "task_set_version": first.task_set_version}
+        rows.append({
+            "data_source": f"envforge/{first.source or 'task'}",
+            "agent_name": AGENT_NAME,
+            "prompt": [{"role": "system", "content": system_message()},
+                       {"role": "user", "content": user_message(first.instruction)}],
+            "tools": json.dumps(TOOLS),
+            "ability": ABILITY,
+            "reward_model": {"style": "rule", "ground_truth": json.dumps(truth, sort_keys=True)},
+            "extra_info": {
+                "index": index, "split": (splits or {}).get(task_id, "train"), "task_id": task_id,
+                "content_hash": first.content_hash, "task_set_version": first.task_set_version,
+                "service_url": service_url, "max_turns": int((max_turns or {}).get(first.content_hash, 0)),
+                "batch_id": first.batch_id, "batch_samples": len(group),
+                "batch_pass_rate": sum(1 for t in group if t.resolved) / len(group)},
+        })
+    return rows
+
+
+def write_verl_parquet(rows: list[dict[str, Any]], path: str | Path) -> int:
+    buf = io.BytesIO()
+    pl.DataFrame(rows).write_parquet(buf)
+    write_url(str(path), buf.getvalue())  # a path or an object-store URL, with the store's credentials
+    return len(rows)

@@ -1,0 +1,73 @@
+"""Which tests one grading runs, and in what order.
+
+A task's verdict depends only on its FAIL_TO_PASS and PASS_TO_PASS ids, so a grading runs
+the test files that hold them (`targeted`), as the SWE-bench harness does, instead of the
+whole suite. The whole suite (`suite`) is what derivation runs to find the ids, and what the
+gate's order check and its `--full-suite` mode run.
+
+For pytest, targeting is done inside the test process by envforge's reporter plugin: the
+task's command runs as written (same rootdir, ini files and collection order as the whole
+suite) and the plugin ignores every test file that holds no required id. No ids go on the
+command line, so an unknown or odd id (parametrized with spaces, brackets, addresses) can
+never abort the run: it is reported missing on its own. The order is changed by the same
+plugin, after collection, so the files need not be listed either.
+
+unittest graders load the required ids (targeted) or discover every test (suite); tap and
+pattern commands are run as written, so for them both scopes run whatever the command runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from envforge.task import TestCheckpoint
+
+Scope = Literal["targeted", "suite"]
+Order = Literal["default", "reverse"]
+
+# Read (and removed from the environment) by the reporter plugin before any workspace code runs.
+FILES_ENV = "ENVFORGE_TEST_FILES"
+ORDER_ENV = "ENVFORGE_TEST_ORDER"
+
+
+@dataclass(frozen=True)
+class TestRun:
+    """What a grading runs: the verdict-deciding test files or the whole suite, in collection
+    order or reversed.
+
+    Reversed is the order check's permutation: it runs every pair of tests in the opposite
+    order from the default, so a test that passes only when another one has (or has not)
+    run before it fails in one of the two orders; a random shuffle gives no such guarantee.
+    """
+
+    __test__ = False  # not a pytest test class, whatever its name
+
+    scope: Scope = "targeted"
+    order: Order = "default"
+
+
+TARGETED = TestRun()
+SUITE = TestRun("suite")
+
+
+def target_files(check: TestCheckpoint) -> list[str]:
+    """The pytest files holding the check's required ids (sorted, each once)."""
+    return sorted({test_id.split("::", 1)[0] for test_id in check.ids})
+
+
+def selection_env(check: TestCheckpoint, run: TestRun) -> dict[str, str]:
+    """Environment for the test command: what envforge's pytest plugin collects, and the order its
+    pytest plugin or unittest runner runs the tests in."""
+    env: dict[str, str] = {}
+    if check.framework == "pytest" and run.scope == "targeted":
+        env[FILES_ENV] = json.dumps(target_files(check))
+    if check.framework in ("pytest", "unittest") and run.order != "default":
+        env[ORDER_ENV] = run.order
+    return env
+
+
+def unittest_ids(check: TestCheckpoint, run: TestRun) -> list[str]:
+    """The ids a unittest run loads (none for a suite run: the runner discovers every test)."""
+    return [] if run.scope == "suite" else list(check.ids)

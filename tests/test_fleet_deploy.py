@@ -1,0 +1,126 @@
+"""The fleet's deployment files: the Kubernetes manifests pass `kubectl apply --dry-run=client`,
+the compose overlay wires the code location to the Ray head, and the node entrypoint parses.
+
+kubectl's client-side dry run still asks an API server which kinds exist (discovery) and
+whether each object exists; no cluster is reachable here, so the test serves exactly that on
+loopback: the discovery documents of the API groups the manifests use (core, apps, RBAC, and
+KubeRay's ray.io/v1) and 404 for every object. kubectl then parses every manifest, maps each
+kind to its resource and reports what it would create."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+K8S = REPO / "platform" / "deploy" / "k8s"
+PROD = REPO / "platform" / "deploy" / "production"
+RESOURCES = {  # group/version -> (kind, plural, namespaced)
+    "v1": [("Namespace", "namespaces", False), ("ConfigMap", "configmaps", True), ("Secret", "secrets", True),
+           ("ServiceAccount", "serviceaccounts", True), ("Service", "services", True)],
+    "apps/v1": [("Deployment", "deployments", True)],
+    "rbac.authorization.k8s.io/v1": [("Role", "roles", True), ("RoleBinding", "rolebindings", True)],
+    "ray.io/v1": [("RayCluster", "rayclusters", True)],
+}
+
+
+class _Discovery(BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path == "/api":
+            return self._send(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+        if path == "/apis":
+            groups = [{"name": gv.split("/")[0], "versions": [{"groupVersion": gv, "version": gv.split("/")[1]}],
+                       "preferredVersion": {"groupVersion": gv, "version": gv.split("/")[1]}}
+                      for gv in RESOURCES if "/" in gv]
+            return self._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+        for gv, kinds in RESOURCES.items():
+            if path == ("/api/v1" if gv == "v1" else f"/apis/{gv}"):
+                return self._send(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
+                                        "resources": [{"name": plural, "singularName": kind.lower(), "kind": kind,
+                                                       "namespaced": ns, "verbs": ["create", "get", "list", "patch"]}
+                                                      for kind, plural, ns in kinds]})
+        self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                         "code": 404, "message": f"{path} not found"})
+
+
+@pytest.fixture
+def api_server(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Discovery)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "dry",
+        "clusters": [{"name": "dry", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
+        "contexts": [{"name": "dry", "context": {"cluster": "dry", "user": "dry"}}],
+        "users": [{"name": "dry", "user": {}}]}))
+    yield kubeconfig
+    server.shutdown()
+
+
+def test_kubernetes_manifests_pass_kubectl_client_dry_run(api_server, tmp_path):
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is missing: run platform/deploy/host-packages.sh (installs kubernetes-client)"
+    files = sorted(K8S.glob("*.yaml"))
+    docs = [d for f in files for d in yaml.safe_load_all(f.read_text()) if d]
+    proc = subprocess.run([kubectl, "--kubeconfig", str(api_server), "--cache-dir", str(tmp_path / "cache"),
+                           "apply", "--dry-run=client", "--validate=false", "-f", str(K8S)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    created = [line for line in proc.stdout.splitlines() if line.endswith("created (dry run)")]
+    assert len(created) == len(docs), proc.stdout
+    kinds = {d["kind"] for d in docs}
+    assert {"RayCluster", "Deployment", "ConfigMap", "Secret"} <= kinds
+
+
+def test_the_raycluster_gives_every_worker_its_own_engine_and_sandbox_capacity():
+    cluster = yaml.safe_load((K8S / "raycluster.yaml").read_text())
+    workers = cluster["spec"]["workerGroupSpecs"][0]
+    assert "envforge_sandboxes" in workers["rayStartParams"]["resources"]
+    pod = workers["template"]["spec"]
+    ray = next(c for c in pod["containers"] if c["name"] == "ray-worker")
+    engine = next(c for c in pod["containers"] if c["name"] == "engine")
+    assert {"name": "DOCKER_HOST", "value": "tcp://localhost:2375"} in ray["env"]
+    assert engine["securityContext"]["privileged"] and "--bridge=none" in engine["args"]
+    assert cluster["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"  # no sandboxes on the head
+    config = next(yaml.safe_load_all((K8S / "config.yaml").read_text()))
+    assert config["data"]["ENVFORGE_RAY_ADDRESS"].startswith(f"{cluster['metadata']['name']}-head-svc")
+    instance = yaml.safe_load(next(d for d in yaml.safe_load_all((K8S / "code-location.yaml").read_text())
+                                   if d["kind"] == "ConfigMap")["data"]["dagster.yaml"])
+    assert instance["run_launcher"]["class"] == "K8sRunLauncher"
+    assert "envforge-env" in instance["run_launcher"]["config"]["env_config_maps"]
+
+
+def test_the_compose_overlay_sends_the_code_location_and_the_service_to_the_ray_head():
+    from envforge.deployment import Deployment
+
+    overlay = yaml.safe_load((PROD / "docker-compose.fleet.yaml").read_text())["services"]
+    assert overlay["envforge"]["environment"]["ENVFORGE_RAY_ADDRESS"] == "ray-head:6379"
+    assert overlay["service"]["environment"]["ENVFORGE_RAY_ADDRESS"] == "ray-head:6379"  # sessions too
+    assert "--head" in overlay["ray-head"]["command"] and overlay["ray-worker"]["privileged"]
+    assert "volumes" not in overlay["ray-worker"]  # two engines must never share a data root
+    Deployment.from_env({"ENVFORGE_ENV": "production", "MLFLOW_TRACKING_URI": "http://mlflow:5000",
+                         "DOCKER_HOST": "tcp://builder:2375", "ENVFORGE_POLICY_URL": "http://vllm:8000/v1",
+                         "ENVFORGE_RAY_ADDRESS": overlay["envforge"]["environment"]["ENVFORGE_RAY_ADDRESS"]})
+    for script in (PROD / "fleet-node.sh", REPO / "platform" / "deploy" / "fleet-engine.sh"):
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0

@@ -1,0 +1,144 @@
+"""The gate's pieces without Docker: what a grading runs, which probes apply and what they do,
+the verdict key, and batch grading (sharing copies, stopping early, retrying faults) on a fake grader."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from envforge.errors import InfraError
+from envforge.sources.runbooks import load_runbook
+from envforge.sources.specs import load_spec_file
+from envforge.verify.batch import Grading, grade_batch
+from envforge.verify.config import GateConfig
+from envforge.verify.gate import gate_key
+from envforge.verify.grader import GradedCopy, PreparedDiff
+from envforge.verify.matching_text import matching_text
+from envforge.verify.probes import STANDARD_PROBES, scripts_run, verifier_inputs, applicable_probes
+from envforge.verify.result import VerificationResult
+from envforge.verify.selection import SUITE, TARGETED, TestRun, selection_env
+from tests.conftest import BUNDLED_SPECS, REPO
+
+
+def _spec(name: str):
+    return load_spec_file(BUNDLED_SPECS / name / "task.yaml")
+
+
+def test_targeted_runs_name_the_files_holding_the_required_ids():
+    check = _spec("inventory-median-even").spec.verification.tests
+    env = selection_env(check, TARGETED)
+    assert json.loads(env["ENVFORGE_TEST_FILES"]) == ["tests/test_stats.py", "tests/test_stock.py"]
+    assert "ENVFORGE_TEST_ORDER" not in env
+    assert selection_env(check, SUITE) == {}
+    assert selection_env(check, TestRun("suite", "reverse")) == {"ENVFORGE_TEST_ORDER": "reverse"}
+
+
+@pytest.mark.parametrize("pattern", [r"^healthy port=8080$", r"\Aid,email\n1,a@b\.com\n\Z", r"^EUR \d+ x{2,3}(a|b)$",
+                                     r"[^\d\s]z", r"^contract ok: 8 rows$", r"(ab)\1"])
+def test_matching_text_matches(pattern):
+    import re
+
+    text = matching_text(pattern)
+    assert text is not None and re.search(pattern, text, re.MULTILINE)
+
+
+def test_probes_that_apply_depend_on_how_the_task_is_verified():
+    applies, skipped = applicable_probes(_spec("inventory-median-even"))
+    assert len(applies) + len(skipped) == len(STANDARD_PROBES)
+    assert {"fake_checkpoint_output", "tamper_verifier_inputs"} == set(skipped)
+    applies, skipped = applicable_probes(_spec("ops-service-config"))
+    assert [p.name for p in applies] == ["sys_exit_in_code", "git_config_hijack", "fake_checkpoint_output",
+                                         "tamper_verifier_inputs", "edit_outside_workspace"]
+    assert all(why for why in skipped.values())
+
+
+def test_checkpoint_probes_target_what_the_checks_run_and_read():
+    assert scripts_run("python3 svc/server.py --check-config") == ["svc/server.py"]
+    assert scripts_run("./bin/deploy.sh && cat var/last-deploy") == ["bin/deploy.sh"]
+    assert scripts_run("git diff --quiet HEAD -- svc/server.py") == []
+    task = _spec("orders-daily-summary")
+    assert "data/orders.csv" in verifier_inputs(task, [])
+    assert "data/orders.csv" not in verifier_inputs(task, ["data/orders.csv"])
+    runbook = load_runbook(REPO / "task_sources" / "runbooks" / "log-rotation.md")
+    script = [p for p in STANDARD_PROBES if p.name == "tamper_verifier_inputs"][0].script(
+        runbook, ["logs/app.log", "logs/app.log.1", "logs/app.log.3", "bin/rotate-logs.sh"])
+    assert script == "true"  # every file the checks read is an output of the reference
+
+
+def test_the_gate_key_changes_with_content_image_and_parameters():
+    task = _spec("inventory-median-even")
+    key = gate_key(task, "sha256:aaa", GateConfig())
+    # how long gating takes does not change verdicts
+    assert key == gate_key(task, "sha256:aaa", GateConfig(workers=4, concurrency=1, force=True))
+    assert key != gate_key(task, "sha256:bbb", GateConfig())
+    assert key != gate_key(task, "sha256:aaa", GateConfig(runs=3))
+    assert key != gate_key(task, "sha256:aaa", GateConfig(full_suite=True))
+    other = task.model_copy(update={"content_hash": "0" * 64})
+    assert key != gate_key(other, "sha256:aaa", GateConfig())
+
+
+class FakeGrader:
+    """Grades a diff as resolved when it contains 'fix'; counts copies; can fail once with an infra fault."""
+
+    def __init__(self, fail_first: bool = False, delay_s: float = 0.0):
+        self.copies: list[tuple[str, TestRun]] = []
+        self.in_flight = self.max_in_flight = 0
+        self._lock = threading.Lock()
+        self._fail = fail_first
+        self.delay_s = delay_s
+
+    def prepare(self, task, diff):
+        kept = "\n".join(line for line in diff.splitlines() if not line.startswith("protected"))
+        return PreparedDiff(kept, tuple(line for line in diff.splitlines() if line.startswith("protected")))
+
+    def run_copy(self, task, image, kept, run=TARGETED):
+        with self._lock:
+            if self._fail:
+                self._fail = False
+                raise InfraError("agent_died", "boom")
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        time.sleep(self.delay_s)
+        with self._lock:
+            self.in_flight -= 1
+            self.copies.append((kept, run))
+        ok = "fix" in kept
+        return GradedCopy("empty" if not kept else "git_apply", {}, [], [] if ok else ["test_failed:t"], 0.01)
+
+    def result(self, task, image, solution, prepared, copy):
+        return VerificationResult(task.id if task else "t", solution, 1.0 if not copy.failures else 0.0,
+                                  not copy.failures, reasons=[*map("protected_path_modified:{}".format,
+                                                                   prepared.touched), *copy.failures])
+
+
+class _Task:
+    id = "t"
+
+
+def test_batch_shares_copies_runs_in_parallel_and_stops_early():
+    grader = FakeGrader(delay_s=0.05)
+    gradings = [Grading("reference:run1", "fix", share=False), Grading("empty:run1", "", share=False),
+                Grading("reference:run2", "fix", share=False),
+                Grading("probe:a", lambda: "protected x"), Grading("probe:b", "protected y"),
+                Grading("probe:c", "hack"), Grading("probe:d", "hack\nprotected z"),
+                Grading("probe:e", "hack", run=SUITE)]
+    out = grade_batch(grader, _Task(), "img", gradings, workers=3)
+    assert list(out.results) == [g.name for g in gradings] and not out.not_run
+    assert out.results["reference:run2"].resolved and out.results["probe:a"].reasons == [
+        "protected_path_modified:protected x", "test_failed:t"]
+    assert out.shared_with == {"probe:a": "empty:run1", "probe:b": "empty:run1", "probe:d": "probe:c"}
+    assert out.copies == len(grader.copies) == 5 and grader.max_in_flight > 1
+    assert out.diffs["probe:a"] == "protected x"
+
+    grader = FakeGrader()
+    out = grade_batch(grader, _Task(), "img", gradings, workers=1, stop=lambda name, r: not r.resolved)
+    assert list(out.results) == ["reference:run1", "empty:run1"] and out.not_run == [g.name for g in gradings[2:]]
+
+
+def test_batch_retries_infrastructure_faults():
+    grader = FakeGrader(fail_first=True)
+    out = grade_batch(grader, _Task(), "img", [Grading("reference:run1", "fix", share=False)], workers=1)
+    assert out.infra_retries == 1 and out.results["reference:run1"].resolved

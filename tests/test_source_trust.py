@@ -1,0 +1,178 @@
+"""Sources are untrusted input: confinement, ingest that never crashes, limits (no Docker here).
+
+The case set in tests/malformed_sources.py (malformed and hostile records of all five kinds)
+must come out with zero crashes, zero hangs and zero wrong accepts, every reject naming the
+field and saying what is wrong; `bench/malformed_sources.py` prints the same tally as JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from envforge import safefs
+from envforge.config import Settings
+from envforge.errors import ImageBuildError
+from envforge.hashing import tree_digest
+from envforge.sources.policy import SourcePolicy
+from envforge.sources.specs import load_spec_file
+from envforge.stages.configs import IngestConfig
+from envforge.stages.ingest import ingest
+from tests.conftest import BUNDLED_SPECS, REPO
+from tests.malformed_sources import make_socket, run_cases, tally
+
+
+def test_the_malformed_case_set_is_rejected_with_reasons_and_nothing_crashes(tmp_path):
+    outcomes = run_cases(tmp_path)
+    bad = [o for o in outcomes if o.status not in ("rejected", "accepted", "skipped")]
+    assert not bad, "\n".join(f"{o.status} {o.case}: {o.detail}" for o in bad)
+    counts = tally(outcomes)
+    assert counts["cases"] >= 90 and set(counts["by_kind"]) == {"spec", "runbook", "swebench", "ticket", "review"}
+    assert counts["crashes"] == counts["hangs"] == counts["wrong_accepts"] == 0
+
+
+@pytest.fixture
+def sources(tmp_path: Path) -> Path:
+    root = tmp_path / "sources"
+    shutil.copytree(BUNDLED_SPECS, root / "specs")
+    shutil.copytree(REPO / "task_sources" / "runbooks", root / "runbooks")
+    return root
+
+
+def test_one_bad_source_costs_that_source_not_the_batch(sources, tmp_path, monkeypatch):
+    """A runbook whose front matter used to raise TypeError, a spec workspace holding a socket and a
+    FIFO, and a notes file without front matter: the other 8 tasks land, each bad one is a reject."""
+    monkeypatch.setenv("ENVFORGE_SOURCE_ROOTS", "")
+    good = (sources / "runbooks" / "log-rotation.md").read_text()
+    (sources / "runbooks" / "bad-metadata.md").write_text(good.replace("id: rb-log-rotation", "id: rb-bad\nmetadata: x"))
+    ws = sources / "specs" / "inventory-median-even" / "workspace"
+    make_socket(ws / "agent.sock")
+    os.mkfifo(ws / "pipe")
+    (sources / "runbooks" / "notes.md").write_text("# Notes\n\nnot a runbook\n")
+    report = ingest(Settings.from_env().with_data_dir(tmp_path / "data"), IngestConfig(), [sources])
+    assert len(report.result.tasks) == 7  # 8 bundled minus the spec with the socket and the FIFO
+    reasons = {(Path(p.file).name, p.field): p.reason for p in report.result.rejects}
+    assert "dictionary" in reasons[("bad-metadata.md", "front matter.metadata")]
+    assert "a socket" in reasons[("task.yaml", "environment.files")] and "a FIFO" in reasons[("task.yaml", "environment.files")]
+    assert [Path(p.source).name for p in report.skipped] == ["notes.md"]
+    assert "front matter" in report.skipped[0].reason
+
+
+def test_the_same_id_from_another_source_is_a_reject_naming_both(sources, tmp_path, monkeypatch):
+    monkeypatch.setenv("ENVFORGE_SOURCE_ROOTS", "")
+    settings = Settings.from_env().with_data_dir(tmp_path / "data")
+    first = ingest(settings, IngestConfig(), [sources / "specs" / "inventory-median-even"])
+    assert [t.id for t in first.result.tasks] == ["inventory-median-even"]
+    other = tmp_path / "team-b" / "median"
+    shutil.copytree(sources / "specs" / "inventory-median-even", other)
+    (other / "task.yaml").write_text((other / "task.yaml").read_text().replace("do not\n  change the tests.",
+                                                                              "keep the tests as they are."))
+    second = ingest(settings, IngestConfig(), [other])
+    assert second.result.tasks == []
+    [problem] = second.result.rejects
+    assert problem.field == "id" and "already current from source" in problem.reason
+    assert str(sources / "specs" / "inventory-median-even") in problem.reason
+    again = ingest(settings, IngestConfig(), [sources / "specs" / "inventory-median-even"])  # its own source may re-ingest it
+    assert [t.id for t in again.result.tasks] == ["inventory-median-even"] and not again.result.rejects
+
+
+def test_the_source_policy_comes_from_its_config_file_and_the_environment(tmp_path):
+    config = tmp_path / "sources.yaml"
+    config.write_text(f"roots: [{tmp_path / 'shared'}]\nmoving_refs: refuse\nmax_text_chars: 1000\n")
+    policy = SourcePolicy.from_env({"ENVFORGE_SOURCE_CONFIG": str(config)})
+    assert policy.roots == (tmp_path / "shared",) and policy.moving_refs == "refuse" and policy.max_text_chars == 1000
+    over = SourcePolicy.from_env({"ENVFORGE_SOURCE_CONFIG": str(config), "ENVFORGE_SOURCE_ROOTS": "",
+                                  "ENVFORGE_MOVING_REFS": "resolve"})
+    assert over.roots == () and over.moving_refs == "resolve"
+    default = SourcePolicy.from_env({"ENVFORGE_TASK_SOURCES": str(tmp_path / "ts")})
+    assert default.roots == (tmp_path / "ts",)
+    config.write_text("max_text_chars: lots\n")
+    with pytest.raises(ValueError, match="max_text_chars"):
+        SourcePolicy.from_env({"ENVFORGE_SOURCE_CONFIG": str(config)})
+
+
+def test_allowed_roots_and_inside_links_are_honoured(copy_spec, tmp_path, monkeypatch):
+    spec_dir = copy_spec("inventory-median-even")
+    shared = tmp_path / "shared-workspaces"
+    shutil.copytree(spec_dir / "workspace", shared / "inventory")
+    os.symlink("stats.py", shared / "inventory" / "inventory" / "stats_link.py")
+    (spec_dir / "task.yaml").write_text((spec_dir / "task.yaml").read_text().replace(
+        "files: workspace", f"files: {shared / 'inventory'}"))
+    monkeypatch.setenv("ENVFORGE_SOURCE_ROOTS", "")
+    with pytest.raises(Exception, match="outside the source's folder"):
+        load_spec_file(spec_dir / "task.yaml")
+    monkeypatch.setenv("ENVFORGE_SOURCE_ROOTS", str(shared))
+    task = load_spec_file(spec_dir / "task.yaml")
+    dest = tmp_path / "copy"
+    safefs.copy_tree(task.workspace_path(), dest)
+    assert os.readlink(dest / "inventory" / "stats_link.py") == "stats.py"  # kept as a link, not followed
+
+
+def test_a_workspace_changed_after_ingest_is_checked_again_when_its_image_is_built(copy_spec, tmp_path):
+    from envforge.sandbox.images import _write_workspace
+
+    spec_dir = copy_spec("inventory-median-even")
+    task = load_spec_file(spec_dir / "task.yaml")
+    os.symlink("/etc/shadow", spec_dir / "workspace" / "shadow")
+    with pytest.raises(ImageBuildError, match="absolute path"):
+        _write_workspace(task, tmp_path / "ctx")
+
+
+def test_hashing_a_folder_never_opens_a_fifo(tmp_path):
+    (tmp_path / "a.txt").write_text("a")
+    os.mkfifo(tmp_path / "pipe")
+    first = tree_digest(tmp_path)  # would block forever if the FIFO were opened
+    assert first == tree_digest(tmp_path)
+
+
+def test_a_spec_repository_at_a_moving_ref_is_pinned_to_its_sha(copy_spec, tmp_path, monkeypatch):
+    from tests.test_history_sources import make_calc_repo
+
+    spec_dir = copy_spec("inventory-median-even")
+    shas = make_calc_repo(spec_dir / "repo")
+    text = (spec_dir / "task.yaml").read_text().replace("files: workspace",
+                                                        "repository: {path: repo, commit: \"main~1\"}")
+    (spec_dir / "task.yaml").write_text(text.replace("reference_solution:\n  patch: solution.patch",
+                                                     "reference_solution:\n  commands: [\"true\"]"))
+    task = load_spec_file(spec_dir / "task.yaml")
+    assert task.spec.environment.repository.commit == shas["change"]
+    assert task.spec.metadata["resolved_refs"] == {"environment.repository.commit": {"ref": "main~1",
+                                                                                     "sha": shas["change"]}}
+    monkeypatch.setenv("ENVFORGE_MOVING_REFS", "refuse")
+    with pytest.raises(Exception, match="moving ref"):
+        load_spec_file(spec_dir / "task.yaml")
+
+
+def test_derived_test_ids_that_could_never_pass_are_left_out(tmp_path):
+    from envforge.sources.derive import SuiteRuns, task_from_runs
+    from envforge.sources.gitrepo import SplitChange
+    from envforge.sources.tickets import TicketSourceConfig
+    from envforge.sources.candidate import Candidate
+
+    change = SplitChange("--- a/x.py\n+++ b/x.py\n", "--- a/tests/t.py\n+++ b/tests/t.py\n", ["x.py"], ["tests/t.py"])
+    cand = Candidate(id="c-1", kind="ticket", origin="t.jsonl:1", field="fix_commit", instruction="Fix the thing now.",
+                     git_dir=tmp_path, workspace_commit="a" * 40, change=change,
+                     config=TicketSourceConfig(repository=".", exports=[{"file": "t.jsonl"}]), base_dir=tmp_path)
+    runs = SuiteRuns(before={"tests/t.py::test_a": "failed", "tests/t.py::test_b[x y]": "failed"},
+                     after={"tests/t.py::test_a": "passed", "tests/t.py::test_b[x y]": "passed"},
+                     before_reasons=[], after_reasons=[])
+    task = task_from_runs(cand, runs)
+    assert task.spec.verification.tests.fail_to_pass == ["tests/t.py::test_a"]
+    assert task.spec.metadata["unselectable_tests"] == ["tests/t.py::test_b[x y]"]
+
+
+def test_tasks_stored_under_older_rules_still_load_from_the_catalog():
+    """Test ids and limits are checked at ingest; a catalog written before a rule got stricter stays readable."""
+    from envforge.task import Task
+
+    task = load_spec_file(BUNDLED_SPECS / "inventory-median-even" / "task.yaml")
+    old = task.model_dump_json().replace("tests/test_stats.py::test_mean", "tests/test_stats.py::test mean") \
+        .replace('"memory_mb":512', '"memory_mb":200')
+    with pytest.raises(Exception, match="whitespace"):
+        Task.model_validate_json(old)
+    stored = Task.from_stored(old)
+    assert "tests/test_stats.py::test mean" in stored.spec.verification.tests.pass_to_pass
+    assert stored.spec.environment.limits.memory_mb == 200
