@@ -58,7 +58,8 @@ def test_envforge_variables_are_merged_never_replacing_the_users():
     assert env["TZ"] == "UTC" and env["ENVFORGE_TEST_FILES"] == '["t"]' and "tests" in cmd
 
 
-def test_history_sources_take_an_environment_section(tmp_path):
+def test_history_sources_take_an_environment_section(allow_tmp_sources):
+    tmp_path = allow_tmp_sources
     repo = tmp_path / "calc"
     shas = make_calc_repo(repo)
     config = write_ticket_source(tmp_path / "t", repo, shas)
