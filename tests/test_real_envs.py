@@ -91,6 +91,13 @@ def _source(root: Path, repo: Path, shas: dict[str, str], extra: str = "", ticke
     return root / "tickets.yaml"
 
 
+@pytest.fixture(autouse=True)
+def sources_beside_repositories(tmp_path_factory, monkeypatch):
+    """The sources here name repositories in other pytest folders: allow them the way a deployment
+    does (ENVFORGE_SOURCE_ROOTS), for one test at a time."""
+    monkeypatch.setenv("ENVFORGE_SOURCE_ROOTS", str(tmp_path_factory.getbasetemp()))
+
+
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("demo")
@@ -108,8 +115,12 @@ def demo_settings(tmp_path_factory) -> Settings:
 def inferred(demo, demo_settings, docker_client, base_image, tmp_path_factory):
     """The demo source with nothing declared, derived once for the session."""
     repo, shas = demo
-    config = _source(tmp_path_factory.mktemp("inferred"), repo, shas)
-    return config, derive_tasks(demo_settings, load_ticket_source(config).candidates, client=docker_client)
+    # PASS_TO_PASS from the whole suite: the unstable and order-dependent tests sit in files the change
+    # does not touch, so the default scope (the change's test files) would leave them out anyway.
+    config = _source(tmp_path_factory.mktemp("inferred"), repo, shas, extra="tests: {pass_to_pass: suite}\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ENVFORGE_SOURCE_ROOTS", str(tmp_path_factory.getbasetemp()))
+        return config, derive_tasks(demo_settings, load_ticket_source(config).candidates, client=docker_client)
 
 
 def test_inferred_env_src_layout_vcs_version_and_unstable_tests(inferred, docker_client, grader, demo_settings):
@@ -290,8 +301,8 @@ def test_a_real_fix_commit_of_a_bundled_repository(tmp_path, docker_client, grad
     [record] = [line for line in (project / "jira-export.jsonl").read_text().splitlines() if '"PARSE-92"' in line]
     (tmp_path / "one.jsonl").write_text(record + "\n")
     (tmp_path / "tickets.yaml").write_text(
-        (project / "tickets.yaml").read_text().replace("repository: parse.bundle", f"repository: {project}/parse.bundle")
-        .replace("file: jira-export.jsonl", "file: one.jsonl"))
+        (project / "tickets.yaml").read_text().replace("file: jira-export.jsonl", "file: one.jsonl"))
+    shutil.copy(project / "parse.bundle", tmp_path / "parse.bundle")  # sources are confined to their folder
     settings = Settings.from_env().with_data_dir(tmp_path / "data")
     settings.ensure_dirs()
     [task] = derive_tasks(settings, load_ticket_source(tmp_path / "tickets.yaml").candidates, client=docker_client).tasks
