@@ -20,6 +20,7 @@ Clean tasks:
 
 from __future__ import annotations
 
+import difflib
 import random
 import re
 import sys
@@ -44,9 +45,16 @@ SYNONYMS = {"given": "provided", "list": "sequence", "return": "produce", "retur
             "in": "within", "and": "as well as", "that": "which", "a": "one", "the": "this"}
 
 
-def _new_file_patch(files: dict[str, str]) -> str:
+def _new_file_patch(files: dict[str, str], existing: dict[str, str] | None = None) -> str:
+    """A git patch that writes `files`: new files are added, files in `existing` are modified (ingest
+    checks a reference patch with `git apply --check` against the workspace)."""
     patch = ""
     for rel, text in files.items():
+        if existing and rel in existing:
+            body = "".join(difflib.unified_diff(existing[rel].splitlines(keepends=True), text.splitlines(keepends=True),
+                                                f"a/{rel}", f"b/{rel}"))
+            patch += f"diff --git a/{rel} b/{rel}\n" + body
+            continue
         lines = text.rstrip("\n").splitlines()
         patch += (f"diff --git a/{rel} b/{rel}\nnew file mode 100644\n--- /dev/null\n+++ b/{rel}\n"
                   f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{ln}\n" for ln in lines))
@@ -73,7 +81,7 @@ def write_task(root: Path, task_id: str, instruction: str, *, patch_files: dict[
         (d / "tests.patch").write_text(_new_file_patch(test_patch_files))
         spec["verification"]["test_patch"] = "tests.patch"
     if patch_files:
-        (d / "fix.patch").write_text(_new_file_patch(patch_files))
+        (d / "fix.patch").write_text(_new_file_patch(patch_files, workspace))
         spec["reference_solution"] = {"patch": "fix.patch"}
     else:
         spec["reference_solution"] = {"commands": ["true"]}

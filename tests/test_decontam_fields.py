@@ -93,7 +93,7 @@ def test_workspace_scan_skips_what_it_should_and_says_so(tmp_path):
     assert capped.files == 1 and capped.skipped["over the 1-file limit"] == 2
 
 
-def test_a_git_workspace_is_read_at_its_commit(tmp_path, humaneval_index):
+def test_a_git_workspace_is_read_at_its_commit(tmp_path, humaneval_index, allow_tmp_sources):
     repo = tmp_path / "repo"
     repo.mkdir()
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",

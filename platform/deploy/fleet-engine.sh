@@ -7,9 +7,12 @@
 #
 # Each engine has its own socket, data root, exec root (containerd inside it), pid file and
 # cgroup parent, so it shares nothing with the machine's main engine: it never touches
-# /var/run/docker.sock, /var/lib/docker or /var/run/docker.pid. It runs without a bridge and
-# without iptables rules (`--bridge=none --iptables=false`): sandboxes have no network anyway,
-# and the main engine's bridge and rules stay as they are. Idempotent; needs root.
+# /var/run/docker.sock, /var/lib/docker or /var/run/docker.pid. It runs without iptables rules or
+# masquerading (`--iptables=false --ip-masq=false`): sandboxes have no network anyway, and the
+# main engine's rules stay as they are. It gets a bridge of its own (efb-<hash>, a /24 in
+# 172.20-29.x) rather than `--bridge=none`: with `--bridge=none` dockerd deletes the host's docker0
+# at start (moby's removeDefaultBridgeInterface), and on a shared host that breaks every build of
+# the main engine. Idempotent; needs root.
 set -euo pipefail
 
 ACTION="${1:-}"; NAME="${2:-}"
@@ -22,6 +25,10 @@ SOCK="$RUN_DIR/docker.sock"
 PIDFILE="$RUN_DIR/docker.pid"
 LOG="$RUN_DIR/dockerd.log"
 WAIT_S="${ENVFORGE_DOCKER_WAIT_S:-60}"
+
+sum=$(printf '%s' "$NAME" | cksum | cut -d' ' -f1)
+BRIDGE="efb-${sum:0:8}"                                   # at most 15 characters (IFNAMSIZ)
+BRIDGE_CIDR="172.$((20 + sum % 10)).$(( (sum / 10) % 250 + 1 )).1/24"
 
 say() { printf '[fleet-engine %s] %s\n' "$NAME" "$*" >&2; }
 answers() { docker -H "unix://$SOCK" version --format '{{.Server.Version}}' >/dev/null 2>&1; }
@@ -40,6 +47,7 @@ case "$ACTION" in
       fi
       rm -f "$PIDFILE"
     fi
+    ip link del "$BRIDGE" 2>/dev/null || true
     say "stopped"; exit 0 ;;
 esac
 
@@ -52,9 +60,14 @@ if [ -f "$PIDFILE" ]; then
   if [ -z "$pid" ] || ! alive "$pid"; then rm -f "$PIDFILE"; fi   # a killed engine's stale pid file
 fi
 rm -f "$RUN_DIR/exec/containerd/containerd.pid" 2>/dev/null || true
-say "starting dockerd (socket $SOCK, data $DATA_DIR, log $LOG)"
+if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+  ip link add name "$BRIDGE" type bridge
+  ip addr add "$BRIDGE_CIDR" dev "$BRIDGE"
+fi
+ip link set "$BRIDGE" up
+say "starting dockerd (socket $SOCK, data $DATA_DIR, bridge $BRIDGE, log $LOG)"
 nohup setsid dockerd -H "unix://$SOCK" --data-root "$DATA_DIR" --exec-root "$RUN_DIR/exec" \
-  --pidfile "$PIDFILE" --bridge=none --iptables=false --ip-masq=false \
+  --pidfile "$PIDFILE" --bridge="$BRIDGE" --iptables=false --ip-masq=false \
   --cgroup-parent "envforge-fleet-$NAME" >"$LOG" 2>&1 </dev/null &
 for _ in $(seq 1 $((WAIT_S * 4))); do
   answers && { say "ready"; echo "unix://$SOCK"; exit 0; }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install the host packages envforge needs besides Python ones: debootstrap (to build the
 # sandbox base image without a registry) and Debian's Chromium with its chromedriver (for the
-# headless-browser test of the Dagster UI; no browser downloads), and kubectl (the Kubernetes
-# manifests' client-side dry run; Debian's kubernetes-client when none is installed). Idempotent.
+# headless-browser test of the Dagster UI; no browser downloads), kubectl (the Kubernetes
+# manifests' client-side dry run; Debian's kubernetes-client when none is installed) and iproute2
+# (the local fleet engines' bridges). Idempotent.
 set -euo pipefail
 say() { printf '[host-packages] %s\n' "$*" >&2; }
 
@@ -11,6 +12,7 @@ command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)   # fleet-engine.sh gives each local node engine a bridge
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" != 0 ]; then

@@ -177,6 +177,11 @@ class FleetDispatcher:
             try:
                 info = ray.get(handle.info.remote(), timeout=180)
             except Exception as exc:  # noqa: BLE001 - the agent's constructor failed: say why, naming the node
+                if _node_gone(ray, exc):
+                    # The node died between Ray listing it and its agent answering (Ray marks a
+                    # killed node dead only after its health checks fail): a lost node, not a bad one.
+                    self.on_event(f"node {label} is unreachable, skipped until it answers: {_root_message(exc)}")
+                    continue
                 problems.append(f"node {label}: {_root_message(exc)}")
                 try:
                     ray.kill(handle)
@@ -438,6 +443,14 @@ def _lost_errors() -> tuple[type[BaseException], ...]:
     """Ray's "that node or actor is gone" exceptions (looked up late: Ray is an optional extra)."""
     ray = _ray()
     return (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError)
+
+
+def _node_gone(ray: Any, exc: BaseException) -> bool:
+    """Whether an agent failed to answer because its node is gone (unreachable, or the actor never
+    ran), as opposed to its constructor raising (no engine, an unsupported engine)."""
+    if isinstance(exc, (ray.exceptions.ActorUnavailableError, ray.exceptions.TaskCancelledError)):
+        return True
+    return isinstance(exc, ray.exceptions.ActorDiedError) and "creation task" not in str(exc)
 
 
 def _root_message(exc: BaseException) -> str:

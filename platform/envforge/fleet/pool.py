@@ -197,6 +197,12 @@ class FleetSandboxPool:
         return sum(n for node in self.dispatcher.alive_nodes() for img, n in node.idle.items()
                    if image is None or img == image)
 
+    def wait_for_engine(self, timeout_s: float = 120.0) -> float:
+        """The scheduler's wait after an infrastructure fault. On the fleet a lost engine or node is
+        the dispatcher's business (the node cools down, work goes elsewhere), so there is nothing to
+        wait for here: returns 0 at once, as `SandboxPool.wait_for_engine` does when its engine answers."""
+        return 0.0
+
     def close(self) -> None:
         self.dispatcher.close()
 

@@ -87,9 +87,14 @@ _CLEAR_TMP = "chmod -R u+rwX /tmp 2>/dev/null; find /tmp -mindepth 1 -maxdepth 1
 
 # apply_patch in one command: the patch arrives on stdin; each method's complaint goes to stderr
 # after a `@method` marker line; the method that worked is the last line of stdout.
+# A patch that cannot even be staged in /tmp (a policy filled it) fails as `stage_patch`, never
+# as an empty patch that `patch` would "apply".
 _APPLY_METHODS = ("git_apply", "git_apply_reject", "patch_fuzz")
+_APPLY_STEPS = ("stage_patch",) + _APPLY_METHODS
 _APPLY_PATCH = (
-    "p=$(mktemp /tmp/.envforge-apply-XXXXXXXX); trap 'rm -f \"$p\"' EXIT; cat > \"$p\"; "
+    "p=$(mktemp /tmp/.envforge-apply-XXXXXXXX 2>&1) || { echo @stage_patch >&2; echo \"$p\" >&2; exit 1; }; "
+    "trap 'rm -f \"$p\"' EXIT; "
+    "if ! err=$(cat 2>&1 > \"$p\"); then echo @stage_patch >&2; echo \"$err\" >&2; exit 1; fi; "
     "clean=$(git status --porcelain --untracked-files=all 2>/dev/null); "
     "echo @git_apply >&2; git apply --whitespace=nowarn \"$p\" >&2 && { echo git_apply; exit 0; }; "
     "if [ -z \"$clean\" ]; then echo @git_apply_reject >&2; "
@@ -104,7 +109,7 @@ def _apply_errors(lines: list[str]) -> list[str]:
     """'method: complaint' per method tried, from the script's marked stderr."""
     out: list[str] = []
     for line in lines:
-        if line.startswith("@") and line[1:] in _APPLY_METHODS:
+        if line.startswith("@") and line[1:] in _APPLY_STEPS:
             out.append(f"{line[1:]}:")
         elif out and len(out[-1]) < 300:
             out[-1] = (out[-1] + " " + line.strip())[:300]
