@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 
 from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError
+from envforge.sandbox.envlayer import EnvRecipe, build_env_image
 from envforge.sandbox.images import build_base_image, build_task_image
 from envforge.sources.derive import derive_tasks
 from envforge.sources.tickets import load_ticket_source
@@ -190,6 +191,27 @@ def test_declared_env_reaches_tests_and_episode_commands(demo, demo_settings, do
         "tests": checked.spec.verification.tests.model_copy(update={"pass_to_pass": ["tests/test_env.py::test_env"]})})})
     result = grader.grade(checked.model_copy(update={"spec": spec}), image, task.reference_patch)
     assert result.resolved, result.reasons
+
+
+def test_env_layers_share_downloads_through_the_engine_wheelhouse(docker_client, base_image):
+    """Two env layers needing the same packages: the second downloads none of them (the wheelhouse
+    does not depend on the index's caching headers, which this machine's proxy drops)."""
+    volume = f"envforge-test-pip-{uuid.uuid4().hex[:8]}"
+    recipe = EnvRecipe("wheelhouse-test", base_image, None, (), ("six==1.16.0", "iniconfig==2.0.0"))
+    builds = []
+    try:
+        for n in range(2):
+            builds.append(build_env_image(docker_client, recipe, cache_volume=volume,
+                                          tag=f"envforge/env-wheelhouse-test:{uuid.uuid4().hex[:8]}-{n}"))
+    finally:
+        for b in builds:
+            docker_client.images.remove(b.tag, force=True)
+        docker_client.volumes.get(volume).remove(force=True)
+    first, second = builds
+    assert not first.cache_hit and not second.cache_hit
+    assert (first.downloaded, first.from_cache) == (2, 0)
+    assert (second.downloaded, second.from_cache) == (0, 2)
+    assert {"six==1.16.0", "iniconfig==2.0.0"} <= set(second.freeze)
 
 
 def _new_file(path: str, text: str) -> str:

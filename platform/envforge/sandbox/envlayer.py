@@ -9,7 +9,10 @@ gives a new env image and an unchanged one is a cache hit (a tag lookup).
 
 It is built by running the install in a container and committing it (not `docker build`):
 that is what lets a pip cache volume (`envforge-pip-cache`) be mounted, shared by every env
-build on the engine, so a package is downloaded once per engine, not once per image. The
+build on the engine. It holds a wheelhouse: pip builds or fetches every requirement's wheel into
+it and installs from it, so a package is downloaded once per engine, not once per image. (pip's
+own HTTP cache depends on the index's caching headers, which proxies and mirrors may drop: the
+first measurement here found it empty.) The
 network is used only here, at build time; sandboxes have none. The container carries an owner
 label, so another envforge process's orphan cleanup leaves it alone while this one lives, and
 a build killed from outside is an infrastructure fault (retried), not a bad environment.
@@ -43,6 +46,7 @@ ENV_REPO_PREFIX = "envforge/env-"
 ENV_DIR = "/opt/envforge/env"
 PIP_CACHE_VOLUME = "envforge-pip-cache"
 PIP_CACHE_DIR = "/var/cache/envforge-pip"
+WHEELHOUSE_DIR = f"{PIP_CACHE_DIR}/wheelhouse"
 FREEZE_LABEL = "envforge.env.freeze"
 BUILD_TIMEOUT_S = 1800
 BUILDER_VERSION = "env-layer-2"  # part of every env tag: a change to how env layers are built rebuilds them
@@ -169,7 +173,20 @@ def _build_script(recipe: EnvRecipe) -> str:
                      "&& rm -rf /var/lib/apt/lists/*")
     if recipe.pip:
         pin = " -c constraints.envforge.txt" if recipe.constraints else ""
-        lines.append(f"python3 -m pip install --no-warn-script-location -r requirements.envforge.txt{pin}")
+        reqs = f"-r requirements.envforge.txt{pin}"
+        # Wheels go to the engine's wheelhouse first (one writer at a time; a wheel already there is
+        # not downloaded again, whatever caching headers the index or a proxy sends), then the
+        # install reads only the wheelhouse. A requirement pip cannot turn into a wheel falls back to
+        # a plain install from the index.
+        lines.append(
+            f"mkdir -p {WHEELHOUSE_DIR}\n"
+            f"if flock {WHEELHOUSE_DIR}/.lock python3 -m pip wheel -w {WHEELHOUSE_DIR} {reqs} "
+            f"&& python3 -m pip install --no-warn-script-location --no-index --find-links {WHEELHOUSE_DIR} {reqs}; then\n"
+            "  :\n"
+            "else\n"
+            "  echo 'envforge: the wheelhouse install failed; installing from the index'\n"
+            f"  python3 -m pip install --no-warn-script-location {reqs}\n"
+            "fi")
     lines.append(f"python3 -m pip freeze --all > {ENV_DIR}/freeze.txt")
     lines.append(f"chmod -R a+rX {ENV_DIR}")
     return "\n".join(lines) + "\n"
@@ -284,7 +301,7 @@ def build_env_image(client: docker.DockerClient, recipe: EnvRecipe, log: Log = l
             except (DockerException, OSError):
                 pass  # the engine went away: orphan cleanup removes it once this process is gone
     downloaded = len(re.findall(r"^\s*Downloading \S+", logs, re.M))
-    cached = len(re.findall(r"^\s*Using cached \S+", logs, re.M))
+    cached = len(re.findall(r"^\s*(Using cached|File was already downloaded) \S+", logs, re.M))
     return EnvBuild(tag, False, time.perf_counter() - started, freeze, downloaded, cached)
 
 
