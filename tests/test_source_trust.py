@@ -176,3 +176,15 @@ def test_tasks_stored_under_older_rules_still_load_from_the_catalog():
     stored = Task.from_stored(old)
     assert "tests/test_stats.py::test mean" in stored.spec.verification.tests.pass_to_pass
     assert stored.spec.environment.limits.memory_mb == 200
+
+
+def test_a_jsonl_line_of_control_characters_is_a_reject_not_a_gap(tmp_path):
+    """str.strip() takes \\x1c-\\x1f as whitespace; only JSON's whitespace makes a line blank."""
+    from envforge.sources.records import iter_records
+
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(b'{"id": 1}\n\x1c\n \t\r\n{"id": 2}\n')
+    got = list(iter_records(path))
+    assert [r for _, r in got if isinstance(r, dict)] == [{"id": 1}, {"id": 2}]
+    [(where, problem)] = [(w, r) for w, r in got if not isinstance(r, dict)]
+    assert where.endswith("records.jsonl:2") and "not a JSON record" in problem.reason

@@ -70,8 +70,8 @@ def _jsonl(path: Path, fh, policy: SourcePolicy) -> Iterator[tuple[str, dict[str
         except UnicodeDecodeError as exc:
             yield where, Problem(where, "", f"not valid UTF-8 (byte {exc.start} of the line: {exc.reason})")
             continue
-        if not line.strip():
-            continue
+        if not line.strip(" \t\r\n"):  # JSON's whitespace only: a line of other control characters
+            continue                      # (str.strip() takes \x1c-\x1f too) is a reject, not a gap
         try:
             rec = json.loads(line)
         except (ValueError, RecursionError) as exc:
