@@ -25,6 +25,7 @@ from pathlib import Path
 
 from envforge.quality.code import is_python_path
 from envforge.quality.params import WorkspaceScan
+from envforge.sources.gitrepo import repository_dir
 from envforge.task import Task
 from envforge.verify.protect import matches, protected_globs, split_diff
 
@@ -237,7 +238,7 @@ class WorkspaceReader:
         if src is not None and src.is_dir():
             key = (str(src.resolve()), task.workspace_digest)
         elif repo is not None:
-            key = (str((Path(task.base_dir) / repo.path).resolve()), repo.commit)
+            key = (str(repository_dir(task.base_dir, repo.path)), repo.commit)
         else:
             return [], ScanReport()
         if key not in self._cache:

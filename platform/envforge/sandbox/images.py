@@ -241,12 +241,12 @@ def _dockerfile_parent(client: docker.DockerClient, task: Task, base_tag: str, l
 
 
 def _repository_dir(task: Task) -> Path:
-    from envforge.sources.gitrepo import materialize_repo
+    from envforge.sources.gitrepo import repository_dir
 
     repo = task.spec.environment.repository
     assert repo is not None
     try:
-        return materialize_repo((Path(task.base_dir) / repo.path).resolve())
+        return repository_dir(task.base_dir, repo.path)
     except ValueError as exc:
         raise ImageBuildError(f"task {task.id}: environment.repository: {exc}") from None
 
