@@ -1,11 +1,12 @@
 """Benchmark the flakiness gate: the default gate against the full-suite gate, on the same tasks.
 
-    .venv/bin/python bench/gate.py [--quick] [--task ID ...] [--data-dir DIR] [--out FILE]
+    .venv/bin/python bench/gate.py [--quick] [--task ID ...] [--real-repo NAME ...] [--data-dir DIR] [--out FILE]
 
-Tasks: the ledger project's tickets, reviews and SWE-bench instances (until the real-repository
-examples land), the geokit project (a suite of 15-20 s per run) and the two flaky examples
-(a flaky test, a test that fails after another file), so that verdict agreement covers
-quarantines too. Derivations and images are cached in the data directory.
+Tasks: the ledger project's tickets, reviews and SWE-bench instances, the geokit project (a
+suite of 15-20 s per run), the two flaky examples (a flaky test, a test that fails after another
+file), so that verdict agreement covers quarantines too, and with `--real-repo NAME` the tickets
+of a bundled real repository (task_sources/examples/real-repos: humanize, parse, marshmallow).
+Derivations and images are cached in the data directory.
 
 Per task, one after the other on one warm pool, each measured in the same run:
 - the full-suite gate (the naive alternative): every grading runs the whole suite, every run
@@ -50,7 +51,10 @@ from envforge.verify.config import GateConfig  # noqa: E402
 from envforge.verify.gate import GateReport, validate_task  # noqa: E402
 from envforge.verify.grader import Grader  # noqa: E402
 
-SOURCES = [REPO / "task_sources" / "projects" / "ledger", REPO / "task_sources" / "examples"]  # examples: geokit, flaky
+EXAMPLES = REPO / "task_sources" / "examples"
+SOURCES = [REPO / "task_sources" / "projects" / "ledger", EXAMPLES / "geokit", EXAMPLES / "flaky-ttl-cache",
+           EXAMPLES / "order-dependent-exporters"]
+REAL_REPOS = ("humanize", "parse", "marshmallow")  # task_sources/examples/real-repos/<name>, on request
 QUICK = {"ledger-led-118", "ledger-gh-3", "ledger-review-pr-22-c1", "acme__ledger-31", "geokit-geo-3",
          "flaky-ttl-cache", "order-dependent-exporters"}
 FULL = GateConfig(full_suite=True, workers=1)
@@ -64,6 +68,8 @@ def log(msg: str) -> None:
 def group_of(task_id: str) -> str:
     if task_id.startswith("geokit-"):
         return "geokit"
+    if task_id.startswith(tuple(f"{name}-" for name in REAL_REPOS)):
+        return "real-repos"
     return "ledger" if "ledger" in task_id else "flaky"
 
 
@@ -101,6 +107,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help=f"only {len(QUICK)} tasks (a few minutes)")
     ap.add_argument("--task", action="append", default=[], help="only these task ids")
+    ap.add_argument("--real-repo", action="append", default=[], choices=REAL_REPOS,
+                    help="also this real repository's tickets (its derivation takes minutes; cached in --data-dir)")
     ap.add_argument("--data-dir", type=Path, help="keep derivations, images and verdicts here (default: a temp dir)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -109,8 +117,9 @@ def main() -> None:
         settings = Settings.from_env().with_data_dir(args.data_dir or Path(tmp))
         settings.ensure_dirs()
         client = docker_client(settings)
-        log("ingesting ledger, geokit and the flaky examples (derivations are cached in the data dir)")
-        loaded = ingest(settings, IngestConfig(), SOURCES, client=client)
+        sources = SOURCES + [EXAMPLES / "real-repos" / name for name in args.real_repo]
+        log(f"ingesting {', '.join(s.name for s in sources)} (derivations are cached in the data dir)")
+        loaded = ingest(settings, IngestConfig(), sources, client=client)
         log(f"{len(loaded.result.tasks)} tasks, {len(loaded.result.rejects)} rejects (the bundled bad records)")
         tasks = Catalog(settings.catalog_path).load_tasks()
         wanted = set(args.task) or (QUICK if args.quick else None)

@@ -9,6 +9,7 @@ import io
 import os
 import random
 import re
+import shutil
 import subprocess
 import sysconfig
 import tokenize
@@ -24,7 +25,7 @@ from envforge.quality.dedup import decontaminate, near_duplicate_pairs
 from envforge.quality.fields import ScanReport, WorkspaceReader
 from envforge.quality.params import DedupConfig, WorkspaceScan
 from envforge.quality.reference_index import ReferenceIndex
-from envforge.sources import load_specs
+from envforge.sources import load_specs, store
 from tests.conftest import BUNDLED_SPECS
 
 P = read_problems()
@@ -125,6 +126,13 @@ def test_a_git_workspace_is_read_at_its_commit(tmp_path, humaneval_index, allow_
     assert by_id["at-leak"].contaminated and by_id["at-leak"].evidence[0].label == "workspace:util.py"
     assert not by_id["at-clean"].contaminated
     assert by_id["at-leak"].workspace["skipped"] == {"vendored or generated directory": 1}
+    # Once ingest has kept the commits in envforge's store, the scan no longer needs the source's repository.
+    data_dir = tmp_path / "data"
+    for commit in (leaky, clean):
+        store.keep_commit(data_dir, repo, commit)
+    shutil.rmtree(repo)
+    again = {r.task_id: r for r in decontaminate(tasks, humaneval_index, data_dir=data_dir)[0]}
+    assert again["at-leak"].contaminated and not again["at-clean"].contaminated
 
 
 def test_lexer_agrees_with_the_standard_tokenizer_on_whole_files():

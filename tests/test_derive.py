@@ -58,12 +58,12 @@ def test_tests_are_derived_by_running_them_and_graded_for_real(calc, tmp_path, s
     # Cached: the same candidates again need no sandbox at all.
     def no_sandbox(*args, **kwargs):
         raise AssertionError("derivation should come from the cache")
-    original = derive.run_before_after
-    derive.run_before_after = no_sandbox
+    original = derive.run_derivation
+    derive.run_derivation = no_sandbox
     try:
         again = derive_tasks(settings, candidates, client=docker_client)
     finally:
-        derive.run_before_after = original
+        derive.run_derivation = original
     assert [t.content_hash for t in again.tasks] == [t.content_hash for t in result.tasks]
 
 

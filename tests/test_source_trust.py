@@ -118,7 +118,7 @@ def test_a_workspace_changed_after_ingest_is_checked_again_when_its_image_is_bui
     task = load_spec_file(spec_dir / "task.yaml")
     os.symlink("/etc/shadow", spec_dir / "workspace" / "shadow")
     with pytest.raises(ImageBuildError, match="absolute path"):
-        _write_workspace(task, tmp_path / "ctx")
+        _write_workspace(task, tmp_path / "ctx", Settings.from_env().with_data_dir(tmp_path / "data"))
 
 
 def test_hashing_a_folder_never_opens_a_fifo(tmp_path):
@@ -147,7 +147,7 @@ def test_a_spec_repository_at_a_moving_ref_is_pinned_to_its_sha(copy_spec, tmp_p
 
 
 def test_derived_test_ids_that_could_never_pass_are_left_out(tmp_path):
-    from envforge.sources.derive import SuiteRuns, task_from_runs
+    from envforge.sources.derive import Derivation, Run, task_from_derivation
     from envforge.sources.gitrepo import SplitChange
     from envforge.sources.tickets import TicketSourceConfig
     from envforge.sources.candidate import Candidate
@@ -156,10 +156,10 @@ def test_derived_test_ids_that_could_never_pass_are_left_out(tmp_path):
     cand = Candidate(id="c-1", kind="ticket", origin="t.jsonl:1", field="fix_commit", instruction="Fix the thing now.",
                      git_dir=tmp_path, workspace_commit="a" * 40, change=change,
                      config=TicketSourceConfig(repository=".", exports=[{"file": "t.jsonl"}]), base_dir=tmp_path)
-    runs = SuiteRuns(before={"tests/t.py::test_a": "failed", "tests/t.py::test_b[x y]": "failed"},
-                     after={"tests/t.py::test_a": "passed", "tests/t.py::test_b[x y]": "passed"},
-                     before_reasons=[], after_reasons=[])
-    task = task_from_runs(cand, runs)
+    before = Run({"tests/t.py::test_a": "failed", "tests/t.py::test_b[x y]": "failed"})
+    after = Run({"tests/t.py::test_a": "passed", "tests/t.py::test_b[x y]": "passed"})
+    graded = {"after": Run({"tests/t.py::test_a": "passed"}), "before": Run({"tests/t.py::test_a": "failed"})}
+    task = task_from_derivation(cand, Derivation([before], [after, after], [graded]))
     assert task.spec.verification.tests.fail_to_pass == ["tests/t.py::test_a"]
     assert task.spec.metadata["unselectable_tests"] == ["tests/t.py::test_b[x y]"]
 

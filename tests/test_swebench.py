@@ -135,4 +135,17 @@ def test_a_bundle_file_works_as_the_repository(instance, tmp_path):
 
     cloned = materialize_repo(bundle)
     assert (cloned / "HEAD").exists()
-    assert result.tasks[0].spec.environment.repository.path == str(cloned)
+    # The stored task names the bundle relative to its source, never the machine's cache path.
+    assert result.tasks[0].spec.environment.repository.path == "../calc.bundle"
+
+
+def test_swebench_yaml_takes_an_environment_section(instance):
+    sidecar = instance / "swebench.yaml"
+    sidecar.write_text(sidecar.read_text() + "environment:\n  pip: [attrs==23.2.0]\n  env: {TZ: UTC}\n")
+    [task] = load_swebench([instance]).tasks
+    assert task.spec.environment.pip == ["attrs==23.2.0"] and task.spec.environment.env == {"TZ": "UTC"}
+    assert task.spec.metadata["environment"]["declared"] is True
+    assert not Path(task.spec.environment.repository.path).is_absolute()
+    sidecar.write_text(sidecar.read_text() + "  pipx: [x]\n")
+    rejects = load_swebench([instance]).rejects
+    assert [(Path(p.source).name, p.field) for p in rejects] == [("swebench.yaml", "environment.pipx")]

@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from envforge.environment import PythonEnvironment, check_command
+
 TASK_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{1,79}$"
 # Paths inside the sandbox. The workspace is what the policy edits; /run/envforge-verifier
 # is a root-owned tmpfs where the grader installs verifier files after the policy is done.
@@ -108,8 +110,12 @@ class RepositorySnapshot(_Strict):
                         description="a commit SHA, or a ref (`main`, `main~3`) that ingest resolves to its SHA")
 
 
-class Environment(_Strict):
-    """How the task's container image is made, and its limits."""
+class Environment(PythonEnvironment):
+    """How the task's container image is made, and its limits.
+
+    The fields it shares with history sources (python, pip, apt, env, workdir, install) come
+    from `envforge.environment.PythonEnvironment`.
+    """
 
     image: str | None = Field(None, description="'base' (the envforge base image) or a local image name")
     dockerfile: str | None = Field(None, description="Dockerfile relative to the spec; FROM ${ENVFORGE_BASE}")
@@ -166,6 +172,11 @@ class TestCheckpoint(_Strict):
     @property
     def ids(self) -> list[str]:
         return [*self.fail_to_pass, *self.pass_to_pass]
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str | None) -> str | None:
+        return check_command(v)
 
     @field_validator("fail_to_pass")
     @classmethod

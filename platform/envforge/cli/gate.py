@@ -13,6 +13,7 @@ from envforge.cli.common import DataDir, console, fail, out, run_stage, settings
 from envforge.cli.images import current_tasks
 from envforge.cli.options import config_options
 from envforge.errors import EnvforgeError, InfraError, PolicyOutcome
+from envforge.stages.configs import ImagesConfig
 from envforge.verify.config import GateConfig
 
 
@@ -91,22 +92,22 @@ def verify(task: str = typer.Option(..., "--task", help="spec file/folder or cat
 
 @config_options
 def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these task ids"),
-             config: GateConfig = GateConfig(),
+             config: GateConfig = GateConfig(), images_config: ImagesConfig = ImagesConfig(),
              as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
     """The flakiness gate on the catalog's current tasks: accept or quarantine each, with the reason."""
-    from envforge.stages.configs import ImagesConfig
     from envforge.stages.gate import gate
     from envforge.stages.images import build_images
 
     settings = settings_for(data_dir)
     tasks = current_tasks(settings, task)
-    images = run_stage(build_images, settings, ImagesConfig(), tasks, progress=False).image_set
-    result = run_stage(gate, settings, config, tasks, images)
+    built = run_stage(build_images, settings, images_config, tasks, progress=False)
+    result = run_stage(gate, settings, config, tasks, built.image_set)
     if as_json:
         sys.stdout.write(json.dumps({"tasks": result.rows(), "chart": str(result.chart),
                                      "probes": {r.task_id: r.probe_results for r in result.reports},
                                      "probes_skipped": {r.task_id: r.probes_skipped for r in result.reports},
-                                     "infra_failures": [str(p) for p in result.infra_failures]}) + "\n")
+                                     "infra_failures": [str(p) for p in result.infra_failures],
+                                     "image_failures": [str(p) for p in built.failures]}) + "\n")
     else:
         for r in result.rows():
             how = "kept: unchanged since its last gate" if r["kept"] else (
@@ -116,5 +117,7 @@ def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these
                       f"empty failed {r['empty_fails']}/{r['empty_runs']}, probes {r['probes_caught']}/{r['probes']}"
                       f"; {how})" + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else ""))
         out.print(f"flake report: {result.chart}")
-    if result.infra_failures:
+    for p in built.failures:
+        console.print(f"[red]not validated[/red] {p}")
+    if result.infra_failures or built.failures:
         raise typer.Exit(2)

@@ -8,7 +8,9 @@ from typing import List, Optional
 import typer
 
 from envforge.cli.common import DataDir, console, fail, out, run_stage, settings_for
+from envforge.cli.options import config_options
 from envforge.errors import EnvforgeError
+from envforge.stages.configs import ImagesConfig
 
 app = typer.Typer(help="Environment images (base and per task).", no_args_is_help=True)
 
@@ -33,21 +35,32 @@ def images_base(data_dir: Optional[Path] = DataDir) -> None:
 
 
 @app.command("build")
+@config_options
 def images_build(task: List[str] = typer.Option([], "--task", "-t", help="only these task ids"),
-                 data_dir: Optional[Path] = DataDir) -> None:
+                 config: ImagesConfig = ImagesConfig(), data_dir: Optional[Path] = DataDir) -> None:
     """Build the base image and the images of the catalog's current tasks (cache hits are instant)."""
-    from envforge.stages.configs import ImagesConfig
     from envforge.stages.images import build_images
 
     settings = settings_for(data_dir)
-    result = run_stage(build_images, settings, ImagesConfig(), current_tasks(settings, task))
+    result = run_stage(build_images, settings, config, current_tasks(settings, task))
     out.print(f"base: {result.base.tag}{' (cached)' if result.base.cache_hit else ''}")
     for t, b in result.builds:
-        out.print(f"{t.id}: {b.tag}{' (cached)' if b.cache_hit else f' built in {b.seconds:.1f}s'}")
+        out.print(f"{t.id}: {b.tag}{' (cached)' if b.cache_hit else f' built in {b.seconds:.1f}s'}{_env_note(b)}")
     for p in result.failures:
         out.print(f"[red]failed[/red] {p}")
     if result.failures:
         raise typer.Exit(1)
+
+
+def _env_note(build) -> str:
+    """Which env layer a task image sits on, and whether building it hit the pip cache."""
+    env = build.env
+    if env is None:
+        return ""
+    if env.cache_hit:
+        return f" on {env.tag} (cached)"
+    return (f" on {env.tag} (built in {env.seconds:.1f}s, {env.from_cache} packages from the pip cache, "
+            f"{env.downloaded} downloaded)")
 
 
 def current_tasks(settings, task_ids: List[str]) -> list:

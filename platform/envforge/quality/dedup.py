@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from dataclasses import field as _field  # records have a `field` attribute
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -135,13 +136,15 @@ def _reason(flagged: list[Evidence], strongest: Evidence | None, docs: int, note
 
 
 def decontaminate(tasks: Sequence[Task], index: ReferenceIndex, config: DedupConfig | None = None,
-                  corpora: Sequence[str] | None = None) -> tuple[list[ContaminationRecord], SemanticOutcome]:
+                  corpora: Sequence[str] | None = None,
+                  data_dir: Path | None = None) -> tuple[list[ContaminationRecord], SemanticOutcome]:
     """One record per task: every field compared, the evidence of each, the verdict.
 
-    `corpora`: only these corpora's documents count (None: all the index holds).
+    `corpora`: only these corpora's documents count (None: all the index holds). `data_dir`:
+    history tasks' workspaces are read from its commit store when it holds them.
     """
     config = (config or DedupConfig()).with_index(index.config)
-    reader = WorkspaceReader(config.workspace)
+    reader = WorkspaceReader(config.workspace, data_dir)
     per_task = [task_fields(t, reader) for t in tasks]
     keys: dict[str, int] = {}
     queries: list[QueryText] = []

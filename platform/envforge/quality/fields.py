@@ -25,6 +25,8 @@ from pathlib import Path
 
 from envforge.quality.code import is_python_path
 from envforge.quality.params import WorkspaceScan
+from envforge.sources import store
+from envforge.sources.gitrepo import repository_dir
 from envforge.task import Task
 from envforge.verify.protect import matches, protected_globs, split_diff
 
@@ -122,8 +124,9 @@ class WorkspaceReader:
     """Reads workspaces within the scan limits; a file's text is read once per content digest
     (tasks of one repository share most of their files)."""
 
-    def __init__(self, scan: WorkspaceScan) -> None:
+    def __init__(self, scan: WorkspaceScan, data_dir: Path | None = None) -> None:
         self.scan = scan
+        self.data_dir = data_dir  # its commit store, where history tasks' trees are kept since ingest
         self._cache: dict[tuple[str, str], tuple[list[tuple[str, str]], ScanReport]] = {}
 
     def _accept(self, rel: str, files: int, nbytes: int, report: ScanReport) -> bool:
@@ -237,15 +240,24 @@ class WorkspaceReader:
         if src is not None and src.is_dir():
             key = (str(src.resolve()), task.workspace_digest)
         elif repo is not None:
-            key = (str((Path(task.base_dir) / repo.path).resolve()), repo.commit)
+            key = ("commit", repo.commit)  # a commit's tree is the same wherever it is read
         else:
             return [], ScanReport()
         if key not in self._cache:
             report = ScanReport()
-            found = self.from_directory(src, report) if repo is None else self.from_git(Path(key[0]), repo.commit,
-                                                                                          report)
+            if repo is None:
+                found = self.from_directory(src, report)
+            else:
+                found = self.from_git(self._git_dir(task.base_dir, repo.path, repo.commit), repo.commit, report)
             self._cache[key] = (found, report)
         return self._cache[key]
+
+    def _git_dir(self, base_dir: str, path: str, commit: str) -> Path:
+        """envforge's commit store when it holds the commit (the source may have moved since ingest),
+        else the source's repository."""
+        if self.data_dir is not None and store.has_commit(self.data_dir, commit):
+            return store.store_dir(self.data_dir)
+        return repository_dir(base_dir, path)
 
 
 def task_fields(task: Task, reader: WorkspaceReader) -> tuple[list[FieldText], ScanReport]:

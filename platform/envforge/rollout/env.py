@@ -136,7 +136,9 @@ class RolloutEnv:
         assert sb is not None
         timeout = max(1.0, min(self.limits.step_timeout_s, self._remaining()))
         if isinstance(action, Run):
-            res = await sb.aexec(action.command, timeout_s=min(timeout, action.timeout_s or timeout))
+            env = self.task.spec.environment
+            res = await sb.aexec(action.command, timeout_s=min(timeout, action.timeout_s or timeout),
+                                 env=env.command_env(), workdir=env.command_workdir())
             parts = [f"exit code: {res.exit_code}" + (" (timed out)" if res.timed_out else "")]
             if res.stdout:
                 parts.append("stdout:\n" + res.text())

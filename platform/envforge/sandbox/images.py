@@ -1,14 +1,23 @@
-"""Environment images, layered base -> (optional env Dockerfile) -> task, content-hash tagged.
+"""Environment images, layered base -> env -> task, content-hash tagged.
+
+- base: debootstrap rootfs + `sandboxes/base/Dockerfile`;
+- env (optional): the task's `environment.dockerfile` built on the base, then its packages
+  (`python`, `apt`, `pip`) as an env layer shared by every task with the same recipe and
+  manifests (`envforge.sandbox.envlayer`);
+- task: the workspace, the project's editable install, setup commands, the initial commit.
 
 A tag is a hash of everything that goes into the image, so "is it built?" is a tag lookup
 and a second build of an unchanged recipe or task is a cache hit that costs milliseconds.
 No registry is ever used: the base rootfs comes from debootstrap and is imported locally.
+Images carry `envforge.image` (base/env/task), never the managed label: containers inherit
+their image's labels, and a build's intermediate containers must not look like sandboxes.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import subprocess
 import tarfile
@@ -20,19 +29,20 @@ from typing import Callable
 
 import docker
 import yaml
-from docker.errors import APIError, BuildError, ImageNotFound
+from docker.errors import APIError, BuildError, DockerException, ImageNotFound
 
 from envforge import safefs
 from envforge.config import Settings
-from envforge.errors import ImageBuildError
+from envforge.errors import ImageBuildError, InfraError
 from envforge.hashing import digest_parts, tree_digest
-from envforge.sandbox.engine import MANAGED_LABEL
+from envforge.sandbox.envlayer import EnvBuild, build_env_image, env_recipe
 from envforge.task import Task
 
 BASE_REPO = "envforge/base"
 ROOTFS_REPO = "envforge/base-rootfs"
 TASK_REPO_PREFIX = "envforge/task-"
-ENV_REPO_PREFIX = "envforge/env-"
+DOCKERFILE_REPO_PREFIX = "envforge/envfile-"
+IMAGE_LABEL = "envforge.image"
 TEMPLATE_DIR = "/opt/envforge/task/workspace"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
@@ -72,6 +82,7 @@ class ImageBuild:
     seconds: float
     task_id: str | None = None
     size_mb: float | None = None
+    env: EnvBuild | None = None  # the env layer under a task image, when it has one
 
 
 def _ca_bundle() -> bytes:
@@ -106,22 +117,54 @@ def _size_mb(client: docker.DockerClient, tag: str) -> float:
     return round(client.images.get(tag).attrs.get("Size", 0) / 2**20, 1)
 
 
+# A step killed from outside (SIGKILL/SIGTERM, another process removing the build container, the
+# engine going away) says nothing about the recipe: such builds are retried, never stored as rejects.
+_KILLED = re.compile(r"returned a non-zero code: (137|143)\b|no such container|is not running|"
+                     r"connection (reset|refused|aborted)|unexpected EOF|context canceled|"
+                     r"failed to create endpoint|could not find bridge|no such network|"
+                     r"cannot connect to the docker daemon", re.I)
+
+
+def _short(text: str) -> str:
+    """One build message without the step's whole script or terminal colours, at most 300 characters."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    text = re.sub(r"The command '.*' returned", "The step returned", text, flags=re.S)
+    return text.strip()[:300]
+
+
 def _build(client: docker.DockerClient, context: Path, tag: str, labels: dict[str, str],
-           buildargs: dict[str, str] | None, what: str, log: Log, dockerfile: str = "Dockerfile") -> None:
-    """Run a classic docker build, streaming its log; failures name `what` and the failing step."""
+           buildargs: dict[str, str] | None, what: str, log: Log, dockerfile: str = "Dockerfile",
+           network_mode: str | None = None) -> None:
+    """Run a classic docker build, streaming its log; failures name `what` and the failing step.
+
+    ImageBuildError for a failing recipe; InfraError('image_build_killed') for a build killed
+    from outside, which callers retry.
+    """
     tail: list[str] = []
+
+    def failed(message: str) -> Exception:
+        if _KILLED.search(message):
+            return InfraError("image_build_killed", f"{what}: the build was interrupted ({_short(message)}); "
+                                                    f"it is retried")
+        lines = [_short(line) for line in tail if not line.startswith(("Step ", " ---> ", "Removing intermediate"))]
+        return ImageBuildError(f"{what}: build failed: {_short(message)}\n" + "\n".join(lines[-12:]))
+
     try:
         for chunk in client.api.build(path=str(context), dockerfile=dockerfile, tag=tag, labels=labels,
-                                      buildargs=buildargs or {}, rm=True, forcerm=True, decode=True, pull=False):
+                                      buildargs=buildargs or {}, rm=True, forcerm=True, decode=True, pull=False,
+                                      network_mode=network_mode):
             if "stream" in chunk:
                 line = chunk["stream"].rstrip()
                 if line:
-                    tail = (tail + [line])[-15:]
+                    tail = (tail + [line])[-40:]
                     log(line)
             if "error" in chunk:
-                raise ImageBuildError(f"{what}: build failed: {chunk['error'].strip()}\n" + "\n".join(tail))
+                raise failed(chunk["error"])
     except (APIError, BuildError) as exc:
-        raise ImageBuildError(f"{what}: build failed: {exc}\n" + "\n".join(tail)) from None
+        raise failed(str(exc)) from None
+    except (DockerException, OSError) as exc:
+        raise InfraError("image_build_killed", f"{what}: lost the engine during the build ({exc}); it is retried") \
+            from None
 
 
 def _debootstrap_rootfs(recipe: BaseRecipe, target: Path, log: Log) -> None:
@@ -153,7 +196,7 @@ def build_base_image(client: docker.DockerClient, settings: Settings, log: Log =
     digest = tag.split(":", 1)[1]
     rootfs_tag = f"{ROOTFS_REPO}:{digest}"
     settings.build_dir.mkdir(parents=True, exist_ok=True)
-    labels = {MANAGED_LABEL: "1", "envforge.recipe-digest": digest}
+    labels = {IMAGE_LABEL: "base", "envforge.recipe-digest": digest}
     if not image_exists(client, rootfs_tag):
         with tempfile.TemporaryDirectory(dir=settings.build_dir, prefix="rootfs-") as tmp:
             root = Path(tmp) / "rootfs"
@@ -164,7 +207,7 @@ def build_base_image(client: docker.DockerClient, settings: Settings, log: Log =
             repo, rtag = rootfs_tag.split(":")
             with open(tar_path, "rb") as fh:
                 client.api.import_image_from_data(fh, repository=repo, tag=rtag,
-                                                  changes=[f'LABEL {MANAGED_LABEL}="1"'])
+                                                  changes=[f'LABEL {IMAGE_LABEL}="rootfs"'])
             shutil.rmtree(root, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=settings.build_dir, prefix="base-") as tmp:
         ctx = Path(tmp)
@@ -175,18 +218,20 @@ def build_base_image(client: docker.DockerClient, settings: Settings, log: Log =
     return ImageBuild(tag, False, time.perf_counter() - started, size_mb=_size_mb(client, tag))
 
 
-def _resolve_parent(client: docker.DockerClient, task: Task, base_tag: str, settings: Settings, log: Log) -> str:
-    """The image the task layer builds FROM: the base, a named local image, or the task's env Dockerfile."""
+def _dockerfile_parent(client: docker.DockerClient, task: Task, base_tag: str, log: Log) -> str:
+    """The image the env layer builds on: the base, a named local image, or the task's Dockerfile on the base."""
     env = task.spec.environment
     if env.dockerfile:
         dockerfile = Path(task.base_dir) / env.dockerfile
-        env_tag = f"{ENV_REPO_PREFIX}{task.id}:" + digest_parts(base_tag, tree_digest(dockerfile.parent))[:16]
-        if not image_exists(client, env_tag):
-            log(f"building env image {env_tag}")
-            _build(client, dockerfile.parent, env_tag, {MANAGED_LABEL: "1", "envforge.task": task.id},
+        if not dockerfile.is_file():
+            raise ImageBuildError(f"task {task.id}: environment.dockerfile {dockerfile} does not exist")
+        tag = f"{DOCKERFILE_REPO_PREFIX}{task.id}:" + digest_parts(base_tag, tree_digest(dockerfile.parent))[:16]
+        if not image_exists(client, tag):
+            log(f"building {tag} from {dockerfile}")
+            _build(client, dockerfile.parent, tag, {IMAGE_LABEL: "env", "envforge.task": task.id},
                    {"ENVFORGE_BASE": base_tag}, f"task {task.id}: environment.dockerfile {dockerfile}", log,
                    dockerfile=dockerfile.name)
-        return env_tag
+        return tag
     if env.base == "base":
         return base_tag
     if not image_exists(client, env.base):
@@ -195,29 +240,124 @@ def _resolve_parent(client: docker.DockerClient, task: Task, base_tag: str, sett
     return env.base
 
 
+def _repository_dir(task: Task) -> Path:
+    from envforge.sources.gitrepo import repository_dir
+
+    repo = task.spec.environment.repository
+    assert repo is not None
+    try:
+        return repository_dir(task.base_dir, repo.path)
+    except ValueError as exc:
+        raise ImageBuildError(f"task {task.id}: environment.repository: {exc}") from None
+
+
+def workspace_file(task: Task, settings: Settings, rel: str) -> bytes | None:
+    """One file of the task's initial workspace (its repository commit, or its files folder), or None."""
+    repo = task.spec.environment.repository
+    if repo is not None:
+        from envforge.sources import store
+        from envforge.sources.gitrepo import git
+
+        data = store.read_file(settings.data_dir, repo.commit, rel)
+        if data is not None:
+            return data
+        proc = git(_repository_dir(task), "show", f"{repo.commit}:{rel}")
+        return proc.stdout if proc.returncode == 0 else None
+    root = task.workspace_path()
+    if root is None:
+        return None
+    path = (root / rel).resolve()
+    return path.read_bytes() if path.is_relative_to(root.resolve()) and path.is_file() else None
+
+
+def recorded_images(task: Task) -> dict:
+    """The images a stored task records it was built on (`metadata.images`: base, env, env_freeze)."""
+    images = task.spec.metadata.get("images")
+    return images if isinstance(images, dict) else {}
+
+
+def _refuse_other_layer(task: Task, layer: str, recorded: str, current: str, settings: Settings) -> None:
+    raise ImageBuildError(
+        f"task {task.id} was built on the {layer} image {recorded}, but would now be built on {current} "
+        f"(base recipe: {settings.sandboxes_dir / 'base'}). A different {layer} changes what the task runs in: "
+        f"use the recipe it was ingested with (ENVFORGE_SANDBOXES_DIR), re-ingest its source, or rebuild it on "
+        f"the current one on purpose (--rebuild)")
+
+
+def _resolve_parent(client: docker.DockerClient, task: Task, base_tag: str, settings: Settings,
+                    log: Log, rebuild: bool = False) -> tuple[str, EnvBuild | None]:
+    """The image the task layer builds FROM, and the env layer when the task has one."""
+    recorded = recorded_images(task)
+    if recorded.get("base") and recorded["base"] != base_tag and not rebuild:
+        _refuse_other_layer(task, "base", recorded["base"], base_tag, settings)
+    parent = _dockerfile_parent(client, task, base_tag, log)
+    env = task.spec.environment
+    if not env.needs_env_layer:
+        return parent, None
+    recipe = env_recipe(env_image_name(task), parent, env, lambda rel: workspace_file(task, settings, rel),
+                        recorded.get("env_freeze") or [])
+    if recorded.get("env") and recorded["env"] != recipe.tag and not rebuild:
+        _refuse_other_layer(task, "env", recorded["env"], recipe.tag, settings)
+    build = build_env_image(client, recipe, log)
+    return build.tag, build
+
+
+def env_image_name(task: Task) -> str:
+    """The env image's repository name: the task's repository (project) name, else the task id."""
+    return str(task.spec.metadata.get("repo") or task.id).split("/")[-1]
+
+
 def task_image_tag(task: Task, parent_tag: str) -> str:
     env = task.spec.environment.model_dump(mode="json", exclude={"limits", "network"})
     digest = digest_parts(parent_tag, json.dumps(env, sort_keys=True), task.workspace_digest)
     return f"{TASK_REPO_PREFIX}{task.id}:{digest[:16]}"
 
 
+# The project's own package, importable from the work tree: an editable install made against
+# /workspace (where sandboxes mount the work tree), offline, with the build backend from the
+# env layer. Files the build generates in the tree (a VCS version file, egg-info) join the
+# task's initial state, so the work tree imports the same way in every sandbox.
+_EDITABLE_INSTALL = r"""t=__TEMPLATE__
+find /workspace -mindepth 1 -delete
+cp -a "$t/." /workspace/
+cd /workspace
+export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PIP_NO_INPUT=1
+if ! python3 -m pip install --no-deps --no-build-isolation --no-index -e . >/tmp/envforge-install.log 2>&1; then
+  tail -n 25 /tmp/envforge-install.log
+  echo "environment.install: the editable install of the repository failed (set environment.install: none,"        "or add the build backend to environment.pip)" >&2
+  exit 1
+fi
+find . \( -name __pycache__ -o -name .git \) -prune -o \( -type f -o -type l \) -print | while IFS= read -r f; do
+  if [ ! -e "$t/$f" ] && [ ! -L "$t/$f" ]; then mkdir -p "$t/$(dirname "$f")" && cp -a "$f" "$t/$f"; fi
+done
+chown -R 1000:1000 "$t"
+cd / && find /workspace -mindepth 1 -delete
+"""
+
+
 def _task_dockerfile(parent: str, task: Task) -> str:
+    env = task.spec.environment
     lines = [
         f"FROM {parent}",
         "USER sandbox",
         f"COPY --chown=1000:1000 workspace/ {TEMPLATE_DIR}/",
         f"WORKDIR {TEMPLATE_DIR}",
     ]
-    for cmd in task.spec.environment.setup:
+    if env.install == "editable":
+        version = env.version or "0.0.0"
+        script = f"export SETUPTOOLS_SCM_PRETEND_VERSION={version} PDM_BUILD_SCM_VERSION={version}\n" + \
+            _EDITABLE_INSTALL.replace("__TEMPLATE__", TEMPLATE_DIR)
+        lines += ["USER root", "RUN " + json.dumps(["/bin/bash", "-euo", "pipefail", "-c", script]), "USER sandbox"]
+    for cmd in env.setup:
         lines.append("RUN " + json.dumps(["/bin/bash", "-euo", "pipefail", "-c", cmd]))
     # The initial state is a commit, so the policy's changes are always `git diff` against it.
     lines.append('RUN git init -q . && git add -A && git commit -q --allow-empty -m "envforge: task initial state"')
-    lines += [f'LABEL {MANAGED_LABEL}="1" envforge.task="{task.id}" envforge.workspace="{task.workspace_digest}"',
+    lines += [f'LABEL {IMAGE_LABEL}="task" envforge.task="{task.id}" envforge.workspace="{task.workspace_digest}"',
               "WORKDIR /workspace"]
     return "\n".join(lines) + "\n"
 
 
-def _write_workspace(task: Task, dest: Path) -> None:
+def _write_workspace(task: Task, dest: Path, settings: Settings) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     src = task.workspace_path()
     if src is not None:
@@ -228,37 +368,54 @@ def _write_workspace(task: Task, dest: Path) -> None:
         return
     repo = task.spec.environment.repository
     if repo is not None:
-        repo_path = Path(task.base_dir) / repo.path
-        archive = subprocess.run(["git", "-C", str(repo_path), "archive", "--format=tar", repo.commit],
-                                 capture_output=True)
-        if archive.returncode != 0:
-            raise ImageBuildError(f"task {task.id}: environment.repository: git archive {repo.commit} failed: "
-                                  f"{archive.stderr.decode(errors='replace').strip()}")
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tf:
+        from envforge.sources import store
+        from envforge.sources.gitrepo import git
+
+        data = store.archive(settings.data_dir, repo.commit)
+        if data is None:  # first build from the source's repository: keep the commit for later builds
+            git_dir = _repository_dir(task)
+            archive = git(git_dir, "archive", "--format=tar", repo.commit)
+            if archive.returncode != 0:
+                raise ImageBuildError(f"task {task.id}: environment.repository: git archive {repo.commit} failed: "
+                                      f"{archive.stderr.decode(errors='replace').strip()}")
+            data = archive.stdout
+            try:
+                store.keep_commit(settings.data_dir, git_dir, repo.commit)
+            except ValueError:
+                pass  # the build goes on from the source; only a later move of the source would notice
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
             tf.extractall(dest, filter="data")
 
 
 def build_task_image(client: docker.DockerClient, task: Task, base_tag: str, settings: Settings,
-                     log: Log = _quiet) -> ImageBuild:
-    """Make sure the task's image exists: base (or env) + workspace files + setup + initial commit."""
+                     log: Log = _quiet, rebuild: bool = False) -> ImageBuild:
+    """Make sure the task's image exists: base (or env) + workspace files + setup + initial commit.
+
+    A task that records the base and env images it was built on (history tasks do, at ingest) is
+    refused with the reason when those would differ now, unless `rebuild` says to go ahead.
+    """
     started = time.perf_counter()
-    parent = _resolve_parent(client, task, base_tag, settings, log)
+    parent, env = _resolve_parent(client, task, base_tag, settings, log, rebuild)
     tag = task_image_tag(task, parent)
     if image_exists(client, tag):
-        return ImageBuild(tag, True, time.perf_counter() - started, task.id, _size_mb(client, tag))
+        return ImageBuild(tag, True, time.perf_counter() - started, task.id, _size_mb(client, tag), env)
     settings.build_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=settings.build_dir, prefix=f"task-{task.id}-") as tmp:
-        write_task_context(task, parent, Path(tmp))
-        build_from_context(client, Path(tmp), tag, f"task {task.id}", log)
-    return ImageBuild(tag, False, time.perf_counter() - started, task.id, _size_mb(client, tag))
+        write_task_context(task, parent, Path(tmp), settings)
+        # The network is for setup commands only; the editable install is offline.
+        build_from_context(client, Path(tmp), tag, f"task {task.id}", log,
+                           network_mode=None if task.spec.environment.setup else "none")
+    return ImageBuild(tag, False, time.perf_counter() - started, task.id, _size_mb(client, tag), env)
 
 
-def write_task_context(task: Task, parent: str, dest: Path) -> None:
+def write_task_context(task: Task, parent: str, dest: Path, settings: Settings | None = None) -> None:
     """The build context of a task's image (its workspace and Dockerfile): what a fleet node that
-    lacks the image builds from, with the same content-hash tag."""
-    _write_workspace(task, dest / "workspace")
+    lacks the image builds from, with the same content-hash tag. `settings` say where envforge's
+    object store of repository commits is (default: from the environment)."""
+    _write_workspace(task, dest / "workspace", settings or Settings.from_env())
     (dest / "Dockerfile").write_text(_task_dockerfile(parent, task))
 
 
-def build_from_context(client: docker.DockerClient, context: Path, tag: str, what: str, log: Log = _quiet) -> None:
-    _build(client, context, tag, {}, None, what, log)
+def build_from_context(client: docker.DockerClient, context: Path, tag: str, what: str, log: Log = _quiet,
+                       network_mode: str | None = None) -> None:
+    _build(client, context, tag, {}, None, what, log, network_mode=network_mode)

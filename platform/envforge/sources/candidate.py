@@ -9,15 +9,19 @@ FAIL_TO_PASS / PASS_TO_PASS, or into a reject.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from envforge.environment import check_command
 from envforge.errors import Problem, SpecError
 from envforge.sources import guard
+from envforge.sources.environment import HistoryEnvironment, ResolvedEnvironment, check_dockerfile, resolve_environment
 from envforge.sources.fields import StrictModel
 from envforge.sources.gitrepo import SplitChange, materialize_repo, resolve_commit, tree_footprint
 from envforge.sources.policy import SourcePolicy
@@ -36,7 +40,10 @@ class SuiteConfig(StrictModel):
     """How a history source's repository runs its tests (the `tests:` block of its config)."""
 
     framework: str = Field("pytest", pattern="^pytest$", description="suites are run whole; pytest only for now")
-    command: str = Field("python3 -m pytest", description="runs the whole suite from the repository root")
+    command: str = Field("python3 -m pytest", description="runs the whole suite from the repository root (or "
+                                                         "environment.workdir)")
+    plugins: list[str] = Field(default_factory=list, description="pytest plugins to load by name (`-p NAME`); "
+                                                                 "plugin autoload is always off")
     timeout_s: float = Field(300, gt=0, le=86400)
     pass_to_pass: Literal["test-files", "suite"] = Field(
         "test-files", description="which tests that pass before and after the change become PASS_TO_PASS: those in "
@@ -44,11 +51,17 @@ class SuiteConfig(StrictModel):
                                   "SWE-bench harness does; grading then runs only those files), or every one in the "
                                   "suite (grading then runs the whole suite)")
 
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str) -> str:
+        return check_command(v) or v
+
 
 class HistorySourceConfig(StrictModel):
     """Settings every history source (tickets, reviews) shares; each adds its own fields."""
 
     tests: SuiteConfig = Field(default_factory=SuiteConfig)
+    environment: HistoryEnvironment = Field(default_factory=HistoryEnvironment)
     limits: Limits = Field(default_factory=Limits)
     max_turns: int = Field(40, ge=1, le=1000)
     tags: list[str] = Field(default_factory=list)
@@ -74,19 +87,27 @@ class Candidate:
     base_dir: Path
     tags: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    repository: str = ""  # as the config names it, relative to base_dir: stored tasks never hold absolute paths
+
+    @cached_property
+    def environment(self) -> ResolvedEnvironment:
+        """The packages and settings of the workspace commit, declared or inferred (once per candidate)."""
+        return resolve_environment(self.config.environment, self.git_dir, self.workspace_commit, self.origin)
 
     def to_task(self, fail_to_pass: list[str], pass_to_pass: list[str], extra_metadata: dict | None = None) -> Task:
+        env = self.environment
         data = {
             "id": self.id, "source": self.kind, "instruction": self.instruction,
-            "environment": {"image": "base", "limits": self.config.limits.model_dump(),
-                            "repository": {"path": str(self.git_dir), "commit": self.workspace_commit}},
+            "environment": {**env.fields, "limits": self.config.limits.model_dump(),
+                            "repository": {"path": self.repository or str(self.git_dir),
+                                           "commit": self.workspace_commit}},
             "verification": {"tests": {"framework": self.config.tests.framework, "command": self.config.tests.command,
-                                       "timeout_s": self.config.tests.timeout_s,
+                                       "plugins": self.config.tests.plugins, "timeout_s": self.config.tests.timeout_s,
                                        "fail_to_pass": fail_to_pass, "pass_to_pass": pass_to_pass}},
             "reference_solution": {"patch": "<inline>"},
             "max_turns": self.config.max_turns, "tags": sorted({*self.config.tags, *self.tags}),
-            "metadata": {**self.metadata, **(extra_metadata or {}), "source_files": self.change.source_files,
-                         "test_files": self.change.test_files},
+            "metadata": {**self.metadata, **env.metadata, **(extra_metadata or {}),
+                         "source_files": self.change.source_files, "test_files": self.change.test_files},
         }
         try:
             spec = TaskSpec.model_validate(data)
@@ -100,6 +121,12 @@ class Candidate:
     def provisional_task(self) -> Task:
         """The task with a placeholder test id: enough to build its image and check the spec."""
         return self.to_task([PENDING_TEST], [])
+
+
+def relative_to_source(rel: str, base_dir: Path) -> str:
+    """A repository reference as the stored task keeps it: relative to the source's folder, even when
+    the config gave an absolute path (a task must not be tied to one machine's layout)."""
+    return os.path.relpath((base_dir / rel).resolve(), base_dir.resolve())
 
 
 def check_change(change: SplitChange, where: str, field: str, what: str) -> None:
@@ -167,6 +194,9 @@ def load_config(path: Path, model: type[BaseModel], policy: SourcePolicy) -> Bas
     if not isinstance(data, dict):
         raise SpecError([Problem(str(path), "", "config must be a YAML mapping")])
     try:
-        return model.model_validate(data)
+        cfg = model.model_validate(data)
     except ValidationError as err:
         raise SpecError(guard.validation_problems(str(path), err)) from None
+    if isinstance(cfg, HistorySourceConfig):
+        check_dockerfile(cfg.environment, path, policy)
+    return cfg

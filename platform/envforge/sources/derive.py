@@ -1,33 +1,45 @@
 """FAIL_TO_PASS / PASS_TO_PASS by running a candidate's test suite before and after its change.
 
-For each candidate, in a sandbox of its own image (the workspace before the change):
+For each candidate, in sandboxes of its own image (the workspace before the change):
 
-- *before*: apply the held-back test change only, run the whole suite;
-- *after*: apply the source change and the test change, run the whole suite.
+- *before*: the held-back test change only, the whole suite in file order;
+- *after*: the source change and the test change, twice: the whole suite in file order, then
+  the whole suite again in reverse order (every pair of tests runs the other way round, as in
+  the gate's order check).
 
-FAIL_TO_PASS are the tests that pass after and did not pass before (failed, errored, or did
-not exist or collect); PASS_TO_PASS pass in both and, by default, sit in a test file the
-change touches or that holds a FAIL_TO_PASS test (the SWE-bench harness's scope: grading runs
-only those files; how many passing tests lie elsewhere goes to the task's metadata, and a
-source's `tests.pass_to_pass: suite` keeps them all). A test that passed before and fails after
-was broken by the fix: it is left out of both lists and recorded in the task's metadata. A
-candidate whose change makes no test go from failing to passing is rejected with the counts,
-since nothing could tell a solution from an empty diff.
+A test is kept only if both runs of the after state agree on it. Ids that are not found again (they
+change between runs: memory addresses, timestamps, random parametrization) and tests whose
+outcome changes with the order are excluded and named in the task's metadata with the reason.
+FAIL_TO_PASS pass after and did not pass before (failed, errored, or did not exist or
+collect); PASS_TO_PASS pass in both and, by default, sit in a test file the change touches or
+that holds a FAIL_TO_PASS test (the SWE-bench harness's scope: grading runs only those files;
+how many passing tests lie elsewhere goes to the task's metadata, and a source's
+`tests.pass_to_pass: suite` keeps them all). A test that passed before and fails after was
+broken by the fix: it is left out of both lists and recorded (`broken_by_change`). Ids with
+whitespace or control characters can never be required (#16 refuses them at ingest): they are
+left out and listed as `unselectable_tests`.
+
+Then the derived ids are graded by the grader itself, the reference solution and the empty
+one, once each; ids that do not reproduce are dropped and the check runs once more. A candidate with
+no FAIL_TO_PASS left is rejected with the reason: the counts, the excluded tests, and the
+first lines of any collection error (`ModuleNotFoundError: No module named 'freezegun'`).
 
 Results are cached by (image, patches, test command) under the data directory, so
 re-ingesting an unchanged source (the sensor, the nightly refresh) costs no sandbox time.
-Infrastructure faults are retried once on a fresh sandbox, then reported as rejects with
-an `infra:` reason (the next ingest tries again: nothing is cached for them).
+Infrastructure faults (a sandbox or an image build killed from outside) are retried once,
+then reported as rejects with an `infra:` reason (the next ingest tries again: nothing is
+cached for them).
 """
 
 from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence, TypeVar
 
 import docker
+from requests.exceptions import RequestException
 
 from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError, Problem, SpecError
@@ -36,39 +48,158 @@ from envforge.progress import Progress, no_progress
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import build_base_image, build_task_image
 from envforge.sandbox.pool import SandboxPool
+from envforge.sources import store
 from envforge.sources.candidate import Candidate, derivable_ids
 from envforge.sources.result import LoadResult
 from envforge.task import Task
-from envforge.verify.checkpoints import install_verifier_files, run_suite
-from envforge.verify.grader import PURGE_CACHES, options_for
+from envforge.verify.checkpoints import SuiteRun, install_verifier_files, run_suite
+from envforge.verify.grader import PURGE_CACHES, Grader, options_for
+from envforge.verify.parsers import error_summary
+from envforge.verify.selection import SUITE, TestRun
+
+CACHE_VERSION = "derive-v6"
+REVERSED_SUITE = TestRun("suite", "reverse")
+GRADER_CHECKS = 2
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
-class SuiteRuns:
-    """Statuses of every collected test before and after the change."""
+class Run:
+    """One run of the suite (or of selected ids), as cached."""
 
-    before: dict[str, str]
-    after: dict[str, str]
-    before_reasons: list[str]
-    after_reasons: list[str]
+    statuses: dict[str, str]
+    reasons: list[str] = field(default_factory=list)
+    collect_errors: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def fail_to_pass(self) -> list[str]:
-        return sorted(t for t, s in self.after.items() if s == "passed" and self.before.get(t) != "passed")
+    @classmethod
+    def of(cls, run: SuiteRun) -> "Run":
+        return cls(dict(run.statuses), list(run.reasons), dict(run.collect_errors))
 
-    @property
-    def pass_to_pass(self) -> list[str]:
-        return sorted(t for t, s in self.after.items() if s == "passed" and self.before.get(t) == "passed")
 
-    @property
-    def broken_by_change(self) -> list[str]:
-        return sorted(t for t, s in self.before.items() if s == "passed" and self.after.get(t) != "passed")
+@dataclass(frozen=True)
+class Classified:
+    """What the four suite runs say about each test."""
+
+    fail_to_pass: list[str]
+    pass_to_pass: list[str]
+    broken_by_change: list[str]
+    excluded: dict[str, str]
+
+
+def _stable(first: Run, second: Run, state: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(status of each test both runs of a state agree on, excluded test -> reason)."""
+    stable, excluded = {}, {}
+    for test_id, status in first.statuses.items():
+        again = second.statuses.get(test_id)
+        if again is None:
+            excluded[test_id] = (f"its id was not found again in the reversed {state} run (an id that changes between "
+                                 f"runs: a memory address, a timestamp, random parametrization)")
+        elif again != status:
+            excluded[test_id] = (f"its outcome depends on the order ({state}: {status} in file order, {again} "
+                                 f"reversed)")
+        else:
+            stable[test_id] = status
+    return stable, excluded
+
+
+def classify(before: Sequence[Run], after: Sequence[Run]) -> Classified:
+    """FAIL_TO_PASS / PASS_TO_PASS from the runs of both states (file order, then reversed, where a
+    state ran twice); what a single run of a state cannot tell, the grader-way check settles."""
+    b, b_excluded = _stable(before[0], before[1], "before") if len(before) > 1 else (dict(before[0].statuses), {})
+    a, a_excluded = _stable(after[0], after[1], "after")
+    excluded = {**b_excluded, **a_excluded}
+    f2p = sorted(t for t, s in a.items() if s == "passed" and t not in excluded and b.get(t) != "passed")
+    p2p = sorted(t for t, s in a.items() if s == "passed" and t not in excluded and b.get(t) == "passed")
+    broken = sorted(t for t, s in b.items() if s == "passed" and t not in excluded and a.get(t, "missing") != "passed")
+    relevant = {t: r for t, r in excluded.items() if t in a or t in after[0].statuses}
+    return Classified(f2p, p2p, broken, dict(sorted(relevant.items())))
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """Every run made for one candidate, and the grader-way checks of the derived ids."""
+
+    before: list[Run]
+    after: list[Run]
+    checks: list[dict[str, Run]] = field(default_factory=list)  # [{"after": Run, "before": Run}, ...]
+    alone: Run | None = None  # before the change, only the FAIL_TO_PASS candidates outside the test change
 
     def as_json(self) -> dict:
-        return {"before": self.before, "after": self.after, "before_reasons": self.before_reasons,
-                "after_reasons": self.after_reasons}
+        return {"before": [asdict(r) for r in self.before], "after": [asdict(r) for r in self.after],
+                "checks": [{k: asdict(v) for k, v in c.items()} for c in self.checks],
+                "alone": asdict(self.alone) if self.alone else None}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Derivation":
+        return cls([Run(**r) for r in doc["before"]], [Run(**r) for r in doc["after"]],
+                   [{k: Run(**v) for k, v in c.items()} for c in doc.get("checks", [])],
+                   Run(**doc["alone"]) if doc.get("alone") else None)
 
 
-def _run(pool: SandboxPool, task: Task, image: str, patches: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+@dataclass(frozen=True)
+class Settled:
+    """The lists after every check made so far, and whether the last grader-way check confirmed them."""
+
+    fail_to_pass: list[str]
+    pass_to_pass: list[str]
+    excluded: dict[str, str]
+    confirmed: bool
+    classified: Classified
+    unselectable: list[str] = field(default_factory=list)  # ids a task cannot require (whitespace)
+    pass_to_pass_elsewhere: int = 0  # passing tests outside the scoped test files
+
+
+def outside_test_change(f2p: list[str], test_files: Sequence[str]) -> list[str]:
+    """FAIL_TO_PASS candidates in files the test change does not touch: they may fail before only
+    because a failing new test ran first and left state behind, so they are run alone once."""
+    return [t for t in f2p if t.split("::", 1)[0] not in set(test_files)]
+
+
+def settle(derivation: Derivation, test_files: Sequence[str], pass_to_pass: str = "suite") -> Settled:
+    """Apply every run of the derivation in order: stability, the lone before-run, which ids a task
+    can require and PASS_TO_PASS's scope (`test-files` or `suite`), grader-way checks."""
+    cls = classify(derivation.before, derivation.after)
+    f2p, p2p, excluded = list(cls.fail_to_pass), list(cls.pass_to_pass), dict(cls.excluded)
+    if derivation.alone is not None:
+        for t in outside_test_change(f2p, test_files):
+            if derivation.alone.statuses.get(t) == "passed":
+                excluded[t] = "fails before the change only when other tests ran first (order-dependent)"
+        f2p = [t for t in f2p if t not in excluded]
+    f2p, odd_f2p = derivable_ids(f2p)
+    p2p, odd_p2p = derivable_ids(p2p)
+    elsewhere = 0
+    if pass_to_pass == "test-files":
+        files = {t.split("::", 1)[0] for t in f2p} | set(test_files)
+        scoped = [t for t in p2p if t.split("::", 1)[0] in files]
+        elsewhere, p2p = len(p2p) - len(scoped), scoped
+    confirmed = False
+    for check in derivation.checks:
+        bad = not_reproduced(f2p, p2p, check)
+        excluded.update(bad)
+        f2p, p2p = [t for t in f2p if t not in bad], [t for t in p2p if t not in bad]
+        confirmed = not bad
+    return Settled(f2p, p2p, excluded, confirmed, cls, odd_f2p + odd_p2p, elsewhere)
+
+
+def not_reproduced(f2p: list[str], p2p: list[str], check: dict[str, Run]) -> dict[str, str]:
+    """Derived ids the grader-way runs contradict, with what they showed."""
+    bad = {}
+    for t in [*f2p, *p2p]:
+        after = check["after"].statuses.get(t, "missing")
+        if after != "passed":
+            bad[t] = f"{after} after the change when run the way the grader runs it"
+    for t in f2p:
+        if check["before"].statuses.get(t) == "passed":
+            bad.setdefault(t, "passed before the change when run the way the grader runs it")
+    for t in p2p:
+        before = check["before"].statuses.get(t, "missing")
+        if before != "passed":
+            bad.setdefault(t, f"{before} before the change when run the way the grader runs it")
+    return bad
+
+
+def _run(pool: SandboxPool, task: Task, image: str, patches: Sequence[str], run: TestRun = SUITE) -> Run:
+    """One run of the whole suite (in collection order, or reversed) after applying the patches."""
     check = task.spec.verification.tests
     assert check is not None
     sandbox = pool.acquire(image, options_for(task))
@@ -78,50 +209,101 @@ def _run(pool: SandboxPool, task: Task, image: str, patches: Sequence[str]) -> t
                 sandbox.apply_patch(patch)  # ValueError: the candidate's own patch does not apply
         sandbox.exec(PURGE_CACHES, timeout_s=120)
         install_verifier_files(sandbox, task)
-        return run_suite(sandbox, check)
+        return Run.of(run_suite(sandbox, check, task.spec.environment, run))
     finally:
         pool.release(sandbox)
 
 
-def run_before_after(pool: SandboxPool, candidate: Candidate, image: str) -> SuiteRuns:
+def _grade(pool: SandboxPool, candidate: Candidate, image: str, f2p: list[str], p2p: list[str],
+           only: list[str] | None = None) -> dict[str, Run]:
+    """The derived ids graded by the grader itself: the reference solution ('after', through the same
+    protected-path filter) and the empty one ('before'). `only`: grade these ids alone, before only."""
+    grader = Grader(pool.client, pool)
+    if only is not None:
+        result = grader.grade(candidate.to_task(only, []), image, "", "empty")
+        return {"before": Run({t: s for t, s in result.tests.items() if s != "missing"}, result.reasons)}
+    task = candidate.to_task(f2p, p2p)
+    runs = {}
+    for state, diff in (("after", task.reference_patch or ""), ("before", "")):
+        result = grader.grade(task, image, diff, "reference" if diff else "empty")
+        runs[state] = Run({t: s for t, s in result.tests.items() if s != "missing"}, result.reasons)
+    return runs
+
+
+def run_derivation(pool: SandboxPool, candidate: Candidate, image: str) -> Derivation:
+    """The before/after runs (file order, reversed) and up to GRADER_CHECKS grader-way checks."""
     task = candidate.provisional_task()
-    before, before_reasons = _run(pool, task, image, [candidate.change.test_patch])
-    after, after_reasons = _run(pool, task, image, [candidate.change.source_patch, candidate.change.test_patch])
-    return SuiteRuns(before, after, before_reasons, after_reasons)
+    before_patches = [candidate.change.test_patch]
+    after_patches = [candidate.change.source_patch, candidate.change.test_patch]
+    before = [_run(pool, task, image, before_patches)]
+    after = [_run(pool, task, image, after_patches)]
+    after.append(_run(pool, task, image, after_patches, REVERSED_SUITE))
+    derivation = Derivation(before, after)
+    scope = candidate.config.tests.pass_to_pass
+    suspects = outside_test_change(settle(derivation, candidate.change.test_files, scope).fail_to_pass,
+                                   candidate.change.test_files)
+    if suspects:
+        alone = _grade(pool, candidate, image, [], [], only=suspects)["before"]
+        derivation = Derivation(before, after, [], alone)
+    for _ in range(GRADER_CHECKS):
+        settled = settle(derivation, candidate.change.test_files, scope)
+        if not settled.fail_to_pass or (derivation.checks and settled.confirmed):
+            break
+        derivation.checks.append(_grade(pool, candidate, image, settled.fail_to_pass, settled.pass_to_pass))
+    return derivation
 
 
 def cache_key(candidate: Candidate, image: str) -> str:
     # The runs do not depend on how PASS_TO_PASS is scoped afterwards.
-    return digest_parts(image, candidate.change.source_patch, candidate.change.test_patch,
+    return digest_parts(CACHE_VERSION, image, candidate.change.source_patch, candidate.change.test_patch,
                         candidate.config.tests.model_dump_json(exclude={"pass_to_pass"}))[:32]
 
 
-def task_from_runs(candidate: Candidate, runs: SuiteRuns) -> Task:
+def _collection_note(run: Run, state: str) -> str:
+    if not run.collect_errors:
+        return ""
+    quoted = "; ".join(f"{where}: {error_summary(msg)}" for where, msg in list(run.collect_errors.items())[:3])
+    return f"; tests could not be collected {state} the change: {quoted}"
+
+
+def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_metadata: dict | None = None) -> Task:
     """The derived task, or SpecError naming the record's change field and what the runs showed."""
-    if runs.after_reasons and not runs.after:
+    first_after = derivation.after[0]
+    if first_after.reasons and not first_after.statuses:
         raise SpecError([Problem(candidate.origin, candidate.field,
                                  f"the test suite produced no results after the change "
-                                 f"({', '.join(runs.after_reasons)}); check the `tests.command` of the source")])
-    fail_to_pass, odd_f2p = derivable_ids(runs.fail_to_pass)
-    pass_to_pass, odd_p2p = derivable_ids(runs.pass_to_pass)
-    if not fail_to_pass:
-        failing_after = sorted(t for t, s in runs.after.items() if s != "passed")
-        detail = f"{len(runs.after)} tests ran after the change, {len(runs.pass_to_pass)} already passed before"
-        if failing_after:
-            detail += f", {len(failing_after)} still fail ({', '.join(failing_after[:3])})"
+                                 f"({', '.join(first_after.reasons)}); check the `tests.command` of the source"
+                                 + _collection_note(first_after, "after"))])
+    settled = settle(derivation, candidate.change.test_files, candidate.config.tests.pass_to_pass)
+    cls, p2p, excluded = settled.classified, settled.pass_to_pass, settled.excluded
+    f2p = settled.fail_to_pass if settled.confirmed else []  # else never run the way the grader runs it
+    odd_f2p = [t for t in settled.unselectable if t in cls.fail_to_pass]
+    if not f2p:
+        after = first_after.statuses
+        failing = sorted(t for t, s in after.items() if s != "passed")
+        detail = f"{len(after)} tests ran after the change, {len(cls.pass_to_pass)} already passed before"
+        if failing:
+            detail += f", {len(failing)} still fail ({', '.join(failing[:3])})"
         if odd_f2p:
             detail += f", {len(odd_f2p)} cannot be required (ids with whitespace or control characters)"
+        candidates = [t for t in excluded if after.get(t) == "passed"]
+        if candidates:
+            detail += "; excluded: " + "; ".join(f"{t}: {excluded[t]}" for t in candidates[:3])
         raise SpecError([Problem(candidate.origin, candidate.field,
-                                 f"the change has no failing-then-passing test: {detail}")])
-    metadata: dict = {"broken_by_change": runs.broken_by_change} if runs.broken_by_change else {}
-    if odd_f2p or odd_p2p:
-        metadata["unselectable_tests"] = odd_f2p + odd_p2p
+                                 f"the change has no failing-then-passing test: {detail}"
+                                 + _collection_note(first_after, "after"))])
+    metadata = dict(extra_metadata or {})
+    if cls.broken_by_change:
+        metadata["broken_by_change"] = cls.broken_by_change
+    if excluded:
+        metadata["excluded_tests"] = excluded
+    if settled.unselectable:
+        metadata["unselectable_tests"] = settled.unselectable
     if candidate.config.tests.pass_to_pass == "test-files":
-        files = {t.split("::", 1)[0] for t in fail_to_pass} | set(candidate.change.test_files)
-        scoped = [t for t in pass_to_pass if t.split("::", 1)[0] in files]
-        metadata["pass_to_pass_elsewhere"] = len(pass_to_pass) - len(scoped)
-        pass_to_pass = scoped
-    return candidate.to_task(fail_to_pass, pass_to_pass, metadata or None)
+        metadata["pass_to_pass_elsewhere"] = settled.pass_to_pass_elsewhere
+    metadata["derivation"] = {"suite_runs": len(derivation.before) + len(derivation.after),
+                              "grader_checks": len(derivation.checks), "ran_alone": derivation.alone is not None}
+    return candidate.to_task(f2p, p2p, metadata)
 
 
 def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: docker.DockerClient | None = None,
@@ -139,22 +321,29 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
 
     def one(candidate: Candidate, pool: SandboxPool) -> Task:
         try:
-            image = build_task_image(client, candidate.provisional_task(), base, settings).tag
+            store.keep_commit(settings.data_dir, candidate.git_dir, candidate.workspace_commit)
+        except ValueError as exc:
+            raise SpecError([Problem(candidate.origin, candidate.field, str(exc))]) from None
+        try:
+            build = with_retry(lambda: build_task_image(client, candidate.provisional_task(), base, settings))
         except ImageBuildError as exc:
             raise SpecError([Problem(candidate.origin, "environment", str(exc))]) from None
-        cached = cache_dir / f"{cache_key(candidate, image)}.json"
+        images = {"base": base, "env": build.env.tag if build.env else None}
+        if build.env:
+            images["env_freeze"] = build.env.freeze
+        cached = cache_dir / f"{cache_key(candidate, build.tag)}.json"
         if cached.exists():
-            runs = SuiteRuns(**json.loads(cached.read_text()))
+            derivation = Derivation.from_json(json.loads(cached.read_text()))
         else:
             try:
-                runs = _with_retry(lambda: run_before_after(pool, candidate, image))
+                derivation = with_retry(lambda: run_derivation(pool, candidate, build.tag))
             except ValueError as exc:
                 raise SpecError([Problem(candidate.origin, candidate.field,
                                          f"the change does not apply to its own parent: {exc}")]) from None
-            tmp = cached.with_suffix(".tmp")
-            tmp.write_text(json.dumps(runs.as_json(), sort_keys=True))
+            tmp = cached.with_suffix(f".{id(derivation)}.tmp")
+            tmp.write_text(json.dumps(derivation.as_json(), sort_keys=True))
             tmp.replace(cached)
-        return task_from_runs(candidate, runs)
+        return task_from_derivation(candidate, derivation, {"images": images})
 
     with SandboxPool(client, max_idle_per_key=1, max_starting=concurrency) as pool:
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as ex:
@@ -177,14 +366,20 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
     return result
 
 
-def _with_retry(fn: Callable[[], SuiteRuns], attempts: int = 2) -> SuiteRuns:
+def with_retry(fn: Callable[[], T], attempts: int = 2) -> T:
+    """fn(), tried again when the infrastructure failed (never for a bad recipe or record). An engine
+    error that escaped as a raw client exception (a restarted daemon) is an infrastructure fault too."""
     for attempt in range(attempts):
         try:
-            return fn()
+            try:
+                return fn()
+            except (docker.errors.DockerException, RequestException) as exc:
+                raise InfraError("engine_error", str(exc)[:300]) from None
         except InfraError:
             if attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
 
 
-__all__ = ["SuiteRuns", "cache_key", "derive_tasks", "run_before_after", "task_from_runs"]
+__all__ = ["Classified", "Derivation", "Run", "Settled", "cache_key", "classify", "derive_tasks",
+           "outside_test_change", "run_derivation", "settle", "task_from_derivation", "with_retry"]

@@ -142,6 +142,12 @@ def materialize_repo(path: Path) -> Path:
     return path
 
 
+def repository_dir(base_dir: str | Path, path: str) -> Path:
+    """The git directory of a history task's repository: its path is relative to the task's source
+    and may name a bundle or a patch-series project (materialized once, cached); ValueError if not."""
+    return materialize_repo((Path(base_dir) / path).resolve())
+
+
 def resolve_commit(repo: Path, rev: str) -> str | None:
     """The full SHA of a commit-ish, or None when the repository has no such commit."""
     if not rev or rev.startswith("-"):

@@ -31,7 +31,7 @@ from typing_extensions import Annotated
 from envforge.errors import Problem, SpecError
 from envforge.sources import guard
 from envforge.sources.candidate import (Candidate, HistorySourceConfig, add_candidates, check_change,
-                                       check_repo_footprint, load_config, open_repository, slug)
+                                       check_repo_footprint, load_config, open_repository, relative_to_source, slug)
 from envforge.sources.fields import Identifier, Ref
 from envforge.sources.gitrepo import git, is_ancestor, resolve_commit, split_change
 from envforge.sources.policy import SourcePolicy
@@ -142,6 +142,7 @@ def review_to_candidate(rec: dict[str, Any], where: str, cfg: ReviewSourceConfig
         id=slug(f"{r.repository.split('/')[-1]}-review-{r.id}"), kind="review", origin=where,
         field="follow_up_commit", instruction=instruction, git_dir=git_dir, workspace_commit=change, change=split,
         config=cfg, base_dir=base_dir, tags=["review"], metadata=metadata,
+        repository=relative_to_source(cfg.repos[r.repository], base_dir),
     )
 
 

@@ -6,6 +6,8 @@ published datasets), and optionally environment_setup_commit and version. The re
 comes from a `repos:` mapping (owner/name -> local path or .bundle file) in a
 `swebench.yaml` beside the JSONL, or from a `repo_path` field in the record. Either must
 resolve inside the JSONL's folder or an allowed root (`envforge.sources.policy`).
+`swebench.yaml` may also hold an `environment:` section (the tickets' vocabulary); without one
+what the repository needs is inferred at each base_commit.
 
 The task's workspace is the repository's tree at base_commit with no history at all (the
 image commits that tree as its only commit), so no git command in the sandbox can reach the
@@ -22,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from envforge.errors import Problem, SpecError
 from envforge.sources import guard
-from envforge.sources.candidate import check_repo_footprint, load_config, slug
+from envforge.sources.candidate import check_repo_footprint, load_config, relative_to_source, slug
+from envforge.sources.environment import HistoryEnvironment, check_dockerfile, resolve_environment
 from envforge.sources.fields import Identifier, Ref, StrictModel
 from envforge.sources.gitrepo import materialize_repo, patch_applies, resolve_commit
 from envforge.sources.policy import SourcePolicy
@@ -40,6 +43,9 @@ class SweBenchConfig(StrictModel):
 
     repos: dict[Identifier, str] = Field(default_factory=dict, description="owner/name -> git directory, .bundle "
                                                                            "or patch-series project (relative)")
+    environment: HistoryEnvironment = Field(default_factory=HistoryEnvironment,
+                                            description="what the repositories need to run their tests (declared "
+                                                        "or inferred at each base_commit), as for tickets")
 
 
 def _decode_ids(value: Any) -> Any:
@@ -75,24 +81,25 @@ def task_id_for(instance_id: str) -> str:
     return slug(instance_id) or "instance"
 
 
-def _repo_map(jsonl: Path, policy: SourcePolicy, result: LoadResult) -> dict[str, Path]:
-    """owner/name -> real repository path from swebench.yaml; a bad entry is a reject naming the config
-    and field, and the other entries still count."""
+def _sidecar(jsonl: Path, policy: SourcePolicy, result: LoadResult) -> tuple[dict[str, Path], HistoryEnvironment]:
+    """(owner/name -> real repository path, the environment section) from swebench.yaml; a bad repos
+    entry is a reject naming the config and field, and the other entries still count."""
     sidecar = jsonl.with_name(CONFIG_NAME)
     if not sidecar.exists():
-        return {}
+        return {}, HistoryEnvironment()
     cfg = load_config(sidecar, SweBenchConfig, policy)
+    check_dockerfile(cfg.environment, sidecar, policy)
     repos = {}
     for name, rel in cfg.repos.items():
         try:
             repos[name] = guard.confined(sidecar.parent, rel, str(sidecar), f"repos.{name}", policy)
         except SpecError as exc:
             result.rejects.extend(exc.problems)
-    return repos
+    return repos, cfg.environment
 
 
 def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, Path],
-                   policy: SourcePolicy | None = None) -> Task:
+                   policy: SourcePolicy | None = None, environment: HistoryEnvironment | None = None) -> Task:
     """One instance -> Task, or SpecError naming the record and field."""
     policy = policy or SourcePolicy.from_env()
     missing = [f for f in REQUIRED if blank(rec.get(f))]
@@ -129,7 +136,8 @@ def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, Path]
             problems.append(Problem(where, field, f"does not apply to base_commit: {complaint}"))
     if problems:
         raise SpecError(problems)
-    metadata: dict[str, Any] = {"instance_id": r.instance_id, "repo": r.repo}
+    env = resolve_environment(environment or HistoryEnvironment(), git_dir, sha, where)
+    metadata: dict[str, Any] = {"instance_id": r.instance_id, "repo": r.repo, **env.metadata}
     if r.version not in (None, ""):
         metadata["version"] = str(r.version)
     if r.environment_setup_commit:
@@ -138,7 +146,8 @@ def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, Path]
         metadata["resolved_refs"] = pins
     data = {
         "id": task_id_for(r.instance_id), "source": "swebench", "instruction": statement,
-        "environment": {"image": "base", "repository": {"path": str(git_dir), "commit": sha}},
+        "environment": {**env.fields, "repository": {"path": relative_to_source(str(repo_path), base_dir),
+                                                     "commit": sha}},
         "verification": {"tests": {"framework": "pytest", "fail_to_pass": r.FAIL_TO_PASS,
                                    "pass_to_pass": r.PASS_TO_PASS}},
         "reference_solution": {"patch": "<inline>"}, "metadata": metadata,
@@ -156,11 +165,11 @@ def load_swebench_file(f: Path, result: LoadResult, seen: dict[str, str], policy
     """Every instance of one JSONL into result; a broken swebench.yaml rejects the file, not the batch."""
     try:
         guard.source_file(f, policy)
-        repos = _repo_map(f, policy, result)
+        repos, environment = _sidecar(f, policy, result)
     except SpecError as exc:
         result.rejects.extend(exc.problems)
         return
-    build = lambda rec, where: record_to_task(rec, where, f.parent, repos, policy)  # noqa: E731
+    build = lambda rec, where: record_to_task(rec, where, f.parent, repos, policy, environment)  # noqa: E731
     for task in built_records(f, "jsonl", policy, result.rejects, build):
         result.add_unique(task, seen, "instance_id")
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, f
 from envforge.errors import Problem, SpecError
 from envforge.sources import guard
 from envforge.sources.candidate import (Candidate, HistorySourceConfig, add_candidates, check_change,
-                                       check_repo_footprint, load_config, open_repository, slug)
+                                       check_repo_footprint, load_config, open_repository, relative_to_source, slug)
 from envforge.sources.fields import Identifier, Ref, StrictModel
 from envforge.sources.gitrepo import first_parent, resolve_commit, split_change
 from envforge.sources.policy import SourcePolicy
@@ -135,13 +135,15 @@ def ticket_to_candidate(rec: dict[str, Any], where: str, export: TicketExport, c
     if not title:
         raise SpecError([Problem(where, fmap["title"], "required field is missing (mapped to title)")])
     instruction = f"{title}\n\n{body}".strip() if body else title
-    metadata: dict[str, Any] = {"ticket": ticket_id, "fix_commit": fix, "base_commit": parent, "export": export.file}
+    metadata: dict[str, Any] = {"ticket": ticket_id, "repo": project, "fix_commit": fix, "base_commit": parent,
+                                "export": export.file}
     if pins:
         metadata["resolved_refs"] = pins
     return Candidate(
         id=slug(f"{project}-{ticket_id}"), kind="ticket", origin=where, field=fix_field,
         instruction=f"Ticket {ticket_id}: {instruction}", git_dir=git_dir, workspace_commit=parent, change=change,
         config=cfg, base_dir=base_dir, tags=["ticket", *_labels(ticket.labels)], metadata=metadata,
+        repository=relative_to_source(cfg.repository, base_dir),
     )
 
 

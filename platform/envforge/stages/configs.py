@@ -19,7 +19,10 @@ class IngestConfig:
 
 @dataclass(frozen=True)
 class ImagesConfig:
-    """Image builds take no settings: tags are content hashes, so an unchanged recipe or task is a cache hit."""
+    """Tags are content hashes, so an unchanged recipe or task is a cache hit."""
+
+    rebuild: bool = field(default=False, metadata={"help": "build tasks recorded on another base or env image "
+                                                           "on the current ones (otherwise they fail, with why)"})
 
 
 @dataclass(frozen=True)

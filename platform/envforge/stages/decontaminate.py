@@ -96,7 +96,7 @@ def decontaminate(settings: Settings, config: DedupConfig, tasks: Sequence[Task]
     if corpora is None:
         corpora = active_corpora(settings.dedup_dir)
     sync = index.sync(corpora)
-    records, semantic = contamination_records(tasks, index, config, corpora=list(corpora))
+    records, semantic = contamination_records(tasks, index, config, corpora=list(corpora), data_dir=settings.data_dir)
     clean = [t for t, r in zip(tasks, records) if not r.contaminated]
     batch_ids = {t.id for t in tasks}
     published = set(catalog.published_hashes())

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import docker
+from requests.exceptions import RequestException
 
 from envforge.catalog import Catalog
 from envforge.config import Settings
@@ -148,8 +149,9 @@ def gate(settings: Settings, config: GateConfig, tasks: Sequence[Task], images: 
                     task, digest, key = futures[fut]
                     try:
                         report = fut.result()
-                    except InfraError as exc:
-                        result.ungated.append((task, Problem(task.origin, "verification", str(exc))))
+                    except (InfraError, docker.errors.DockerException, RequestException) as exc:
+                        # a raw client error is the engine going away (a restarted daemon): infra, not a verdict
+                        result.ungated.append((task, Problem(task.origin, "verification", str(exc)[:500])))
                     else:
                         report.image_digest, report.gate_key = digest, key
                         new.append(report)

@@ -14,7 +14,7 @@ import docker
 
 from envforge.catalog import Catalog
 from envforge.config import Settings
-from envforge.errors import ImageBuildError, Problem
+from envforge.errors import ImageBuildError, InfraError, Problem
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import ImageBuild, build_base_image, build_task_image
 from envforge.stages.base import StageContext, StageResult, stage
@@ -63,18 +63,37 @@ class ImagesResult(StageResult):
     def image_set(self) -> ImageSet:
         return ImageSet(self.base.tag, {t.content_hash: b.tag for t, b in self.builds}, dict(self.digests))
 
+    def env_layers(self) -> dict[str, dict[str, Any]]:
+        """Each env layer under this run's task images: built here or found, its build time, how many
+        packages came from the pip cache, and how many tasks share it."""
+        layers: dict[str, dict[str, Any]] = {}
+        for _, b in self.builds:
+            if b.env is None:
+                continue
+            layer = layers.setdefault(b.env.tag, {"built": False, "seconds": 0.0, "from_cache": 0, "downloaded": 0,
+                                                  "tasks": 0})
+            layer["tasks"] += 1
+            if not b.env.cache_hit:
+                layer.update(built=True, seconds=round(b.env.seconds, 2), from_cache=b.env.from_cache,
+                             downloaded=b.env.downloaded)
+        return layers
+
     def params(self) -> dict[str, Any]:
         return {"n_tasks": len(self.builds) + len(self.failures)}
 
     def metrics(self) -> dict[str, float]:
         built = [b for _, b in self.builds]
+        layers = self.env_layers().values()
         return {"images_built": sum(not b.cache_hit for b in built), "images_cache_hits": self.cache_hits,
                 "image_failures": len(self.failures), "base_build_s": self.base.seconds,
-                "base_cache_hit": float(self.base.cache_hit), "task_build_s_total": sum(b.seconds for b in built)}
+                "base_cache_hit": float(self.base.cache_hit), "task_build_s_total": sum(b.seconds for b in built),
+                "env_layers": len(layers), "env_layers_built": sum(x["built"] for x in layers),
+                "env_build_s_total": sum(x["seconds"] for x in layers)}
 
     def artifacts(self) -> dict[str, Any]:
         return {"images.json": {"base": self.base.tag, "images": {t.id: b.tag for t, b in self.builds},
-                                "digests": self.digests, "failures": [str(p) for p in self.failures]}}
+                                "digests": self.digests, "env_layers": self.env_layers(),
+                                "failures": [str(p) for p in self.failures]}}
 
 
 def _digest(client: docker.DockerClient, tag: str) -> str:
@@ -85,7 +104,13 @@ def _digest(client: docker.DockerClient, tag: str) -> str:
 def build_images(settings: Settings, config: ImagesConfig, tasks: Sequence[Task],
                  context: StageContext = StageContext(), client: docker.DockerClient | None = None,
                  log: Callable[[str], None] = lambda _: None) -> ImagesResult:
-    """Make sure the base image and every task's image exist; a failing task does not stop the rest."""
+    """Make sure the base image and every task's image exist; a failing task does not stop the rest.
+
+    A task recorded as built on other base/env images is a failure with the reason unless
+    `config.rebuild`. A build killed from outside is retried once, then an `infra:` failure.
+    """
+    from envforge.sources.derive import with_retry
+
     client = client or docker_client(settings)
     progress = context.progress
     total = len(tasks) + 1
@@ -95,9 +120,13 @@ def build_images(settings: Settings, config: ImagesConfig, tasks: Sequence[Task]
     for i, task in enumerate(tasks, start=1):
         progress("images", task.id, i, total)
         try:
-            build = build_task_image(client, task, base.tag, settings, log=log)
+            build = with_retry(lambda: build_task_image(client, task, base.tag, settings, log=log,
+                                                        rebuild=config.rebuild))
         except ImageBuildError as exc:
             result.failures.append(Problem(task.origin, "environment", str(exc)))
+            continue
+        except InfraError as exc:
+            result.failures.append(Problem(task.origin, "environment", f"infra: {exc}"))
             continue
         result.builds.append((task, build))
         result.digests[build.tag] = _digest(client, build.tag)

@@ -47,8 +47,10 @@ class IngestResult(StageResult):
     def metrics(self) -> dict[str, float]:
         res, summary = self.result, self.summary
         total = len(res.tasks) + len(res.rejects)
+        env_layers = {(t.spec.metadata.get("images") or {}).get("env") for t in res.tasks} - {None}
         return {"tasks_valid": len(res.tasks), "tasks_added": summary.added, "tasks_unchanged": summary.unchanged,
-                "records_rejected": summary.rejected, "reject_rate": len(res.rejects) / total if total else 0.0}
+                "records_rejected": summary.rejected, "reject_rate": len(res.rejects) / total if total else 0.0,
+                "env_layers": len(env_layers)}
 
     def artifacts(self) -> dict[str, Any]:
         return {"rejects.json": [{"source": p.source, "field": p.field, "reason": p.reason}

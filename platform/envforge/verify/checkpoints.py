@@ -5,24 +5,30 @@ from __future__ import annotations
 import re
 import shlex
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from envforge.environment import PythonEnvironment, merge_env, split_assignments
 from envforge.sandbox.container import Sandbox
-from envforge.task import VERIFIER_DIR, ShellCheckpoint, Task, TestCheckpoint
-from envforge.verify.parsers import ReportError, ReportIncomplete, parse_pattern, parse_report_lines, parse_tap
+from envforge.task import VERIFIER_DIR, WORKSPACE, ShellCheckpoint, Task, TestCheckpoint
+from envforge.verify.parsers import ReportError, ReportIncomplete, parse_pattern, parse_report, parse_tap
 from envforge.verify.result import CheckpointResult
 from envforge.verify.selection import SUITE, TARGETED, TestRun, selection_env, unittest_ids
 
 RUNNER_DIR = "/run/envforge-verifier/runner"
 _RUNNERS = {name: (Path(__file__).parent / "runners" / name).read_bytes()
             for name in ("unittest_runner.py", "envforge_reporter.py")}
-# pytest from the system, before anything in the workspace can shadow it (-P: no cwd on
-# sys.path; the workspace is appended after the stdlib and site-packages), with our reporter.
-_PYTEST = ("python3 -P -c 'import sys; sys.path.insert(0, \"" + RUNNER_DIR + "\"); import pytest; "
+# pytest from the system, before anything in the workspace can shadow it: -P keeps the cwd off
+# sys.path, workspace entries an editable install put there are left out while pytest itself
+# is imported, and the task's PYTHONPATH entries and the cwd are appended after site-packages.
+_PYTEST = ("python3 -P -c 'import os, sys; sys.path.insert(0, \"" + RUNNER_DIR + "\"); saved = list(sys.path); "
+           "sys.path[:] = [p for p in saved if p != \"" + WORKSPACE + "\" and not p.startswith(\"" + WORKSPACE +
+           "/\")]; import pytest; sys.path[:] = saved; "
+           "sys.path.extend(p for p in os.environ.get(\"ENVFORGE_PYTHONPATH\", \"\").split(\":\") if p); "
            "sys.path.append(\".\"); sys.exit(pytest.main(sys.argv[1:]))'")
 # Test runs must not pick up plugins or start-up hooks the workspace could smuggle in.
 CLEAN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
-             "PYTHONPATH": "/run/envforge-verifier/runner"}
+             "PYTHONPATH": RUNNER_DIR}
 
 
 def install_verifier_files(sandbox: Sandbox, task: Task) -> None:
@@ -36,8 +42,8 @@ def install_verifier_files(sandbox: Sandbox, task: Task) -> None:
 _PYTEST_PREFIXES = ("python3 -m pytest", "python -m pytest", "pytest", "py.test")
 
 
-def _pytest_invocation(command: str | None) -> str:
-    """Our safe launcher plus the task's extra arguments.
+def _pytest_invocation(command: str | None) -> tuple[str, bool]:
+    """(our safe launcher plus the task's extra arguments, whether the launcher is used).
 
     A command that starts like a plain pytest call (`python3 -m pytest tests -x`) keeps its
     arguments but runs through the launcher; anything else (a `cd sub && ...` wrapper) runs
@@ -45,37 +51,66 @@ def _pytest_invocation(command: str | None) -> str:
     against workspace modules shadowing pytest.
     """
     if not command:
-        return _PYTEST
+        return _PYTEST, True
     for prefix in _PYTEST_PREFIXES:
         if command == prefix or command.startswith(prefix + " "):
-            return _PYTEST + command[len(prefix):]
-    return command
+            return _PYTEST + command[len(prefix):], True
+    return command, False
 
 
-def test_command(check: TestCheckpoint, run: TestRun = TARGETED) -> tuple[str, bool, dict[str, str]]:
-    """(shell command, whether it reports on fd 3, extra environment) for the framework and the run."""
+def test_command(check: TestCheckpoint, run: TestRun = TARGETED, environment: PythonEnvironment | None = None
+                 ) -> tuple[str, bool, dict[str, str]]:
+    """(shell command, whether it reports on fd 3, its variables) for the framework and the run.
+
+    Leading `NAME=value` words of the command become variables merged with the task's and
+    envforge's (so `PYTHONPATH=src python3 -m pytest` keeps the launcher and the reporter).
+    Which tests run and in what order is told to envforge's pytest plugin or unittest runner
+    through the variables of selection.py, never through pytest's command line.
+    """
+    prefix_env, command = split_assignments(check.command) if check.command else ({}, check.command)
+    user = {**(environment.env if environment else {}), **prefix_env}
+    envforge = {**CLEAN_ENV, **selection_env(check, run)}
     if check.framework == "pytest":
         plugins = " ".join(f"-p {shlex.quote(p)}" for p in check.plugins)
-        base = _pytest_invocation(check.command)
-        return (f"{base} -p envforge_reporter -p no:cacheprovider {plugins} -q -o addopts=", True,
-                selection_env(check, run))
+        base, launcher = _pytest_invocation(command)
+        if launcher:
+            workdir = environment.command_workdir() if environment else WORKSPACE
+            paths = [e if e.startswith("/") else f"{workdir}/{e}" for e in user.pop("PYTHONPATH", "").split(":") if e]
+            if paths:
+                envforge["ENVFORGE_PYTHONPATH"] = ":".join(paths)
+        # A whole-suite run (derivation) goes on past a module that does not import, and says why.
+        extra = " --continue-on-collection-errors" if run.scope == "suite" else ""
+        return (f"{base} -p envforge_reporter -p no:cacheprovider {plugins} -q -o addopts={extra}", True,
+                merge_env(user, envforge))
+    env = merge_env(user, envforge)
     if check.framework == "unittest":
         ids = " ".join(shlex.quote(t) for t in unittest_ids(check, run))
-        return (f"{check.command or 'python3'} -P {RUNNER_DIR}/unittest_runner.py {ids}".rstrip(), True,
-                selection_env(check, run))
-    return check.command or "", False, {}
+        return f"{command or 'python3'} -P {RUNNER_DIR}/unittest_runner.py {ids}".rstrip(), True, env
+    return command or "", False, env
 
 
-def _run_reported(sandbox: Sandbox, check: TestCheckpoint, run: TestRun) -> tuple[dict[str, str], list[str]]:
-    """(status per reported test id, infrastructure/report reasons) for one run of the check.
+@dataclass(frozen=True)
+class SuiteRun:
+    """One run of a test command: statuses by id, problems with the run, and collection errors."""
+
+    statuses: dict[str, str]
+    reasons: list[str]
+    collect_errors: dict[str, str] = field(default_factory=dict)
+
+
+def _run_reported(sandbox: Sandbox, check: TestCheckpoint, run: TestRun,
+                  environment: PythonEnvironment | None = None) -> SuiteRun:
+    """One run of the check (the required ids' test files or the whole suite, see selection.py).
 
     Every sandbox process is killed afterwards, so nothing the tests started lives on into
     the shell checkpoints.
     """
-    cmd, reports, env = test_command(check, run)
-    res = sandbox.exec(cmd, timeout_s=check.timeout_s, env={**CLEAN_ENV, **env}, report=reports)
+    cmd, reports, env = test_command(check, run, environment)
+    workdir = environment.command_workdir() if environment else WORKSPACE
+    res = sandbox.exec(cmd, timeout_s=check.timeout_s, env=env, report=reports, workdir=workdir)
     sandbox.kill_processes()
     reasons: list[str] = []
+    collect_errors: dict[str, str] = {}
     if res.timed_out:
         reasons.append("timeout")
     if res.oom_killed:
@@ -86,7 +121,7 @@ def _run_reported(sandbox: Sandbox, check: TestCheckpoint, run: TestRun) -> tupl
                 reasons.append("report_missing")
                 statuses = {}
             else:
-                statuses = parse_report_lines(res.report)
+                statuses, collect_errors = parse_report(res.report)
         elif check.framework == "tap":
             statuses = parse_tap(res.text())
         else:
@@ -97,19 +132,22 @@ def _run_reported(sandbox: Sandbox, check: TestCheckpoint, run: TestRun) -> tupl
     except ReportError:
         statuses = {}
         reasons.append("report_unreadable")
-    return statuses, reasons
+    return SuiteRun(statuses, reasons, collect_errors)
 
 
-def run_tests(sandbox: Sandbox, check: TestCheckpoint, run: TestRun = TARGETED) -> tuple[dict[str, str], list[str]]:
+def run_tests(sandbox: Sandbox, check: TestCheckpoint, run: TestRun = TARGETED,
+              environment: PythonEnvironment | None = None) -> tuple[dict[str, str], list[str]]:
     """The status of every required test (FAIL_TO_PASS, PASS_TO_PASS), and the reasons it fails.
 
     Statuses come from the report pipe (pytest, unittest) or stdout (tap, pattern); a required
-    id the run did not report is `missing`, whatever else the run did.
+    id the run did not report is `test_missing` on its own (no id reaches pytest's command
+    line, so an unknown one cannot stop the run), whatever else the run did.
     """
-    statuses, reasons = _run_reported(sandbox, check, run)
+    reported = _run_reported(sandbox, check, run, environment)
+    reasons = list(reported.reasons)
     tests: dict[str, str] = {}
     for test_id in check.ids:
-        status = statuses.get(test_id, "missing")
+        status = reported.statuses.get(test_id, "missing")
         tests[test_id] = status
         if status == "missing":
             reasons.append(f"test_missing:{test_id}")
@@ -118,14 +156,20 @@ def run_tests(sandbox: Sandbox, check: TestCheckpoint, run: TestRun = TARGETED) 
     return tests, reasons
 
 
-def run_suite(sandbox: Sandbox, check: TestCheckpoint) -> tuple[dict[str, str], list[str]]:
-    """Every test the check's command collects, with its status: how sources derive FAIL_TO_PASS."""
-    return _run_reported(sandbox, check, SUITE)
+def run_suite(sandbox: Sandbox, check: TestCheckpoint, environment: PythonEnvironment | None = None,
+              run: TestRun = SUITE) -> SuiteRun:
+    """Every test the check's command collects, with its status (in collection order, or reversed):
+    how sources derive FAIL_TO_PASS. One broken test module does not stop the other modules."""
+    return _run_reported(sandbox, check, run, environment)
 
 
-def run_shell_checkpoint(sandbox: Sandbox, check: ShellCheckpoint) -> CheckpointResult:
+def run_shell_checkpoint(sandbox: Sandbox, check: ShellCheckpoint,
+                         environment: PythonEnvironment | None = None) -> CheckpointResult:
     started = time.perf_counter()
-    res = sandbox.exec(check.run, timeout_s=check.timeout_s, env={"ENVFORGE_VERIFIER": VERIFIER_DIR})
+    env = environment.command_env({"ENVFORGE_VERIFIER": VERIFIER_DIR}) if environment else \
+        {"ENVFORGE_VERIFIER": VERIFIER_DIR}
+    res = sandbox.exec(check.run, timeout_s=check.timeout_s, env=env,
+                       workdir=environment.command_workdir() if environment else WORKSPACE)
     matched = None
     if check.stdout_pattern is not None:
         matched = re.search(check.stdout_pattern, res.text(), re.MULTILINE) is not None

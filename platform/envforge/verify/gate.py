@@ -116,7 +116,9 @@ def probe_diff(grader: Grader, task: Task, image: str, probe: Probe, reference_p
     """Run a probe's script as a policy's commands would run, and return the workspace diff it leaves."""
     sandbox: Sandbox = grader.pool.acquire(image, options_for(task))
     try:
-        sandbox.exec(probe.script(task, reference_paths), timeout_s=120)
+        env = task.spec.environment
+        sandbox.exec(probe.script(task, reference_paths), timeout_s=120, env=env.command_env(),
+                     workdir=env.command_workdir())
         return sandbox.diff()
     except PolicyOutcome:
         return ""  # a probe whose workspace cannot be diffed scores what the empty diff scores

@@ -142,13 +142,14 @@ class Grader:
         install_verifier_files(sb, task)
         tests: dict[str, str] = {}
         check = task.spec.verification.tests
+        environment = task.spec.environment
         if check is not None:
-            tests, test_failures = run_tests(sb, check, run)
+            tests, test_failures = run_tests(sb, check, run, environment)
             failures += test_failures
         ordered = list(task.spec.verification.checkpoints)
         if run.order == "reverse":
             ordered.reverse()
-        checkpoints = [run_shell_checkpoint(sb, c) for c in ordered]
+        checkpoints = [run_shell_checkpoint(sb, c, environment) for c in ordered]
         checkpoints.sort(key=lambda c: [x.name for x in task.spec.verification.checkpoints].index(c.name))
         for c in checkpoints:
             if not c.passed:
@@ -164,8 +165,9 @@ class Grader:
         sandbox = self.pool.acquire(image, options_for(task))
         try:
             failures = []
+            env = task.spec.environment
             for i, cmd in enumerate(commands):
-                res = sandbox.exec(cmd)
+                res = sandbox.exec(cmd, env=env.command_env(), workdir=env.command_workdir())
                 if res.exit_code != 0 or res.timed_out:
                     failures.append(f"solution_command_failed:{i}")
             return sandbox.diff(), failures

@@ -29,7 +29,14 @@ class ReportIncomplete(ReportError):
 
 def parse_report_lines(text: str | bytes, require_finished: bool = True) -> dict[str, TestStatus]:
     """JSON lines from envforge's runners: {"id", "status"} per test, then {"finished": true}."""
+    return parse_report(text, require_finished)[0]
+
+
+def parse_report(text: str | bytes, require_finished: bool = True) -> tuple[dict[str, TestStatus], dict[str, str]]:
+    """(status per test id, collection error message per collector) from a runner's JSON lines;
+    collection errors are `{"collect_error": nodeid, "message": text}` lines."""
     statuses: dict[str, TestStatus] = {}
+    collect_errors: dict[str, str] = {}
     raw = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
     finished = False
     for n, line in enumerate(raw.splitlines(), start=1):
@@ -42,6 +49,9 @@ def parse_report_lines(text: str | bytes, require_finished: bool = True) -> dict
             if rec.get("finished") is True:
                 finished = True
                 continue
+            if "collect_error" in rec:
+                collect_errors[str(rec["collect_error"])] = str(rec.get("message", ""))[-4000:]
+                continue
             test_id, status = str(rec["id"]), rec["status"]
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ReportError(f"report line {n} is not a JSON record") from None
@@ -50,7 +60,15 @@ def parse_report_lines(text: str | bytes, require_finished: bool = True) -> dict
         _merge(statuses, test_id, status)
     if require_finished and not finished:
         raise ReportIncomplete("the test run did not finish normally (no closing line)")
-    return statuses
+    return statuses, collect_errors
+
+
+def error_summary(message: str, lines: int = 3) -> str:
+    """The lines of a pytest failure that say what went wrong (`E   ModuleNotFoundError: ...`), else its first."""
+    errors = [ln[1:].strip() for ln in message.splitlines() if ln.startswith("E ") and ln[1:].strip()]
+    if not errors:
+        errors = [ln.strip() for ln in message.splitlines() if ln.strip()][:1]
+    return " | ".join(errors[:lines])[:400]
 
 
 _TAP = re.compile(r"^(?P<ok>not ok|ok)\b\s*(?P<num>\d+)?\s*(?:-\s*)?(?P<desc>[^#]*?)\s*(?:#\s*(?P<directive>\S+).*)?$")
@@ -87,5 +105,5 @@ def parse_pattern(text: str, pattern: str) -> dict[str, TestStatus]:
     return statuses
 
 
-__all__ = ["ReportError", "ReportIncomplete", "TestStatus", "parse_junit", "parse_report_lines", "parse_tap",
-           "parse_pattern"]
+__all__ = ["ReportError", "ReportIncomplete", "TestStatus", "error_summary", "parse_junit", "parse_report",
+           "parse_report_lines", "parse_tap", "parse_pattern"]

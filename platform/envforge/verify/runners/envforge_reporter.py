@@ -10,7 +10,10 @@ kill) has no trailer and counts as a failure.
 The grader also tells it, through two environment variables read (and removed) at import,
 which test files to collect (ENVFORGE_TEST_FILES, a JSON list of paths relative to the
 rootdir: every other test file and every directory holding none of them is ignored) and
-in what order to run the collected tests (ENVFORGE_TEST_ORDER=reverse).
+in what order to run the collected tests (ENVFORGE_TEST_ORDER=reverse). No test id is ever
+passed to pytest, so an unknown id is missing from the report, never the reason the whole
+run stops ("ERROR: not found"). Collection errors are reported with their message, so a
+missing dependency can be named.
 """
 
 import fcntl
@@ -25,6 +28,7 @@ _fd = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, random.randint(300, 900))
 os.close(3)
 _out = os.fdopen(_fd, "w", buffering=1)
 _outcomes: dict = {}
+_collect_errors: dict = {}
 _files = os.environ.pop("ENVFORGE_TEST_FILES", None)
 _ONLY = frozenset(Path(p).as_posix() for p in json.loads(_files)) if _files else None
 _DIRS = frozenset(str(parent) for p in (_ONLY or ()) for parent in Path(p).parents if str(parent) != ".")
@@ -52,6 +56,11 @@ def pytest_collection_modifyitems(session, config, items):
         items.reverse()
 
 
+def pytest_collectreport(report):
+    if report.failed:
+        _collect_errors[report.nodeid] = str(getattr(report, "longreprtext", "") or report.longrepr)[-4000:]
+
+
 def _status(report):
     if report.when == "call":
         if report.passed:
@@ -77,6 +86,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    for nodeid, message in sorted(_collect_errors.items()):
+        _out.write(json.dumps({"collect_error": nodeid, "message": message}) + "\n")
     for nodeid, status in sorted(_outcomes.items()):
         _out.write(json.dumps({"id": nodeid, "status": status}) + "\n")
     _out.write(json.dumps({"finished": True, "exitstatus": int(exitstatus)}) + "\n")

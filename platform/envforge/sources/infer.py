@@ -1,0 +1,319 @@
+"""What a Python repository needs, read from its manifests at one commit, when nobody declared it.
+
+Deterministic: the same tree always gives the same result, read in this order (each adds
+to the list; duplicates are dropped, pip merges specifiers of one package):
+
+1. `pyproject.toml`: `[build-system].requires` (the build backend, needed for the editable
+   install), `[project].dependencies`, the optional-dependency extras and PEP 735 dependency
+   groups named `test`, `tests` or `testing` (`dev` only when none of those exists), and
+   `requires-python`;
+2. `setup.cfg`: `[options] install_requires`, `python_requires`, `setup_requires`, and the same
+   extras under `[options.extras_require]`;
+3. `setup.py`, statically (never executed): literal `install_requires`, `tests_require`,
+   `setup_requires`, `python_requires` and test extras of the `setup()` call, following plain
+   names bound to literals at module level;
+4. requirements files at the root or in `requirements/`: `requirements.txt` and every file
+   whose name mentions `test` (files mentioning `dev` only when there is none), as `-r FILE`;
+5. `tox.ini`: `deps` of `[testenv]`, without tox substitutions.
+
+Whether the project itself is installed (`editable` when there is a pyproject.toml or a
+setup.py) and whether its version comes from VCS metadata (setuptools_scm, hatch-vcs,
+versioneer) are read from the same files.
+"""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from envforge.environment import check_requirement
+from envforge.sources.gitrepo import git
+
+TEST_GROUPS = ("test", "tests", "testing")
+# What build backends ask for on top of their own requirements to build an editable wheel
+# (PEP 660 `get_requires_for_build_editable`): the editable install runs without build
+# isolation, so the env layer has to hold these too.
+EDITABLE_REQUIRES = {"hatchling": ["editables"], "setuptools": ["wheel"]}
+FALLBACK_GROUPS = ("dev",)
+_VCS_BACKENDS = {"setuptools_scm": "setuptools_scm", "setuptools-scm": "setuptools_scm", "hatch-vcs": "hatch-vcs",
+                 "hatch_vcs": "hatch-vcs", "versioneer": "versioneer", "flit_scm": "setuptools_scm",
+                 "pdm-backend": None, "setuptools-git-versioning": "setuptools-git-versioning"}
+
+
+@dataclass
+class InferredEnvironment:
+    """The result: requirement lines for the env layer and how the project is installed."""
+
+    pip: list[str] = field(default_factory=list)
+    build_requires: list[str] = field(default_factory=list)
+    python: str | None = None
+    install: str = "none"
+    dynamic_version: str | None = None
+    read: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    found_test_group: bool = False
+    dev_groups: list[tuple[list[str], str]] = field(default_factory=list)  # used only when no test group exists
+
+    def add_group(self, available: dict, where: str, lines_of=lambda value: value) -> None:
+        """The test extras/groups of one manifest table; `dev` ones are kept aside as a fallback."""
+        for name in TEST_GROUPS:
+            if name in available:
+                self.found_test_group = True
+                self.add([v for v in lines_of(available[name]) if isinstance(v, str)], f"{where}.{name}")
+        for name in FALLBACK_GROUPS:
+            if name in available:
+                self.dev_groups.append(([v for v in lines_of(available[name]) if isinstance(v, str)], f"{where}.{name}"))
+
+    def add(self, lines: list[str], where: str, build: bool = False) -> None:
+        kept = []
+        for line in lines:
+            try:
+                req = check_requirement(_strip_comment(line))
+            except ValueError as exc:
+                self.skipped.append(f"{where}: {exc}")
+                continue
+            target = self.build_requires if build else self.pip
+            if req not in target:
+                target.append(req)
+                kept.append(req)
+        self.read.append(f"{where} ({len(kept)})")
+
+    def as_metadata(self) -> dict:
+        return {"read": self.read, "skipped": self.skipped, "dynamic_version": self.dynamic_version,
+                "requires_python": self.python}
+
+
+def _strip_comment(line: str) -> str:
+    return re.sub(r"\s+#.*$", "", line).strip()
+
+
+class RepoTree:
+    """Files of one commit, read through git (never checked out)."""
+
+    def __init__(self, git_dir: Path, commit: str):
+        self.git_dir, self.commit = git_dir, commit
+        proc = git(git_dir, "ls-tree", "-r", "--name-only", "-z", commit)
+        self.paths = set(proc.stdout.decode(errors="replace").split("\0")) - {""} if proc.returncode == 0 else set()
+
+    def read(self, path: str) -> str | None:
+        if path not in self.paths:
+            return None
+        proc = git(self.git_dir, "show", f"{self.commit}:{path}")
+        return proc.stdout.decode("utf-8", errors="replace") if proc.returncode == 0 else None
+
+    def exists(self, path: str) -> bool:
+        return path in self.paths
+
+
+def _dependency_group(groups: dict, name: str, seen: frozenset = frozenset()) -> list[str]:
+    out: list[str] = []
+    for item in groups.get(name) or []:
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict) and isinstance(item.get("include-group"), str) and item["include-group"] not in seen:
+            out += _dependency_group(groups, item["include-group"], seen | {name})
+    return out
+
+
+def _pyproject(tree: RepoTree, inf: InferredEnvironment) -> None:
+    text = tree.read("pyproject.toml")
+    if text is None:
+        return
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        inf.skipped.append(f"pyproject.toml: not valid TOML ({exc})")
+        return
+    build = data.get("build-system") or {}
+    requires = [r for r in build.get("requires") or [] if isinstance(r, str)]
+    if requires:
+        inf.add(requires, "pyproject.toml [build-system].requires", build=True)
+        backend = str(build.get("build-backend") or "").split(".")[0].split(":")[0]
+        if backend in EDITABLE_REQUIRES:
+            inf.add(EDITABLE_REQUIRES[backend], f"the editable build of {backend}", build=True)
+    project = data.get("project") or {}
+    if build or project:
+        inf.install = "editable"
+    deps = [d for d in project.get("dependencies") or [] if isinstance(d, str)]
+    if deps:
+        inf.add(deps, "pyproject.toml [project.dependencies]")
+    inf.add_group(project.get("optional-dependencies") or {}, "pyproject.toml [project.optional-dependencies]")
+    groups = data.get("dependency-groups") or {}
+    inf.add_group({name: _dependency_group(groups, name) for name in groups}, "pyproject.toml [dependency-groups]")
+    if isinstance(project.get("requires-python"), str):
+        inf.python = project["requires-python"]
+    tool = data.get("tool") or {}
+    backends = " ".join(requires).lower()
+    if "setuptools_scm" in tool or "setuptools-scm" in tool:
+        inf.dynamic_version = "setuptools_scm"
+    elif ((tool.get("hatch") or {}).get("version") or {}).get("source") == "vcs":
+        inf.dynamic_version = "hatch-vcs"
+    elif "versioneer" in tool:
+        inf.dynamic_version = "versioneer"
+    else:
+        inf.dynamic_version = next((v for k, v in _VCS_BACKENDS.items() if v and k in backends), None)
+
+
+def _cfg_list(value: str) -> list[str]:
+    return [_strip_comment(line) for line in value.splitlines()
+            if _strip_comment(line) and not line.strip().startswith(("#", ";"))]
+
+
+def _setup_cfg(tree: RepoTree, inf: InferredEnvironment) -> None:
+    text = tree.read("setup.cfg")
+    if text is None:
+        return
+    cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        cfg.read_string(text)
+    except configparser.Error as exc:
+        inf.skipped.append(f"setup.cfg: cannot parse ({exc.__class__.__name__})")
+        return
+    if cfg.has_section("versioneer"):
+        inf.dynamic_version = inf.dynamic_version or "versioneer"
+    if not cfg.has_section("options"):
+        return
+    opts = cfg["options"]
+    for key in ("install_requires", "tests_require"):
+        if opts.get(key):
+            inf.add(_cfg_list(opts[key]), f"setup.cfg [options] {key}")
+    if opts.get("setup_requires"):
+        inf.add(_cfg_list(opts["setup_requires"]), "setup.cfg [options] setup_requires", build=True)
+    if opts.get("python_requires") and not inf.python:
+        inf.python = opts["python_requires"].strip()
+    if cfg.has_section("options.extras_require"):
+        inf.add_group(dict(cfg["options.extras_require"]), "setup.cfg [options.extras_require]", _cfg_list)
+
+
+def _literal(node: ast.AST, names: dict[str, ast.AST]):
+    if isinstance(node, ast.Name) and node.id in names:
+        node = names[node.id]
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def _setup_py(tree: RepoTree, inf: InferredEnvironment) -> None:
+    text = tree.read("setup.py")
+    if text is None:
+        return
+    inf.install = "editable"
+    if "use_scm_version" in text:
+        inf.dynamic_version = inf.dynamic_version or "setuptools_scm"
+    if "versioneer" in text:
+        inf.dynamic_version = inf.dynamic_version or "versioneer"
+    try:
+        module = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        inf.skipped.append("setup.py: not parseable as Python")
+        return
+    names = {t.id: n.value for n in module.body if isinstance(n, ast.Assign) for t in n.targets
+             if isinstance(t, ast.Name)}
+    calls = [n for n in ast.walk(module) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", getattr(n.func, "attr", None)) == "setup"]
+    for call in calls[:1]:
+        kwargs = {k.arg: k.value for k in call.keywords if k.arg}
+        for key in ("install_requires", "tests_require"):
+            value = _literal(kwargs[key], names) if key in kwargs else None
+            if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                inf.add(list(value), f"setup.py {key}")
+            elif key in kwargs:
+                inf.skipped.append(f"setup.py {key}: not a literal list")
+        value = _literal(kwargs["setup_requires"], names) if "setup_requires" in kwargs else None
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            inf.add(list(value), "setup.py setup_requires", build=True)
+        extras = _literal(kwargs["extras_require"], names) if "extras_require" in kwargs else None
+        if isinstance(extras, dict):
+            inf.add_group({k: v for k, v in extras.items() if isinstance(v, (list, tuple))}, "setup.py extras_require")
+        py = _literal(kwargs["python_requires"], names) if "python_requires" in kwargs else None
+        if isinstance(py, str) and not inf.python:
+            inf.python = py
+
+
+def requirement_files(tree: RepoTree) -> list[str]:
+    """The requirements files inference uses, in a stable order."""
+    found = sorted(p for p in tree.paths if p.endswith(".txt") and (
+        ("/" not in p and "requirement" in p.lower()) or PurePosixPath(p).parent.as_posix() == "requirements"))
+    stem = {p: PurePosixPath(p).stem.lower() for p in found}
+    base = [p for p in found if p in ("requirements.txt", "requirements/base.txt", "requirements/main.txt")]
+    tests = [p for p in found if "test" in stem[p]]
+    dev = [] if tests else [p for p in found if "dev" in stem[p]]
+    return list(dict.fromkeys(base + tests + dev))
+
+
+def _tox(tree: RepoTree, inf: InferredEnvironment) -> None:
+    text = tree.read("tox.ini")
+    if text is None:
+        return
+    cfg = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        cfg.read_string(text)
+    except configparser.Error as exc:
+        inf.skipped.append(f"tox.ini: cannot parse ({exc.__class__.__name__})")
+        return
+    if not cfg.has_option("testenv", "deps"):
+        return
+    lines = []
+    for line in cfg["testenv"]["deps"].splitlines():
+        line = _strip_comment(line)
+        m = re.match(r"^-r\s*\{toxinidir\}/(?P<path>\S+)$", line)
+        if m:
+            line = f"-r {m.group('path')}"
+        if not line or "{" in line or line.startswith(("-e", ".")) or re.match(r"^\S+:\s", line):
+            continue
+        lines.append(line)
+    if lines:
+        inf.add(lines, "tox.ini [testenv] deps")
+
+
+def infer_environment(git_dir: Path, commit: str) -> InferredEnvironment:
+    """Everything the repository's manifests at `commit` say it needs (see the module docstring)."""
+    tree = RepoTree(git_dir, commit)
+    inf = InferredEnvironment()
+    _pyproject(tree, inf)
+    _setup_cfg(tree, inf)
+    _setup_py(tree, inf)
+    files = requirement_files(tree)
+    if files:
+        inf.add([f"-r {f}" for f in files], "requirements files " + ", ".join(files))
+    _tox(tree, inf)
+    if not inf.found_test_group:
+        for lines, where in inf.dev_groups:
+            inf.add(lines, where)
+    inf.pip = [line for line in inf.pip if not _names_project(line, tree)]
+    if tree.exists("versioneer.py"):
+        inf.dynamic_version = inf.dynamic_version or "versioneer"
+    return inf
+
+
+def _names_project(line: str, tree: RepoTree) -> bool:
+    """A requirement on the project itself (`pkg[test]` in its own extras) is satisfied by the editable install."""
+    text = tree.read("pyproject.toml") or ""
+    m = re.search(r'(?m)^name\s*=\s*["\']([^"\']+)["\']', text)
+    if not m or line.startswith("-"):
+        return False
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(Requirement(line).name) == canonicalize_name(m.group(1))
+
+
+def nearest_version(git_dir: Path, commit: str) -> str:
+    """The nearest tag before `commit`, as a PEP 440 version (v1.2.3 -> 1.2.3), else 0.0.0."""
+    proc = git(git_dir, "describe", "--tags", "--abbrev=0", commit)
+    tag = proc.stdout.decode(errors="replace").strip() if proc.returncode == 0 else ""
+    tag = re.sub(r"^[^0-9]*", "", tag)
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return str(Version(tag))
+    except InvalidVersion:
+        return "0.0.0"
+
+
+__all__ = ["InferredEnvironment", "RepoTree", "infer_environment", "nearest_version", "requirement_files"]
