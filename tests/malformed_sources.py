@@ -275,8 +275,8 @@ def cases() -> list[Case]:
                         environment__limits={"cpus": 1, "memory_mb": 512, "workspace_mb": 64, "tmp_mb": 64,
                                              "pids": 128}),
              field="environment.files", reason="workspace_mb"))
-    add(Case("spec-test-id-spaces", "spec",
-             lambda d, fx: _spec(d, verification__tests__fail_to_pass=["tests/test_stats.py::test x; rm -rf /"]),
+    add(Case("spec-test-id-tab", "spec",
+             lambda d, fx: _spec(d, verification__tests__fail_to_pass=["tests/test_stats.py::test\tx; rm -rf /"]),
              field="fail_to_pass", reason="whitespace"))
     add(Case("spec-test-id-newline", "spec",
              lambda d, fx: _spec(d, verification__tests__fail_to_pass=["tests/a.py::t\n$(id)"]),
@@ -347,9 +347,9 @@ def cases() -> list[Case]:
              field="repos.acme/calc", reason="outside the source's folder"))
     add(Case("swe-config-unknown-field", "swebench", _swebench(config="repos: {acme/calc: calc.bundle}\nrepoz: 1\n"),
              field="repoz", reason="unknown field"))
-    add(Case("swe-fail-to-pass-spaces", "swebench",
-             _swebench(lambda fx: [_swe_record(fx, FAIL_TO_PASS=["tests/test_calc.py::test add"])]),
-             field="FAIL_TO_PASS", reason="whitespace"))
+    add(Case("swe-fail-to-pass-trailing-space", "swebench",
+             _swebench(lambda fx: [_swe_record(fx, FAIL_TO_PASS=["tests/test_calc.py::test_add "])]),
+             field="FAIL_TO_PASS", reason="ends with a space"))
     add(Case("swe-fail-to-pass-not-json", "swebench",
              _swebench(lambda fx: [_swe_record(fx, FAIL_TO_PASS="[not json")]), field="FAIL_TO_PASS", reason="list"))
     add(Case("swe-problem-too-long", "swebench", _swebench(lambda fx: [_swe_record(fx, problem_statement=BIG_TEXT)]),

@@ -156,12 +156,14 @@ def test_derived_test_ids_that_could_never_pass_are_left_out(tmp_path):
     cand = Candidate(id="c-1", kind="ticket", origin="t.jsonl:1", field="fix_commit", instruction="Fix the thing now.",
                      git_dir=tmp_path, workspace_commit="a" * 40, change=change,
                      config=TicketSourceConfig(repository=".", exports=[{"file": "t.jsonl"}]), base_dir=tmp_path)
-    before = Run({"tests/t.py::test_a": "failed", "tests/t.py::test_b[x y]": "failed"})
-    after = Run({"tests/t.py::test_a": "passed", "tests/t.py::test_b[x y]": "passed"})
-    graded = {"after": Run({"tests/t.py::test_a": "passed"}), "before": Run({"tests/t.py::test_a": "failed"})}
+    before = Run({"tests/t.py::test_a": "failed", "tests/t.py::test_b[x\ty]": "failed", "tests/t.py::test_c[x y]": "failed"})
+    after = Run({"tests/t.py::test_a": "passed", "tests/t.py::test_b[x\ty]": "passed", "tests/t.py::test_c[x y]": "passed"})
+    graded = {"after": Run({"tests/t.py::test_a": "passed", "tests/t.py::test_c[x y]": "passed"}),
+              "before": Run({"tests/t.py::test_a": "failed", "tests/t.py::test_c[x y]": "failed"})}
     task = task_from_derivation(cand, Derivation([before], [after, after], [graded]))
-    assert task.spec.verification.tests.fail_to_pass == ["tests/t.py::test_a"]
-    assert task.spec.metadata["unselectable_tests"] == ["tests/t.py::test_b[x y]"]
+    # A space inside a parametrize id is an ordinary id; a tab could never be matched in a report.
+    assert task.spec.verification.tests.fail_to_pass == ["tests/t.py::test_a", "tests/t.py::test_c[x y]"]
+    assert task.spec.metadata["unselectable_tests"] == ["tests/t.py::test_b[x\ty]"]
 
 
 def test_tasks_stored_under_older_rules_still_load_from_the_catalog():
@@ -169,12 +171,12 @@ def test_tasks_stored_under_older_rules_still_load_from_the_catalog():
     from envforge.task import Task
 
     task = load_spec_file(BUNDLED_SPECS / "inventory-median-even" / "task.yaml")
-    old = task.model_dump_json().replace("tests/test_stats.py::test_mean", "tests/test_stats.py::test mean") \
+    old = task.model_dump_json().replace("tests/test_stats.py::test_mean", "tests/test_stats.py::test_mean ") \
         .replace('"memory_mb":512', '"memory_mb":200')
-    with pytest.raises(Exception, match="whitespace"):
+    with pytest.raises(Exception, match="ends with a space"):
         Task.model_validate_json(old)
     stored = Task.from_stored(old)
-    assert "tests/test_stats.py::test mean" in stored.spec.verification.tests.pass_to_pass
+    assert "tests/test_stats.py::test_mean " in stored.spec.verification.tests.pass_to_pass
     assert stored.spec.environment.limits.memory_mb == 200
 
 

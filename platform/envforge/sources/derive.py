@@ -15,9 +15,9 @@ collect); PASS_TO_PASS pass in both and, by default, sit in a test file the chan
 that holds a FAIL_TO_PASS test (the SWE-bench harness's scope: grading runs only those files;
 how many passing tests lie elsewhere goes to the task's metadata, and a source's
 `tests.pass_to_pass: suite` keeps them all). A test that passed before and fails after was
-broken by the fix: it is left out of both lists and recorded (`broken_by_change`). Ids with
-whitespace or control characters can never be required (#16 refuses them at ingest): they are
-left out and listed as `unselectable_tests`.
+broken by the fix: it is left out of both lists and recorded (`broken_by_change`). Ids that
+could never match a report (control characters, tabs, a space at either end: `task.valid_test_id`)
+are left out and listed as `unselectable_tests`.
 
 Then the derived ids are graded by the grader itself, the reference solution and the empty
 one, once each; ids that do not reproduce are dropped and the check runs once more. A candidate with
@@ -285,7 +285,7 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
         if failing:
             detail += f", {len(failing)} still fail ({', '.join(failing[:3])})"
         if odd_f2p:
-            detail += f", {len(odd_f2p)} cannot be required (ids with whitespace or control characters)"
+            detail += f", {len(odd_f2p)} cannot be required (ids with control characters, tabs or a space at either end)"
         candidates = [t for t in excluded if after.get(t) == "passed"]
         if candidates:
             detail += "; excluded: " + "; ".join(f"{t}: {excluded[t]}" for t in candidates[:3])
