@@ -253,11 +253,10 @@ class WorkspaceReader:
         return self._cache[key]
 
     def _git_dir(self, base_dir: str, path: str, commit: str) -> Path:
-        """envforge's commit store when it holds the commit (the source may have moved since ingest),
-        else the source's repository."""
-        if self.data_dir is not None and store.has_commit(self.data_dir, commit):
-            return store.store_dir(self.data_dir)
-        return repository_dir(base_dir, path)
+        def source() -> Path:
+            return repository_dir(base_dir, path)
+
+        return source() if self.data_dir is None else store.commit_dir(self.data_dir, commit, source)
 
 
 def task_fields(task: Task, reader: WorkspaceReader) -> tuple[list[FieldText], ScanReport]:

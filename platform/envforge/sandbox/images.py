@@ -258,10 +258,8 @@ def workspace_file(task: Task, settings: Settings, rel: str) -> bytes | None:
         from envforge.sources import store
         from envforge.sources.gitrepo import git
 
-        data = store.read_file(settings.data_dir, repo.commit, rel)
-        if data is not None:
-            return data
-        proc = git(_repository_dir(task), "show", f"{repo.commit}:{rel}")
+        git_dir = store.commit_dir(settings.data_dir, repo.commit, lambda: _repository_dir(task))
+        proc = git(git_dir, "show", f"{repo.commit}:{rel}")
         return proc.stdout if proc.returncode == 0 else None
     root = task.workspace_path()
     if root is None:
@@ -371,19 +369,17 @@ def _write_workspace(task: Task, dest: Path, settings: Settings) -> None:
         from envforge.sources import store
         from envforge.sources.gitrepo import git
 
-        data = store.archive(settings.data_dir, repo.commit)
-        if data is None:  # first build from the source's repository: keep the commit for later builds
-            git_dir = _repository_dir(task)
-            archive = git(git_dir, "archive", "--format=tar", repo.commit)
-            if archive.returncode != 0:
-                raise ImageBuildError(f"task {task.id}: environment.repository: git archive {repo.commit} failed: "
-                                      f"{archive.stderr.decode(errors='replace').strip()}")
-            data = archive.stdout
+        git_dir = store.commit_dir(settings.data_dir, repo.commit, lambda: _repository_dir(task))
+        archive = git(git_dir, "archive", "--format=tar", repo.commit)
+        if archive.returncode != 0:
+            raise ImageBuildError(f"task {task.id}: environment.repository: git archive {repo.commit} failed: "
+                                  f"{archive.stderr.decode(errors='replace').strip()}")
+        if git_dir != store.store_dir(settings.data_dir):  # first build from the source: keep the commit
             try:
                 store.keep_commit(settings.data_dir, git_dir, repo.commit)
             except ValueError:
                 pass  # the build goes on from the source; only a later move of the source would notice
-        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tf:
             tf.extractall(dest, filter="data")
 
 

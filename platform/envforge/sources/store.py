@@ -14,7 +14,7 @@ import fcntl
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from envforge.sources.gitrepo import git
 
@@ -61,20 +61,10 @@ def keep_commit(data_dir: Path, git_dir: Path, sha: str) -> None:
                              f"{proc.stderr.decode(errors='replace').strip()[:300]}")
 
 
-def archive(data_dir: Path, sha: str) -> bytes | None:
-    """The commit's tree as a tar, or None when the store does not hold it."""
-    if not has_commit(data_dir, sha):
-        return None
-    proc = git(store_dir(data_dir), "archive", "--format=tar", sha)
-    return proc.stdout if proc.returncode == 0 else None
+def commit_dir(data_dir: Path, sha: str, repository: Callable[[], Path]) -> Path:
+    """The git directory to read commit `sha` from: the store when it holds the commit (the source
+    may have moved since ingest), else the source's repository (`repository()`, resolved only then)."""
+    return store_dir(data_dir) if has_commit(data_dir, sha) else repository()
 
 
-def read_file(data_dir: Path, sha: str, path: str) -> bytes | None:
-    """One file of a stored commit, or None."""
-    if not has_commit(data_dir, sha):
-        return None
-    proc = git(store_dir(data_dir), "show", f"{sha}:{path}")
-    return proc.stdout if proc.returncode == 0 else None
-
-
-__all__ = ["archive", "has_commit", "keep_commit", "read_file", "store_dir"]
+__all__ = ["commit_dir", "has_commit", "keep_commit", "store_dir"]
