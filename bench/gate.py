@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/gate.py [--quick] [--task ID ...] [--real-repo NAME ...] [--data-dir DIR] [--out FILE]
 
-Tasks: the ledger project's tickets, reviews and SWE-bench instances, the geokit project (a
-suite of 15-20 s per run), the two flaky examples (a flaky test, a test that fails after another
+Tasks: the ledger project's tickets, reviews and SWE-bench instances, the geokit project (the
+slowest suite: ~5 s per run on a quiet machine), the two flaky examples (a flaky test, a test that fails after another
 file), so that verdict agreement covers quarantines too, and with `--real-repo NAME` the tickets
 of a bundled real repository (task_sources/examples/real-repos: humanize, parse, marshmallow).
 Derivations and images are cached in the data directory.
