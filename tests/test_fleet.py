@@ -7,6 +7,7 @@ The CI-sized version of `make fleet-demo` (which runs two nodes with their own e
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -67,6 +68,27 @@ def fleet(docker_client, base_image, tmp_path_factory):
         stop_engine("node-b")
 
 
+class ThinkingReplay(ReplayPolicy):
+    """Replay that thinks 0.4 s before each turn, as a served policy does: an episode holds its
+    sandbox long enough that a node killed while it has leases dies with episodes on it (a bare
+    replay episode can finish between the killer's look and the kill on a quiet machine)."""
+
+    def episode(self, task):
+        inner = super().episode(task)
+
+        class Episode:
+            policy_id, version = inner.policy_id, inner.version
+
+            async def act(self, *args, **kwargs):
+                await asyncio.sleep(0.4)
+                return await inner.act(*args, **kwargs)
+
+            async def aclose(self):
+                await inner.aclose()
+
+        return Episode()
+
+
 def test_a_node_killed_mid_batch_costs_retries_on_the_survivor_not_trajectories(fleet, s3_bucket, docker_client,
                                                                                 settings):
     cluster, dispatcher, items, _ = fleet
@@ -86,7 +108,7 @@ def test_a_node_killed_mid_batch_costs_retries_on_the_survivor_not_trajectories(
     killer.start()
     root = f"s3://{s3_bucket}/rollouts"
     config = RolloutConfig(n_samples=3, concurrency=6, max_infra_retries=4, backoff_s=0.05)
-    result = run_batch_on_fleet(settings, dispatcher, items, ReplayPolicy(), config, "v-fleet", "fleet-kill",
+    result = run_batch_on_fleet(settings, dispatcher, items, ThinkingReplay(), config, "v-fleet", "fleet-kill",
                                 root=root, local_client=docker_client)
     killer.join()
     assert killed.is_set()
