@@ -38,7 +38,7 @@ from envforge.verify.config import GateConfig
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-CONFIG = FleetConfig(idle_shrink_after_s=20, discovery_interval_s=1.0)
+CONFIG = FleetConfig(idle_shrink_after_s=20, discovery_interval_s=1.0, driver_timeout_s=15)
 
 
 @pytest.fixture(scope="module")
@@ -242,8 +242,12 @@ def test_a_killed_dispatcher_restarts_and_resumes_its_batch_from_the_store(fleet
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     batch = tmp_path / "rollouts" / "fleet-resume"
     deadline = time.monotonic() + 300
+
+    def held() -> int:  # leases out on the nodes: this test's dispatcher holds none, so the driver's
+        return sum(dispatcher.call(n, "info", timeout_s=60)["leased"] for n in dispatcher.alive_nodes())
+
     while time.monotonic() < deadline and proc.poll() is None:
-        if len(list(batch.glob("pending/*.json")) + list(batch.glob("*.parquet"))) >= 2:
+        if len(list(batch.glob("pending/*.json")) + list(batch.glob("*.parquet"))) >= 2 and held() > 0:
             break
         time.sleep(0.1)
     assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
@@ -252,6 +256,11 @@ def test_a_killed_dispatcher_restarts_and_resumes_its_batch_from_the_store(fleet
     before = TrajectoryStore(root, "fleet-resume")
     finished = {t.trajectory_id: t.started_at for t in before.trajectories() + before.pending()}
     assert 0 < len(finished) < len(items) * 4
+    # The killed driver stopped beating: the nodes take its leases back after driver_timeout_s.
+    killed_at = time.monotonic()
+    while held() and time.monotonic() - killed_at < 90:
+        time.sleep(0.5)
+    assert held() == 0, "the dead driver's leases were not reclaimed"
     result = run_batch_on_fleet(settings, dispatcher, items, ReplayPolicy(), RolloutConfig(n_samples=4, concurrency=4),
                                 "v-fleet", "fleet-resume", root=root)
     frame = result.store.frame()

@@ -181,3 +181,22 @@ def test_run_batch_and_derivation_given_no_pool_ask_the_one_rule_with_their_dema
         derive.derive_tasks(settings, [object()], client=docker_client)  # chosen before any candidate is read
     assert calls[-1][:2] == ([], derive.SANDBOXES_PER_DERIVATION)  # images are told as they are built
     assert calls[-1][2] is settings
+
+
+@pytest.mark.docker
+def test_a_silent_drivers_leases_are_reclaimed_while_a_beating_drivers_idle_lease_stays(docker_client, task_image):
+    """A driver that died stops beating: after driver_timeout_s its leases go back, long before
+    lease_idle_timeout_s; a live driver's lease, untouched while its policy thinks, stays."""
+    agent = NodeAgent(FleetConfig(driver_timeout_s=15, lease_idle_timeout_s=900), capacity=2, node_name="unit")
+    try:
+        alive, _ = agent.acquire("driver-alive", task_image, SandboxOptions())
+        dead, _ = agent.acquire("driver-dead", task_image, SandboxOptions())
+        started = time.monotonic()
+        while agent.info()["leased"] == 2 and time.monotonic() - started < 60:
+            agent.heartbeat("driver-alive")
+            time.sleep(1.0)
+        assert agent.info()["leased"] == 1 and agent.stats.reclaimed == 1
+        assert agent.call(dead, "exec", ("true",)).cause == "lease_lost"
+        assert agent.call(alive, "exec", ("true",)).exit_code == 0
+    finally:
+        agent.close()
