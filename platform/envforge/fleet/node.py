@@ -9,8 +9,8 @@ Drivers lease sandboxes (`acquire` -> lease id), drive them (`call(lease, "exec"
 hand them back (`release`). A driver that holds leases beats (`heartbeat`, every few seconds);
 one not heard from for `driver_timeout_s` has died, and its leases are reclaimed, as is any
 lease nobody touches for `lease_idle_timeout_s`. At most `capacity` leases are out at once: a
-full node answers `FULL` and the dispatcher looks elsewhere or waits. Nothing here imports Ray: the class is plain Python
-(tests drive it directly) and `ray.remote` wraps it.
+full node answers `FULL` and the dispatcher looks elsewhere or waits. Nothing here imports Ray:
+the class is plain Python (tests drive it directly) and `ray.remote` wraps it.
 
 Faults travel as values, not exceptions (`Fault`): an InfraError stays an InfraError on the
 driver, and a ValueError from a patch that does not apply stays a ValueError.
