@@ -52,7 +52,8 @@ from envforge.rollout.config import RolloutConfig  # noqa: E402
 from envforge.rollout.policies.replay import ReplayPolicy  # noqa: E402
 from envforge.sandbox.container import Sandbox, SandboxOptions  # noqa: E402
 from envforge.sandbox.engine import docker_client  # noqa: E402
-from envforge.sandbox.images import build_base_image, build_task_image  # noqa: E402
+from envforge.sandbox.envlayer import ENV_REPO_PREFIX  # noqa: E402
+from envforge.sandbox.images import TASK_REPO_PREFIX, build_base_image, build_task_image  # noqa: E402
 from envforge.sources import load_sources  # noqa: E402
 from envforge.sources.derive import derive_tasks  # noqa: E402
 from envforge.sources.tickets import load_ticket_source  # noqa: E402
@@ -165,35 +166,59 @@ def bench_images(client, settings, base: str, task_image: str, task, with_base_b
     return out
 
 
-def bench_derivation(client, cluster: LocalCluster, n: int) -> dict:
-    """Seconds to derive n candidates' FAIL_TO_PASS / PASS_TO_PASS locally, then on the fleet (twice:
-    images new to the node, then present); the lists must be the same everywhere."""
+def bench_derivation(driver_client, node_engine, cluster: LocalCluster, n: int) -> dict:
+    """Seconds to derive n candidates' FAIL_TO_PASS / PASS_TO_PASS on the fleet (found from
+    ENVFORGE_RAY_ADDRESS; the driver builds the images on its engine) vs in process on the node's
+    own engine (`node_engine`: both paths drive the same engine, as in `bench_dispatch`; the
+    driver's engine is shared with everything else on the machine). First on the fleet with the
+    images new to the node, then interleaved; every run with an empty derivation cache, and the
+    lists must be the same in every run."""
     candidates = load_ticket_source(REPO / "task_sources" / "projects" / "ledger" / "tickets" /
                                     "tickets.yaml").candidates[:n]
 
-    def run(label: str) -> tuple[float, dict]:
+    def run(label: str, client, fleet: bool) -> tuple[float, dict]:
         settings = Settings.from_env().with_data_dir(Path(tempfile.mkdtemp(prefix=f"bench-derive-{label}-")))
         settings.ensure_dirs()
+        if fleet:
+            os.environ["ENVFORGE_RAY_ADDRESS"] = cluster.address
         t0 = time.perf_counter()
-        result = derive_tasks(settings, candidates, client=client)
+        try:
+            result = derive_tasks(settings, candidates, client=client)
+        finally:
+            os.environ.pop("ENVFORGE_RAY_ADDRESS", None)
         wall = time.perf_counter() - t0
         log(f"derivation {label}: {len(result.tasks)} tasks, {len(result.rejects)} rejects in {wall:.1f} s")
         lists = {t.id: (t.spec.verification.tests.fail_to_pass, t.spec.verification.tests.pass_to_pass)
                  for t in result.tasks}
         return wall, {"lists": lists, "rejects": sorted(p.reason[:80] for p in result.rejects)}
 
-    local_wall, local = run("local")
-    os.environ["ENVFORGE_RAY_ADDRESS"] = cluster.address
-    try:
-        first_wall, first = run("fleet-new-images")
-        again_wall, again = run("fleet")
-    finally:
-        del os.environ["ENVFORGE_RAY_ADDRESS"]
-    return {"candidates": len(candidates), "tasks": len(local["lists"]), "rejects": len(local["rejects"]),
-            "local_wall_s": round(local_wall, 1), "fleet_images_new_wall_s": round(first_wall, 1),
-            "fleet_wall_s": round(again_wall, 1), "ratio_fleet_vs_local": round(again_wall / local_wall, 2),
-            "same_lists_everywhere": local == first == again,
-            "note": "one node, on this machine's own 2 cores: placement overhead, not scaling"}
+    first_wall, reference = run("fleet-new-images", driver_client, True)
+    local_walls, fleet_walls, outcomes = [], [], []
+    for i in range(2):  # interleaved: the machine's load drifts
+        for walls, client, fleet, label in ((local_walls, node_engine, False, "local"),
+                                            (fleet_walls, driver_client, True, "fleet")):
+            wall, outcome = run(f"{label}-{i}", client, fleet)
+            walls.append(wall)
+            outcomes.append(outcome)
+    local_wall, fleet_wall = statistics.median(local_walls), statistics.median(fleet_walls)
+    return {"candidates": len(candidates), "tasks": len(reference["lists"]), "rejects": len(reference["rejects"]),
+            "fleet_images_new_to_node_wall_s": round(first_wall, 1),
+            "local_median_wall_s": round(local_wall, 1), "fleet_median_wall_s": round(fleet_wall, 1),
+            "local_walls_s": [round(w, 1) for w in local_walls], "fleet_walls_s": [round(w, 1) for w in fleet_walls],
+            "ratio_fleet_vs_local": round(fleet_wall / local_wall, 2),
+            "same_lists_everywhere": all(o == reference for o in outcomes),
+            "note": "one node; both on the node's own engine, on this machine's 2 cores: the fleet's overhead, "
+                    "not scaling (the first fleet run includes the driver's image builds on a fresh machine)"}
+
+
+def _remove_images(client, prefixes: tuple[str, ...]) -> int:
+    """Remove a node engine's images whose tags start with one of `prefixes` (task and env layers)."""
+    removed = 0
+    for image in client.images.list():
+        if any(t.startswith(prefixes) for t in image.tags):
+            client.images.remove(image.id, force=True)
+            removed += 1
+    return removed
 
 
 def _rss_kb(pids: list[int]) -> int:
@@ -325,6 +350,11 @@ def main() -> None:
         doc["footprint"] = bench_footprint(client, inventory[0], inventory[1])
     two_nodes = bool(wanted & {"throughput", "recovery"})
     engines = own_engines(["node-a", "node-b"] if two_nodes else ["node-a"])
+    if args.derive:  # node-a's engine keeps its data root between runs: the candidates' images must be new to it
+        import docker
+
+        node_a_engine = docker.DockerClient(base_url=engines["node-a"], timeout=300)
+        _remove_images(node_a_engine, (TASK_REPO_PREFIX, ENV_REPO_PREFIX))
     config = FleetConfig(idle_shrink_after_s=60, discovery_interval_s=1.0)
     cluster = LocalCluster(config)
     try:
@@ -344,7 +374,7 @@ def main() -> None:
             return _emit(doc, args.out)
         if args.derive:
             log("derivation: local engine vs the fleet")
-            doc["derivation"] = bench_derivation(client, cluster, args.derive)
+            doc["derivation"] = bench_derivation(client, node_a_engine, cluster, args.derive)
         two_wall = None
         if "throughput" in wanted:
             log("throughput, 1 node")
@@ -375,7 +405,8 @@ def main() -> None:
             dispatcher.on_event = lambda msg: lost_at.setdefault("t", time.perf_counter()) if "lost" in msg else None
 
             def killer() -> None:
-                while not node_b.leased or dispatcher.stats.placements.get(node_b.name, 0) < 4:
+                # two leases out: a replay episode is short, one can end between this look and the kill
+                while node_b.leased < 2 or dispatcher.stats.placements.get(node_b.name, 0) < 4:
                     time.sleep(0.02)
                 kill["t"] = time.perf_counter()
                 cluster.kill_node("node-b")
