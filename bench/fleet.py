@@ -1,6 +1,6 @@
 """Benchmark the sandbox fleet on a Ray cluster simulated on this machine.
 
-    .venv/bin/python bench/fleet.py [--steps N] [--samples N] [--with-base-build] [--out FILE]
+    .venv/bin/python bench/fleet.py [--steps N] [--samples N] [--derive N] [--with-base-build] [--out FILE]
 
 Prints one JSON document:
 - `dispatch`: one command (`true`) per step through the fleet (driver -> Ray actor call -> node
@@ -12,6 +12,11 @@ Prints one JSON document:
 - `images`: getting the bundled images onto an empty engine: the base image by transfer
   (docker save/load through the object store) vs by build (debootstrap, only with
   --with-base-build, ~80 s), a task image by build from its recipe vs by transfer;
+- `derivation`: ticket test derivation (the ingest stage's, `derive_tasks`) of the bundled
+  ledger project's first N ticket candidates on this process's engine vs on the fleet (found
+  from ENVFORGE_RAY_ADDRESS, as the ingest stage finds it): first with the candidates' images
+  new to the node (built there from their recipes, their env layer received), then again with
+  them present; each run with an empty derivation cache;
 - `footprint` and `capacity_model`: measured memory and CPU per sandbox (idle, and while a
   trajectory's grading runs) and the engine's overhead per container, and from them sandboxes
   per 32-core/128 GiB node and nodes for 1,000 and 10,000 concurrent sandboxes.
@@ -23,6 +28,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -46,8 +52,11 @@ from envforge.rollout.config import RolloutConfig  # noqa: E402
 from envforge.rollout.policies.replay import ReplayPolicy  # noqa: E402
 from envforge.sandbox.container import Sandbox, SandboxOptions  # noqa: E402
 from envforge.sandbox.engine import docker_client  # noqa: E402
-from envforge.sandbox.images import build_base_image, build_task_image  # noqa: E402
+from envforge.sandbox.envlayer import ENV_REPO_PREFIX  # noqa: E402
+from envforge.sandbox.images import TASK_REPO_PREFIX, build_base_image, build_task_image  # noqa: E402
 from envforge.sources import load_sources  # noqa: E402
+from envforge.sources.derive import derive_tasks  # noqa: E402
+from envforge.sources.tickets import load_ticket_source  # noqa: E402
 from envforge.verify.grader import Grader  # noqa: E402
 
 
@@ -157,6 +166,61 @@ def bench_images(client, settings, base: str, task_image: str, task, with_base_b
     return out
 
 
+def bench_derivation(driver_client, node_engine, cluster: LocalCluster, n: int) -> dict:
+    """Seconds to derive n candidates' FAIL_TO_PASS / PASS_TO_PASS on the fleet (found from
+    ENVFORGE_RAY_ADDRESS; the driver builds the images on its engine) vs in process on the node's
+    own engine (`node_engine`: both paths drive the same engine, as in `bench_dispatch`; the
+    driver's engine is shared with everything else on the machine). First on the fleet with the
+    images new to the node, then interleaved; every run with an empty derivation cache, and the
+    lists must be the same in every run."""
+    candidates = load_ticket_source(REPO / "task_sources" / "projects" / "ledger" / "tickets" /
+                                    "tickets.yaml").candidates[:n]
+
+    def run(label: str, client, fleet: bool) -> tuple[float, dict]:
+        settings = Settings.from_env().with_data_dir(Path(tempfile.mkdtemp(prefix=f"bench-derive-{label}-")))
+        settings.ensure_dirs()
+        if fleet:
+            os.environ["ENVFORGE_RAY_ADDRESS"] = cluster.address
+        t0 = time.perf_counter()
+        try:
+            result = derive_tasks(settings, candidates, client=client)
+        finally:
+            os.environ.pop("ENVFORGE_RAY_ADDRESS", None)
+        wall = time.perf_counter() - t0
+        log(f"derivation {label}: {len(result.tasks)} tasks, {len(result.rejects)} rejects in {wall:.1f} s")
+        lists = {t.id: (t.spec.verification.tests.fail_to_pass, t.spec.verification.tests.pass_to_pass)
+                 for t in result.tasks}
+        return wall, {"lists": lists, "rejects": sorted(p.reason[:80] for p in result.rejects)}
+
+    first_wall, reference = run("fleet-new-images", driver_client, True)
+    local_walls, fleet_walls, outcomes = [], [], []
+    for i in range(2):  # interleaved: the machine's load drifts
+        for walls, client, fleet, label in ((local_walls, node_engine, False, "local"),
+                                            (fleet_walls, driver_client, True, "fleet")):
+            wall, outcome = run(f"{label}-{i}", client, fleet)
+            walls.append(wall)
+            outcomes.append(outcome)
+    local_wall, fleet_wall = statistics.median(local_walls), statistics.median(fleet_walls)
+    return {"candidates": len(candidates), "tasks": len(reference["lists"]), "rejects": len(reference["rejects"]),
+            "fleet_images_new_to_node_wall_s": round(first_wall, 1),
+            "local_median_wall_s": round(local_wall, 1), "fleet_median_wall_s": round(fleet_wall, 1),
+            "local_walls_s": [round(w, 1) for w in local_walls], "fleet_walls_s": [round(w, 1) for w in fleet_walls],
+            "ratio_fleet_vs_local": round(fleet_wall / local_wall, 2),
+            "same_lists_everywhere": all(o == reference for o in outcomes),
+            "note": "one node; both on the node's own engine, on this machine's 2 cores: the fleet's overhead, "
+                    "not scaling (the first fleet run includes the driver's image builds on a fresh machine)"}
+
+
+def _remove_images(client, prefixes: tuple[str, ...]) -> int:
+    """Remove a node engine's images whose tags start with one of `prefixes` (task and env layers)."""
+    removed = 0
+    for image in client.images.list():
+        if any(t.startswith(prefixes) for t in image.tags):
+            client.images.remove(image.id, force=True)
+            removed += 1
+    return removed
+
+
 def _rss_kb(pids: list[int]) -> int:
     total = 0
     for pid in pids:
@@ -263,6 +327,9 @@ def main() -> None:
     ap.add_argument("--with-base-build", action="store_true")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--only-dispatch", action="store_true", help="measure only the dispatch overhead")
+    ap.add_argument("--derive", type=int, default=4, help="ledger ticket candidates to derive (0: skip)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["images", "footprint", "throughput", "recovery"],
+                    help="sections to leave out (a partial rerun)")
     args = ap.parse_args()
     settings = Settings.from_env().with_data_dir(Path(tempfile.mkdtemp(prefix="bench-fleet-data-")))
     settings.ensure_dirs()
@@ -272,13 +339,22 @@ def main() -> None:
              for t in r.tasks]
     items = [(t, build_task_image(client, t, base, settings).tag) for t in tasks]
     inventory = next((t, img) for t, img in items if t.id == "inventory-median-even")
-    doc: dict = {"machine": "2 cores, shared; all nodes on this one machine", "tasks": len(items)}
-    if not args.only_dispatch:
+    doc: dict = {"machine": "2 cores, shared; all nodes on this one machine", "tasks": len(items),
+                 "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    wanted = set() if args.only_dispatch else {"images", "footprint", "throughput", "recovery"} - set(args.skip)
+    if "images" in wanted:
         log("images: transfer vs build on an empty engine")
         doc["images"] = bench_images(client, settings, base, inventory[1], inventory[0], args.with_base_build)
+    if "footprint" in wanted:
         log("footprint per sandbox")
         doc["footprint"] = bench_footprint(client, inventory[0], inventory[1])
-    engines = own_engines(["node-a"] if args.only_dispatch else ["node-a", "node-b"])
+    two_nodes = bool(wanted & {"throughput", "recovery"})
+    engines = own_engines(["node-a", "node-b"] if two_nodes else ["node-a"])
+    if args.derive:  # node-a's engine keeps its data root between runs: the candidates' images must be new to it
+        import docker
+
+        node_a_engine = docker.DockerClient(base_url=engines["node-a"], timeout=300)
+        _remove_images(node_a_engine, (TASK_REPO_PREFIX, ENV_REPO_PREFIX))
     config = FleetConfig(idle_shrink_after_s=60, discovery_interval_s=1.0)
     cluster = LocalCluster(config)
     try:
@@ -288,7 +364,6 @@ def main() -> None:
         seed_images(FleetSandboxPool(dispatcher), client, [base])
         log("dispatch overhead per step")
         node_a = dispatcher.alive_nodes()[0]
-        dispatcher.ensure_image(node_a, inventory[1]) if inventory[1] in dispatcher.recipes else None
         FleetSandboxPool(dispatcher).register([inventory], 1, local_client=client)
         dispatcher.ensure_image(node_a, inventory[1])
         import docker
@@ -297,40 +372,53 @@ def main() -> None:
                                          inventory[1], args.steps)
         if args.only_dispatch:
             return _emit(doc, args.out)
-        log("throughput, 1 node")
-        batch(settings, dispatcher, items, 1, 8, client, "warm1")  # builds the task images on node-a once
-        one_wall, one = batch(settings, dispatcher, items, args.samples, 8, client, "one")
-        cluster.add_node("node-b", engines["node-b"], 8)
-        dispatcher.discover()
-        seed_images(FleetSandboxPool(dispatcher), client, [base])
-        log("throughput, 2 nodes")
-        batch(settings, dispatcher, items, 1, 8, client, "warm2")
-        two_wall, two = batch(settings, dispatcher, items, args.samples, 8, client, "two")
-        # Core-seconds per trajectory: this machine's 2 cores over the 1-node batch (everything
-        # included: sandboxes, grading, Ray, the driver): an upper bound.
-        doc["capacity_model"] = capacity_model(doc["footprint"], 2 * one_wall / one["trajectories"])
-        doc["throughput"] = {"one_node": one, "two_nodes": two,
-                             "ratio_two_vs_one": round(one_wall / two_wall, 2),
-                             "note": "both nodes share this machine's 2 cores: a mechanics check"}
-        log("recovery after a node kill")
-        node_b = next(n for n in dispatcher.alive_nodes() if n.name.startswith("node-b"))
-        kill: dict = {}
-        lost_at: dict = {}
-        dispatcher.on_event = lambda msg: lost_at.setdefault("t", time.perf_counter()) if "lost" in msg else None
+        if args.derive:
+            log("derivation: local engine vs the fleet")
+            doc["derivation"] = bench_derivation(client, node_a_engine, cluster, args.derive)
+        two_wall = None
+        if "throughput" in wanted:
+            log("throughput, 1 node")
+            batch(settings, dispatcher, items, 1, 8, client, "warm1")  # builds the task images on node-a once
+            one_wall, one = batch(settings, dispatcher, items, args.samples, 8, client, "one")
+        if two_nodes:
+            cluster.add_node("node-b", engines["node-b"], 8)
+            dispatcher.discover()
+            seed_images(FleetSandboxPool(dispatcher), client, [base])
+            batch(settings, dispatcher, items, 1, 8, client, "warm2")
+        if "throughput" in wanted:
+            log("throughput, 2 nodes")
+            two_wall, two = batch(settings, dispatcher, items, args.samples, 8, client, "two")
+            if "footprint" in doc:
+                # Core-seconds per trajectory: this machine's 2 cores over the 1-node batch (everything
+                # included: sandboxes, grading, Ray, the driver): an upper bound.
+                doc["capacity_model"] = capacity_model(doc["footprint"], 2 * one_wall / one["trajectories"])
+            doc["throughput"] = {"one_node": one, "two_nodes": two,
+                                 "ratio_two_vs_one": round(one_wall / two_wall, 2),
+                                 "note": "both nodes share this machine's 2 cores: a mechanics check"}
+        if "recovery" in wanted:
+            if two_wall is None:
+                two_wall, _ = batch(settings, dispatcher, items, args.samples, 8, client, "two")
+            log("recovery after a node kill")
+            node_b = next(n for n in dispatcher.alive_nodes() if n.name.startswith("node-b"))
+            kill: dict = {}
+            lost_at: dict = {}
+            dispatcher.on_event = lambda msg: lost_at.setdefault("t", time.perf_counter()) if "lost" in msg else None
 
-        def killer() -> None:
-            while not node_b.leased or dispatcher.stats.placements.get(node_b.name, 0) < 4:
-                time.sleep(0.02)
-            kill["t"] = time.perf_counter()
-            cluster.kill_node("node-b")
+            def killer() -> None:
+                # two leases out: a replay episode is short, one can end between this look and the kill
+                while node_b.leased < 2 or dispatcher.stats.placements.get(node_b.name, 0) < 4:
+                    time.sleep(0.02)
+                kill["t"] = time.perf_counter()
+                cluster.kill_node("node-b")
 
-        th = threading.Thread(target=killer, daemon=True)
-        th.start()
-        kill_wall, killed = batch(settings, dispatcher, items, args.samples, 8, client, "kill")
-        th.join(timeout=1)
-        doc["recovery"] = {"detect_s": round(lost_at["t"] - kill["t"], 2) if kill and lost_at else None,
-                           "batch_with_kill": killed, "batch_without_kill_wall_s": round(two_wall, 1),
-                           "extra_wall_s": round(kill_wall - two_wall, 1)}
+            th = threading.Thread(target=killer, daemon=True)
+            th.start()
+            kill_wall, killed = batch(settings, dispatcher, items, args.samples, 8, client, "kill")
+            th.join(timeout=1)
+            doc["recovery"] = {"detect_s": round(lost_at["t"] - kill["t"], 2) if kill and lost_at else None,
+                               "batch_with_kill": killed, "batch_without_kill_wall_s": round(two_wall, 1),
+                               "extra_wall_s": round(kill_wall - two_wall, 1)}
+        doc["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         cluster.shutdown()
         for name in engines:

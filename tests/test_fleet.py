@@ -1,7 +1,9 @@
 """The sandbox fleet on a real Ray cluster on this machine: a head and two worker nodes, node-a on
 the main Docker engine and node-b on its own (platform/deploy/fleet-engine.sh). A rollout batch
 (trajectories on S3) loses node-b mid-run and completes on node-a; a node joins and takes gate
-work; a killed dispatcher's batch resumes; bad nodes fail at start naming the setting.
+work; a killed dispatcher's batch resumes; bad nodes fail at start naming the setting; ticket
+test derivation loses its node mid-run and derives the same lists on a survivor; a node's engine
+dies under `run_batch` (the rollouts of tiering, training and evaluation) found by address.
 
 The CI-sized version of `make fleet-demo` (which runs two nodes with their own engines)."""
 
@@ -36,7 +38,7 @@ from envforge.verify.config import GateConfig
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-CONFIG = FleetConfig(idle_shrink_after_s=20, discovery_interval_s=1.0)
+CONFIG = FleetConfig(idle_shrink_after_s=20, discovery_interval_s=1.0, driver_timeout_s=15)
 
 
 @pytest.fixture(scope="module")
@@ -240,8 +242,12 @@ def test_a_killed_dispatcher_restarts_and_resumes_its_batch_from_the_store(fleet
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     batch = tmp_path / "rollouts" / "fleet-resume"
     deadline = time.monotonic() + 300
+
+    def held() -> int:  # leases out on the nodes: this test's dispatcher holds none, so the driver's
+        return sum(dispatcher.call(n, "info", timeout_s=60)["leased"] for n in dispatcher.alive_nodes())
+
     while time.monotonic() < deadline and proc.poll() is None:
-        if len(list(batch.glob("pending/*.json")) + list(batch.glob("*.parquet"))) >= 2:
+        if len(list(batch.glob("pending/*.json")) + list(batch.glob("*.parquet"))) >= 2 and held() > 0:
             break
         time.sleep(0.1)
     assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
@@ -250,6 +256,11 @@ def test_a_killed_dispatcher_restarts_and_resumes_its_batch_from_the_store(fleet
     before = TrajectoryStore(root, "fleet-resume")
     finished = {t.trajectory_id: t.started_at for t in before.trajectories() + before.pending()}
     assert 0 < len(finished) < len(items) * 4
+    # The killed driver stopped beating: the nodes take its leases back after driver_timeout_s.
+    killed_at = time.monotonic()
+    while held() and time.monotonic() - killed_at < 90:
+        time.sleep(0.5)
+    assert held() == 0, "the dead driver's leases were not reclaimed"
     result = run_batch_on_fleet(settings, dispatcher, items, ReplayPolicy(), RolloutConfig(n_samples=4, concurrency=4),
                                 "v-fleet", "fleet-resume", root=root)
     frame = result.store.frame()
@@ -274,9 +285,76 @@ def test_a_node_without_an_engine_or_with_an_old_one_fails_at_start_naming_node_
     assert json.dumps(dispatcher.stats.placements)  # the shared dispatcher is untouched
 
 
-def test_a_node_whose_engine_dies_mid_batch_cools_down_and_its_trajectories_run_elsewhere(fleet, settings):
-    """Last: it stops node-b's engine, which node-c (node-b's host, rejoined) runs on."""
-    cluster, dispatcher, items, _ = fleet
+def test_derivation_configured_by_address_loses_its_node_mid_run_and_still_derives_the_right_lists(
+        fleet, settings, docker_client, tmp_path, monkeypatch):
+    """`derive_tasks` (what the ingest stage runs for tickets and reviews), given no pool, runs its suite
+    runs and grader-way checks on the fleet found from ENVFORGE_RAY_ADDRESS. The node it runs on
+    builds the candidates' images from their recipes and is killed mid-derivation: each derivation
+    is redone from its start on a surviving node, and the lists are the single machine's; the only
+    reject is the record that has no failing-then-passing test, none is an infrastructure one."""
+    from envforge.sources.derive import derive_tasks
+    from envforge.sources.tickets import load_ticket_source
+    from tests.test_history_sources import make_calc_repo, write_ticket_source
+
+    cluster, _, _, host_b = fleet
+    monkeypatch.setenv("ENVFORGE_SOURCE_ROOTS", str(tmp_path))  # the repository beside its source
+    repo = tmp_path / "calc"
+    candidates = load_ticket_source(write_ticket_source(tmp_path / "t", repo, make_calc_repo(repo))).candidates
+    assert sorted(c.id for c in candidates) == ["calc-calc-1", "calc-gh-8"]
+    monkeypatch.setenv("ENVFORGE_RAY_ADDRESS", cluster.address)
+    configured = dispatcher_from_env()  # the process's dispatcher: the one derive_tasks uses
+    cluster.add_node("node-d", host_b, 3)
+    configured.discover()
+    node_d = next(n for n in configured.alive_nodes() if n.name.startswith("node-d"))
+    others = [n for n in configured.alive_nodes() if n is not node_d]
+    for n in others:
+        n.full_until = time.monotonic() + 300  # the derivations start on node-d
+    builds, before = configured.stats.builds, dict(configured.stats.placements)
+    killed = threading.Event()
+
+    def kill_node_d_mid_derivation() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            # three sandboxes placed, some in use: a derivation is past its first suite run
+            if configured.stats.placements.get(node_d.name, 0) >= 3 and node_d.leased > 0:
+                cluster.kill_node("node-d")
+                killed.set()
+                for other in others:
+                    other.full_until = 0.0
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_node_d_mid_derivation, daemon=True)
+    killer.start()
+    try:
+        result = derive_tasks(settings, candidates, client=docker_client)
+    finally:
+        for n in others:
+            n.full_until = 0.0
+    killer.join()
+    assert killed.is_set()
+    assert [n.split("/")[0] for n in configured.stats.nodes_lost][-1] == "node-d"
+    assert configured.stats.builds > builds  # node-d built the candidates' images from their recipes
+    [task] = result.tasks
+    assert task.id == "calc-calc-1"
+    assert task.spec.verification.tests.fail_to_pass == ["tests/test_calc.py::test_add"]
+    assert task.spec.verification.tests.pass_to_pass == ["tests/test_calc.py::test_mul"]
+    [reject] = result.rejects  # the record without a failing-then-passing test; no `infra:` reject
+    assert reject.reason.startswith("the change has no failing-then-passing test: 3 tests ran after the change")
+    grew = {k.split("/")[0]: v - before.get(k, 0) for k, v in configured.stats.placements.items()}
+    assert sum(v for k, v in grew.items() if k != "node-d") >= 1  # the redone runs, on a survivor
+
+
+def test_a_node_whose_engine_dies_mid_batch_cools_down_and_its_trajectories_run_elsewhere(fleet, settings,
+                                                                                           monkeypatch):
+    """Last: it stops node-b's engine, which node-c (node-b's host, rejoined) runs on. `run_batch`, given
+    no pool, finds the fleet from ENVFORGE_RAY_ADDRESS: the path of the rollout stage and of tiering,
+    training and evaluation rollouts."""
+    from envforge.rollout.batch import run_batch
+
+    cluster, _, items, _ = fleet
+    monkeypatch.setenv("ENVFORGE_RAY_ADDRESS", cluster.address)
+    dispatcher = dispatcher_from_env()
     node_c = next(n for n in dispatcher.alive_nodes() if n.name.startswith("node-c"))
     node_a = next(n for n in dispatcher.alive_nodes() if n.name.startswith("node-a"))
     node_a.full_until = time.monotonic() + 8  # the batch starts on node-c
@@ -293,12 +371,14 @@ def test_a_node_whose_engine_dies_mid_batch_cools_down_and_its_trajectories_run_
 
     thread = threading.Thread(target=stop_engine_under_node_c, daemon=True)
     thread.start()
-    result = run_batch_on_fleet(settings, dispatcher, items, ReplayPolicy(),
-                                RolloutConfig(n_samples=2, concurrency=4, max_infra_retries=5, backoff_s=0.2),
-                                "v-fleet", "fleet-engine-dies")
+    before = sum(dispatcher.stats.placements.values())
+    result = run_batch(settings, items, ReplayPolicy(),
+                       RolloutConfig(n_samples=2, concurrency=4, max_infra_retries=5, backoff_s=0.2),
+                       "v-fleet", "fleet-engine-dies")
     thread.join()
     assert stopped.is_set()
     frame = result.store.frame()
     assert frame.height == len(items) * 2 and frame["trajectory_id"].n_unique() == frame.height
     assert result.store.dropped() == [] and frame["resolved"].all()
     assert result.report.infra_retries >= 1
+    assert sum(dispatcher.stats.placements.values()) - before >= len(items) * 2 * 2  # episodes and grades

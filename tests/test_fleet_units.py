@@ -3,6 +3,9 @@ directly on the real Docker engine (leases, capacity, reclaiming, elastic warm p
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -95,5 +98,105 @@ def test_node_agent_leases_up_to_capacity_reclaims_abandoned_leases_and_follows_
         while (agent.info()["idle"].get(task_image, 0) or agent.stats.trimmed < 2) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert agent.info()["idle"].get(task_image, 0) == 0 and agent.stats.trimmed >= 2
+    finally:
+        agent.close()
+
+
+# -- where a stage's sandboxes run: one rule, applied by `fleet_pool_from_env` -------------------------
+
+def test_without_an_address_every_stage_keeps_its_local_pool_and_ray_is_never_imported():
+    code = ("import sys\n"
+            "import envforge.rollout.batch, envforge.sources.derive, envforge.stages.gate, envforge.stages.tiers\n"
+            "import envforge.stages.evaluate, envforge.stages.rollout\n"
+            "from envforge.fleet.backend import fleet_pool_from_env\n"
+            "assert fleet_pool_from_env([], 4) is None\n"
+            "assert 'ray' not in sys.modules, 'the single-machine path imported Ray'\n")
+    env = {k: v for k, v in os.environ.items() if k != "ENVFORGE_RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+class _Dispatcher:
+    """What a FleetSandboxPool asks of its dispatcher when it is told the work ahead."""
+
+    def __init__(self):
+        self.origin, self.recipes, self.announced = None, {}, []
+
+    def announce(self, demand):
+        self.announced.append(demand)
+
+    def register_recipe(self, recipe):
+        self.recipes[recipe.tag] = recipe
+
+
+def test_with_an_address_the_pool_is_the_process_dispatchers_told_each_images_demand(monkeypatch):
+    from envforge.fleet import backend
+    from envforge.fleet.pool import FleetSandboxPool
+    from envforge.sources import load_sources
+    from tests.conftest import REPO
+
+    task = next(t for r in load_sources([REPO / "task_sources" / "specs"]).values() for t in r.tasks)
+    fake = _Dispatcher()
+    monkeypatch.setattr(backend, "_dispatcher", fake)  # the process's dispatcher, already started
+    monkeypatch.setenv("ENVFORGE_RAY_ADDRESS", "ray-head:6379")
+    pool = backend.fleet_pool_from_env([(task, "envforge/task-x:1")], 5)
+    assert isinstance(pool, FleetSandboxPool) and pool.dispatcher is fake
+    [demand] = fake.announced
+    assert list(demand) == ["envforge/task-x:1"] and demand["envforge/task-x:1"][1] == 5
+    monkeypatch.delenv("ENVFORGE_RAY_ADDRESS")
+    assert backend.fleet_pool_from_env([(task, "envforge/task-x:1")], 5) is None
+
+
+class _Chosen(Exception):
+    pass
+
+
+def _choose(calls):
+    def fleet_pool_from_env(items, sandboxes_per_task, local_client=None, settings=None):
+        calls.append((list(items), sandboxes_per_task, settings))
+        raise _Chosen
+    return fleet_pool_from_env
+
+
+@pytest.mark.docker
+def test_run_batch_and_derivation_given_no_pool_ask_the_one_rule_with_their_demand(monkeypatch, settings,
+                                                                                     docker_client):
+    """run_batch (under the rollout stage, tiering, training and evaluation rollouts) and derive_tasks (the
+    ingest stage's ticket and review derivation) take their pool from `fleet_pool_from_env`, as the
+    gate stage does, telling it what each task will acquire; `tests/test_fleet.py` runs them on a
+    real cluster."""
+    from envforge.rollout import batch
+    from envforge.rollout.config import RolloutConfig
+    from envforge.rollout.policies.replay import ReplayPolicy
+    from envforge.sources import derive
+
+    calls: list = []
+    monkeypatch.setattr(batch, "fleet_pool_from_env", _choose(calls))
+    monkeypatch.setattr(derive, "fleet_pool_from_env", _choose(calls))
+    items = [(object(), "envforge/task-x:1")]
+    with pytest.raises(_Chosen):
+        batch.run_batch(settings, items, ReplayPolicy(), RolloutConfig(n_samples=3))
+    assert calls[-1][:2] == (items, 6) and calls[-1][2] is settings  # an episode and a grade per sample
+    with pytest.raises(_Chosen):
+        derive.derive_tasks(settings, [object()], client=docker_client)  # chosen before any candidate is read
+    assert calls[-1][:2] == ([], derive.SANDBOXES_PER_DERIVATION)  # images are told as they are built
+    assert calls[-1][2] is settings
+
+
+@pytest.mark.docker
+def test_a_silent_drivers_leases_are_reclaimed_while_a_beating_drivers_idle_lease_stays(docker_client, task_image):
+    """A driver that died stops beating: after driver_timeout_s its leases go back, long before
+    lease_idle_timeout_s; a live driver's lease, untouched while its policy thinks, stays."""
+    agent = NodeAgent(FleetConfig(driver_timeout_s=15, lease_idle_timeout_s=900), capacity=2, node_name="unit")
+    try:
+        alive, _ = agent.acquire("driver-alive", task_image, SandboxOptions())
+        dead, _ = agent.acquire("driver-dead", task_image, SandboxOptions())
+        started = time.monotonic()
+        while agent.info()["leased"] == 2 and time.monotonic() - started < 60:
+            agent.heartbeat("driver-alive")
+            time.sleep(1.0)
+        assert agent.info()["leased"] == 1 and agent.stats.reclaimed == 1
+        assert agent.call(dead, "exec", ("true",)).cause == "lease_lost"
+        assert agent.call(alive, "exec", ("true",)).exit_code == 0
     finally:
         agent.close()

@@ -41,8 +41,11 @@ class FleetConfig(BaseModel):
     max_idle_per_node: int = Field(16, ge=0, description="warm sandboxes a node keeps in all at most")
     idle_shrink_after_s: float = Field(30.0, gt=0, description="an image nobody has asked for this long loses its "
                                                                "warm sandboxes")
-    lease_idle_timeout_s: float = Field(900.0, gt=0, description="a lease untouched this long (its driver died) "
-                                                                 "is reclaimed by the node")
+    lease_idle_timeout_s: float = Field(900.0, gt=0, description="a lease untouched this long is reclaimed by "
+                                                                 "the node, even if its driver still beats")
+    driver_timeout_s: float = Field(60.0, ge=15, description="a driver whose heartbeat (every 5 s while it holds "
+                                                             "leases) a node has not heard this long has died: "
+                                                             "its leases there are reclaimed")
     acquire_timeout_s: float = Field(900.0, gt=0, description="backpressure: how long an acquire waits for free "
                                                               "capacity before it fails as an infrastructure "
                                                               "fault")

@@ -37,6 +37,9 @@ AGENT_PREFIX = "envforge-node-"
 ENGINE_CAUSES = frozenset({"engine_unavailable", "engine_error", "container_create_failed", "image_build_failed",
                            "image_transfer_failed", "node_timeout", "node_error"})
 ENGINE_COOLDOWN_S = 15.0
+# How often a driver tells the nodes it holds leases on that it is alive (FleetConfig.driver_timeout_s,
+# at least three beats, is when a node gives a silent driver up for dead).
+HEARTBEAT_INTERVAL_S = 5.0
 
 
 def _ray():
@@ -126,6 +129,7 @@ class FleetDispatcher:
         self._image_locks: dict[tuple[str, str], threading.Lock] = {}
         self._last_discovery = 0.0
         self._remote_agent = None
+        self._heartbeat: threading.Thread | None = None
         self.origin = None  # the driver's own engine (a docker client), when it has one: images start there
 
     # -- membership ------------------------------------------------------------------------
@@ -144,7 +148,22 @@ class FleetDispatcher:
             raise FleetConfigError(f"the Ray cluster at {self.config.ray_address or 'auto'} has no sandbox node: start "
                                    f"workers with --resources='{{\"{self.config.node_resource}\": N}}' "
                                    "(platform/deploy/fleet-node.sh does)")
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(target=self._beat, name="envforge-fleet-heartbeat", daemon=True)
+            self._heartbeat.start()
         return self
+
+    def _beat(self) -> None:
+        """While this process lives, tell every node it holds leases on so (a dead driver's leases are
+        reclaimed after `driver_timeout_s`, not the far longer `lease_idle_timeout_s`)."""
+        while True:
+            time.sleep(HEARTBEAT_INTERVAL_S)
+            for node in self.alive_nodes():
+                if node.leased > 0:
+                    try:
+                        node.handle.heartbeat.remote(self.client_id)  # fire and forget
+                    except Exception:  # noqa: BLE001 - a lost node is noticed by the calls that need it
+                        pass
 
     def _agent_class(self):
         if self._remote_agent is None:

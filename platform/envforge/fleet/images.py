@@ -20,6 +20,7 @@ from pathlib import Path
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 
+from envforge.config import Settings
 from envforge.errors import InfraError
 from envforge.sandbox.images import build_from_context, write_task_context
 from envforge.task import Task
@@ -34,9 +35,9 @@ class ImageRecipe:
     context_tar: bytes
 
     @classmethod
-    def for_task(cls, task: Task, tag: str, parent: str) -> "ImageRecipe":
+    def for_task(cls, task: Task, tag: str, parent: str, settings: Settings | None = None) -> "ImageRecipe":
         with tempfile.TemporaryDirectory(prefix="envforge-ctx-") as tmp:
-            write_task_context(task, parent, Path(tmp))
+            write_task_context(task, parent, Path(tmp), settings)
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w") as tf:
                 tf.add(tmp, arcname=".")

@@ -6,10 +6,11 @@ engine is whatever `DOCKER_HOST` says in the node's environment (the local socke
 each node brings its own engine.
 
 Drivers lease sandboxes (`acquire` -> lease id), drive them (`call(lease, "exec", ...)`), and
-hand them back (`release`). A lease nobody touches for `lease_idle_timeout_s` (its driver
-died) is reclaimed. At most `capacity` leases are out at once: a full node answers `FULL` and
-the dispatcher looks elsewhere or waits. Nothing here imports Ray: the class is plain Python
-(tests drive it directly) and `ray.remote` wraps it.
+hand them back (`release`). A driver that holds leases beats (`heartbeat`, every few seconds);
+one not heard from for `driver_timeout_s` has died, and its leases are reclaimed, as is any
+lease nobody touches for `lease_idle_timeout_s`. At most `capacity` leases are out at once: a
+full node answers `FULL` and the dispatcher looks elsewhere or waits. Nothing here imports Ray:
+the class is plain Python (tests drive it directly) and `ray.remote` wraps it.
 
 Faults travel as values, not exceptions (`Fault`): an InfraError stays an InfraError on the
 driver, and a ValueError from a patch that does not apply stays a ValueError.
@@ -128,6 +129,7 @@ class NodeAgent:
                                 labels={NODE_LABEL: self.node_name})
         self.stats = NodeStats()
         self._leases: dict[str, _Lease] = {}
+        self._heard: dict[str, float] = {}  # driver (client id) -> when it last beat, acquired or called
         self._demand: dict[str, tuple[SandboxOptions, int, float]] = {}  # image -> (options, wanted, when)
         self._image_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -155,6 +157,7 @@ class NodeAgent:
         with self._lock:
             if len(self._leases) >= self.capacity:
                 return FULL
+            self._heard[client_id] = time.monotonic()
             placeholder = f"pending-{uuid.uuid4().hex}"
             self._leases[placeholder] = _Lease(None, client_id, time.monotonic(), 1)  # type: ignore[arg-type]
         hits = self.pool.stats.hits
@@ -179,9 +182,11 @@ class NodeAgent:
             held = self._leases.get(lease)
             if held is None or held.sandbox is None:
                 return Fault("infra", "lease_lost", f"lease {lease[:8]} is not held on node {self.node_name} "
-                                                    "(reclaimed after lease_idle_timeout_s, or the agent restarted)")
+                                                    "(reclaimed: its driver was silent for driver_timeout_s or "
+                                                    "the lease untouched for lease_idle_timeout_s; or the agent "
+                                                    "restarted)")
             held.in_flight += 1
-            held.last_used = time.monotonic()
+            held.last_used = self._heard[held.client_id] = time.monotonic()
         try:
             return getattr(held.sandbox, method)(*args, **(kwargs or {}))
         except (InfraError, DockerException, RequestException, *_PASSED_THROUGH) as exc:
@@ -190,6 +195,11 @@ class NodeAgent:
             with self._lock:
                 held.in_flight -= 1
                 held.last_used = time.monotonic()
+
+    def heartbeat(self, client_id: str) -> None:
+        """The driver `client_id` is alive: its leases here stay, however long its policy thinks."""
+        with self._lock:
+            self._heard[client_id] = time.monotonic()
 
     def release(self, lease: str) -> None:
         with self._lock:
@@ -260,14 +270,20 @@ class NodeAgent:
                 continue  # an engine hiccup: try again on the next tick
 
     def _reclaim_stale_leases(self) -> None:
-        cutoff = time.monotonic() - self.config.lease_idle_timeout_s
+        """Leases of drivers not heard from for `driver_timeout_s` (dead), or untouched for
+        `lease_idle_timeout_s`; a call in flight keeps its lease either way."""
+        now = time.monotonic()
+        idle_cutoff, dead_cutoff = now - self.config.lease_idle_timeout_s, now - self.config.driver_timeout_s
         with self._lock:
-            stale = [k for k, v in self._leases.items() if v.in_flight == 0 and v.last_used < cutoff]
+            stale = [k for k, v in self._leases.items() if v.in_flight == 0 and v.sandbox is not None
+                     and (v.last_used < idle_cutoff or self._heard.get(v.client_id, now) < dead_cutoff)]
             doomed = [self._leases.pop(k) for k in stale]
+            self.stats.reclaimed += len(doomed)  # counted as they stop being leases, before their removal
+            holders = {v.client_id for v in self._leases.values()}
+            for client_id in [c for c, t in self._heard.items() if c not in holders and t < dead_cutoff]:
+                del self._heard[client_id]
         for held in doomed:
-            if held.sandbox is not None:
-                held.sandbox.close()
-                self.stats.reclaimed += 1
+            held.sandbox.close()
 
     def _follow_demand(self) -> None:
         now = time.monotonic()

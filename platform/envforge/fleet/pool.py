@@ -18,6 +18,7 @@ import threading
 from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
+from envforge.config import Settings
 from envforge.errors import InfraError
 from envforge.fleet.dispatcher import FleetDispatcher, NodeState
 from envforge.fleet.images import ImageRecipe, parent_of
@@ -136,10 +137,12 @@ class FleetSandboxPool:
     # -- the queue -------------------------------------------------------------------------
 
     def register(self, items: Iterable[tuple[Task, str]], samples_per_task: int = 1,
-                 local_client: Any = None) -> None:
+                 local_client: Any = None, settings: Settings | None = None) -> None:
         """Learn the batch ahead: build recipes of the task images (so a node lacking one builds it) and
         the queue's demand per image (so nodes pre-heat). `local_client`, the driver's own engine when
-        it has one, supplies the parent tag of each image."""
+        it has one, supplies the parent tag of each image (a base or a repository's env layer, which
+        nodes receive from a holder: `auto` transfers what has no recipe); `settings` say where
+        envforge's commit store is (a history task's workspace; default: from the environment)."""
         from envforge.verify.grader import options_for
 
         if local_client is not None and self.dispatcher.origin is None:
@@ -147,7 +150,7 @@ class FleetSandboxPool:
         for task, image in items:
             parent = parent_of(local_client, image) if local_client is not None else None
             if parent and image not in self.dispatcher.recipes:
-                self.dispatcher.register_recipe(ImageRecipe.for_task(task, image, parent))
+                self.dispatcher.register_recipe(ImageRecipe.for_task(task, image, parent, settings))
             with self._lock:
                 self._demand[image] += samples_per_task
                 self._options[image] = options_for(task)

@@ -16,6 +16,7 @@ import docker
 
 from envforge.catalog import Catalog
 from envforge.config import Settings
+from envforge.fleet.backend import fleet_pool_from_env
 from envforge.progress import Progress
 from envforge.rollout.config import RolloutConfig
 from envforge.rollout.scheduler import BatchReport, RolloutScheduler
@@ -66,9 +67,16 @@ def run_batch(settings: Settings, items: Sequence[tuple[Task, str]], policy: Any
               task_set_version: str = "", batch_id: str | None = None, root: str | None = None,
               client: docker.DockerClient | None = None, progress: Progress | None = None,
               pool: SandboxPool | None = None) -> BatchResult:
-    """Roll out every (task, image) n_samples times into the store; register the batch in the catalog."""
+    """Roll out every (task, image) n_samples times into the store; register the batch in the catalog.
+
+    The sandboxes run in `pool` when one is given, on the fleet when `ENVFORGE_RAY_ADDRESS` is set
+    (`fleet.backend.fleet_pool_from_env`: so every caller's rollouts, the rollout stage's, tiering's,
+    training's and evaluation's, follow the one rule), else in a warm pool on this process's engine."""
     if pool is None:  # a given pool (a fleet) brings its own engines: no local one is needed
         client = client or docker_client(settings)
+        from envforge.fleet.run import rollout_sandboxes_per_task
+
+        pool = fleet_pool_from_env(items, rollout_sandboxes_per_task(config), client, settings)
     batch_id = batch_id or default_batch_id(task_set_version, getattr(policy, "policy_id", "policy"), config.seed)
     store = TrajectoryStore(root or settings.artifact_root("rollouts"), batch_id)
     own_pool = pool is None

@@ -26,15 +26,23 @@ first lines of any collection error (`ModuleNotFoundError: No module named 'free
 
 Results are cached by (image, patches, test command) under the data directory, so
 re-ingesting an unchanged source (the sensor, the nightly refresh) costs no sandbox time.
-Infrastructure faults (a sandbox or an image build killed from outside) are retried once,
-then reported as rejects with an `infra:` reason (the next ingest tries again: nothing is
-cached for them).
+Infrastructure faults (a sandbox or an image build killed from outside, a fleet node lost
+mid-run) are retried: an image build once, a derivation from its start up to
+DERIVATION_ATTEMPTS times, on a fresh sandbox (on the fleet, a surviving node); nothing of a
+failed attempt is used or cached. A candidate whose retries run out is reported as a reject with
+an `infra:` reason, never as a verdict on the record (the next ingest tries again).
+
+The sandboxes run on the fleet when `ENVFORGE_RAY_ADDRESS` is set (`fleet_pool_from_env`, the
+rule every stage follows; docs/fleet.md), else in a warm pool on this process's engine. Images
+are built here either way; a node that lacks a candidate's image builds it from the same recipe,
+after receiving its parent (the base, or the repository's env layer) from a holder.
 """
 
 from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence, TypeVar
 
@@ -43,6 +51,7 @@ from requests.exceptions import RequestException
 
 from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError, Problem, SpecError
+from envforge.fleet.backend import fleet_pool_from_env
 from envforge.hashing import digest_parts
 from envforge.progress import Progress, no_progress
 from envforge.sandbox.engine import docker_client
@@ -60,6 +69,10 @@ from envforge.verify.selection import SUITE, TestRun
 CACHE_VERSION = "derive-v6"
 REVERSED_SUITE = TestRun("suite", "reverse")
 GRADER_CHECKS = 2
+DERIVATION_ATTEMPTS = 3  # as the gate's: a lost node costs one; a second fault in a row is still not a verdict
+# The sandboxes one derivation acquires at most: three suite runs, the lone before-run, and
+# GRADER_CHECKS grader-way checks of two grades each (what a fleet pool is told to expect).
+SANDBOXES_PER_DERIVATION = 3 + 1 + 2 * GRADER_CHECKS
 T = TypeVar("T")
 
 
@@ -318,6 +331,7 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
     base = build_base_image(client, settings).tag
     total = len(candidates)
     progress("derive", "building images", 0, total)
+    fleet = fleet_pool_from_env([], SANDBOXES_PER_DERIVATION, client, settings)  # None: this engine's pool
 
     def one(candidate: Candidate, pool: SandboxPool) -> Task:
         try:
@@ -336,7 +350,10 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
             derivation = Derivation.from_json(json.loads(cached.read_text()))
         else:
             try:
-                derivation = with_retry(lambda: run_derivation(pool, candidate, build.tag))
+                if fleet is not None:  # the fleet learns the image's recipe and the demand for it
+                    fleet.register([(candidate.provisional_task(), build.tag)], SANDBOXES_PER_DERIVATION,
+                                   local_client=client, settings=settings)
+                derivation = with_retry(lambda: run_derivation(pool, candidate, build.tag), DERIVATION_ATTEMPTS)
             except ValueError as exc:
                 raise SpecError([Problem(candidate.origin, candidate.field,
                                          f"the change does not apply to its own parent: {exc}")]) from None
@@ -345,7 +362,9 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
             tmp.replace(cached)
         return task_from_derivation(candidate, derivation, {"images": images})
 
-    with SandboxPool(client, max_idle_per_key=1, max_starting=concurrency) as pool:
+    sandboxes = nullcontext(fleet) if fleet is not None else SandboxPool(client, max_idle_per_key=1,
+                                                                         max_starting=concurrency)
+    with sandboxes as pool:
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as ex:
             futures = {ex.submit(one, c, pool): c for c in candidates}
             done = 0

@@ -15,7 +15,7 @@ from requests.exceptions import RequestException
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.errors import InfraError, Problem
-from envforge.fleet.backend import dispatcher_from_env
+from envforge.fleet.backend import fleet_pool_from_env
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import image_digest
 from envforge.sandbox.pool import SandboxPool
@@ -131,10 +131,11 @@ def gate(settings: Settings, config: GateConfig, tasks: Sequence[Task], images: 
         progress("validate", f"{len(result.reports)} unchanged tasks keep their verdicts", 0, len(todo))
     new: list[GateReport] = []
     if todo:
-        if pool is None and (fleet := dispatcher_from_env()) is not None:
-            from envforge.fleet.run import gate_pool
+        if pool is None:
+            from envforge.fleet.run import gate_sandboxes_per_task
 
-            pool = gate_pool(fleet, [(t, image) for t, image, *_ in todo], config, client)
+            pool = fleet_pool_from_env([(t, image) for t, image, *_ in todo], gate_sandboxes_per_task(config),
+                                       client, settings)
         if pool is None:
             sandboxes = SandboxPool(client, max_idle_per_key=max(2, config.workers), max_starting=config.concurrency)
         else:

@@ -11,6 +11,7 @@ import docker
 from envforge.catalog import Catalog, IngestSummary
 from envforge.config import Settings
 from envforge.errors import InfraError, Problem
+from envforge.fleet.config import FleetConfigError
 from envforge.progress import Progress, no_progress
 from envforge.sources import LoadResult
 from envforge.sources.guard import unexpected
@@ -68,6 +69,8 @@ def derive_candidates(settings: Settings, result: LoadResult, client: docker.Doc
         return
     try:
         derived = derive_tasks(settings, result.candidates, client=client, progress=progress)
+    except FleetConfigError:
+        raise  # ENVFORGE_RAY_ADDRESS names no usable fleet: the deployment's error, not the records'
     except InfraError as exc:
         derived = LoadResult(rejects=[Problem(c.origin, c.field, f"infra: cannot run the tests to derive "
                                                                 f"FAIL_TO_PASS: {exc}") for c in result.candidates])

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from envforge.config import Settings
-from envforge.fleet.backend import dispatcher_from_env
 from envforge.rollout.batch import BatchResult
 from envforge.rollout.config import RolloutConfig
 from envforge.sandbox.pool import SandboxPool
@@ -51,16 +50,11 @@ def rollout(settings: Settings, config: RolloutConfig, tasks: Sequence[Task], po
     (default `<ENVFORGE_STORE_URL or data dir>/rollouts`); rerunning with the same batch id resumes.
 
     The sandboxes run in `pool` when one is given, on the fleet when `ENVFORGE_RAY_ADDRESS` is set
-    (docs/fleet.md), else in a warm pool on this process's engine."""
+    (docs/fleet.md; `run_batch` applies the rule), else in a warm pool on this process's engine."""
     from envforge.rollout.batch import run_batch
     from envforge.rollout.policies.factory import make_policy
 
     items = ensure_images(settings, tasks, images, context).items(tasks)
-    if pool is None and (fleet := dispatcher_from_env()) is not None:
-        from envforge.fleet.run import rollout_pool
-        from envforge.sandbox.engine import docker_client
-
-        pool = rollout_pool(fleet, items, config, docker_client(settings))
     batch = run_batch(settings, items, make_policy(policy), config, task_set_version=task_set_version,
                       batch_id=batch_id, root=root, progress=context.progress, pool=pool)
     return RolloutResult(batch, policy, task_set_version)
