@@ -15,6 +15,16 @@ from envforge.cli import (catalog, dedup, demo, fleet, gate, images, ingest, pol
 app = typer.Typer(help="Turn workflows into verifiable RL environments.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 
+
+
+@app.callback()
+def _observability() -> None:
+    """JSON log lines on stderr when ENVFORGE_LOG_FORMAT=json (docs/observability.md)."""
+    from envforge.observe.logs import configure_logging_from_env
+
+    configure_logging_from_env()
+
+
 app.command()(demo.demo)
 app.command()(ingest.ingest)
 app.command()(gate.verify)
