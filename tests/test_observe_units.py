@@ -164,3 +164,62 @@ def test_promtool_accepts_the_alert_rules():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS: 11 rules found" in proc.stdout
+
+
+def test_log_and_trace_settings_from_the_environment_are_checked(monkeypatch):
+    from envforge.observe.logs import configure_logging_from_env
+    from envforge.observe.traces import exporter_from_env
+
+    monkeypatch.setenv("ENVFORGE_LOG_FORMAT", "yaml")
+    with pytest.raises(ValueError, match="ENVFORGE_LOG_FORMAT: expected 'json' or 'text', got 'yaml'"):
+        configure_logging_from_env()
+    monkeypatch.setenv("ENVFORGE_TRACES", "jaeger")
+    with pytest.raises(ValueError, match="ENVFORGE_TRACES: expected off, console or otlp, got 'jaeger'"):
+        exporter_from_env()
+    monkeypatch.setenv("ENVFORGE_TRACES", "off")
+    assert exporter_from_env() is None
+
+
+def test_spans_reach_an_otlp_http_receiver_when_configured(monkeypatch):
+    """ENVFORGE_TRACES=otlp: the SDK's OTLP/HTTP exporter posts protobuf to OTEL_EXPORTER_OTLP_ENDPOINT
+    (here a loopback receiver that decodes what it gets)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from envforge.observe import traces
+
+    received: list[tuple[str, str, bytes]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.path, self.headers["Content-Type"], body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("ENVFORGE_TRACES", "otlp")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    try:
+        provider = traces.configure_tracing(traces.exporter_from_env())
+        with traces.span("rollout.trajectory", **{"envforge.trajectory_id": "b/t/0"}):
+            with traces.span("rollout.step", **{"envforge.turn": 0}):
+                pass
+        provider.force_flush()
+    finally:
+        traces.configure_tracing(None)
+        server.shutdown()
+    path, content_type, body = received[0]
+    assert (path, content_type) == ("/v1/traces", "application/x-protobuf")
+    request = ExportTraceServiceRequest.FromString(body)
+    spans = [s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert {s.name for s in spans} == {"rollout.trajectory", "rollout.step"}
+    step = next(s for s in spans if s.name == "rollout.step")
+    assert step.parent_span_id == next(s for s in spans if s.name == "rollout.trajectory").span_id

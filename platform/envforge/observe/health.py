@@ -183,7 +183,7 @@ def _infra_findings(cur: BatchFigures, base: BatchFigures | None, th: HealthThre
 
 def _policy_side(cur: BatchFigures, base: BatchFigures | None, th: HealthThresholds) -> tuple[list[str], dict]:
     if base is None:
-        return [], {"shared_clean_tasks": 0}
+        return [], {"shared_clean_tasks": 0, "policy_judged": False}
     shared = sorted(set(cur.clean_tasks) & set(base.clean_tasks))
     figures: dict[str, Any] = {"shared_clean_tasks": len(shared)}
     if len(shared) < th.min_clean_tasks:
