@@ -11,8 +11,10 @@ arm by arm, repeat by repeat, so a change in the machine's load hits every arm a
 - `off`: ENVFORGE_METRICS=0 and tracing off (the default): the hooks return at once;
 - `base`: `git archive` of REV's platform/ (the naive alternative: no instrumentation code at all).
 
-Prints JSON: per arm the steps/s of every run and their median, the ratios on/off and on/base
-(throughput kept), and the load average before and after (the machine is shared).
+Prints JSON: per arm the steps/s and the rollout process's CPU ms per step of every run and their
+medians, the ratios on/off and on/base, the load average before and after (the machine is
+shared), and `hooks`: the CPU microseconds observability spends per trajectory measured in a
+tight loop (on and off), a figure the load barely moves.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -65,6 +68,8 @@ def worker(arm: str, samples: int, concurrency: int, data_dir: str) -> None:
              for t in r.tasks]
     items = [(t, build_task_image(client, t, base, settings).tag) for t in tasks]
     config = RolloutConfig(n_samples=samples, concurrency=concurrency, seed=1)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 = usage.ru_utime + usage.ru_stime
     started = time.perf_counter()
     result = run_batch(settings, items, ReplayPolicy(), config, "bench", batch_id=f"obs-{arm}-{time.time_ns()}",
                        client=client)
@@ -75,9 +80,72 @@ def worker(arm: str, samples: int, concurrency: int, data_dir: str) -> None:
         provider.force_flush()
         spans = len(exporter.get_finished_spans())
         server.close()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime - cpu0
     print(json.dumps({"arm": arm, "envforge": envforge.__file__, "steps": result.report.steps,
                       "trajectories": int(result.metrics["trajectories"]), "wall_s": round(wall, 3),
-                      "steps_per_s": round(result.report.steps / wall, 3), "spans": spans}))
+                      "steps_per_s": round(result.report.steps / wall, 3), "spans": spans,
+                      "cpu_s": round(cpu, 3), "cpu_ms_per_step": round(1000 * cpu / result.report.steps, 3)}))
+
+
+def hook_cost(iterations: int = 3000) -> dict:
+    """CPU time of what observability does for one trajectory (the hooks, spans, log calls and context
+    of a 2-step replay trajectory with its grading), on and off, in a tight loop: a figure the
+    machine's load barely moves, unlike wall-clock throughput."""
+    sys.path.insert(0, str(REPO / "platform"))
+    import logging
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from envforge.observe import metrics as live
+    from envforge.observe.logs import bind, log_context
+    from envforge.observe.traces import configure_tracing, set_attributes, span
+
+    log = logging.getLogger("envforge.rollout")
+
+    def trajectory(i: int) -> None:
+        live.scheduler_queued(-1)
+        live.scheduler_in_flight(1)
+        with log_context(trajectory_id=f"b/t/{i}", task_id="t", task_version="h"), \
+                span("rollout.trajectory", **{"envforge.trajectory_id": f"b/t/{i}", "envforge.task_id": "t"}) as cur:
+            with span("sandbox.reset", **{"envforge.image": "img"}) as rs:
+                live.pool_acquired(True)
+                live.sandbox_command(0.002, "agent")
+                set_attributes(rs, **{"envforge.container_id": "c" * 64, "envforge.warm": True})
+            set_attributes(cur, **{"envforge.container_id": "c" * 64})
+            bind(container_id="c" * 64)
+            log.debug("sandbox ready", extra={"warm": True})
+            for turn in range(2):
+                with span("rollout.step", **{"envforge.turn": turn}) as st:
+                    live.sandbox_command(0.002, "agent")
+                    set_attributes(st, **{"envforge.action": "submit", "envforge.exit_code": 0})
+            with span("rollout.verify"):
+                live.pool_released(True, 0.02)
+                with span("verify.grade", **{"envforge.task_id": "t"}) as gr:
+                    live.pool_acquired(True)
+                    for _ in range(4):
+                        live.sandbox_command(0.002, "agent")
+                    live.pool_released(True, 0.02)
+                    set_attributes(gr, **{"envforge.reward": 1.0})
+                live.graded(0.3, True, [])
+            set_attributes(cur, **{"envforge.reward": 1.0})
+            log.info("trajectory graded", extra={"reward": 1.0})
+        live.trajectory_finished("submitted", 2, 0.5, 1.0)
+        live.scheduler_in_flight(-1)
+
+    out = {}
+    for arm in ("off", "on"):
+        live.set_enabled(arm == "on")
+        provider = configure_tracing(InMemorySpanExporter() if arm == "on" else None)
+        t0 = time.process_time()
+        for i in range(iterations):
+            trajectory(i)
+        if provider is not None:
+            provider.force_flush()
+        out[f"{arm}_us_per_trajectory"] = round(1e6 * (time.process_time() - t0) / iterations, 1)
+        configure_tracing(None)
+    live.set_enabled(True)
+    return out
 
 
 def main() -> None:
@@ -125,11 +193,20 @@ def main() -> None:
                 if r:
                     runs[arm].append(doc)
     med = {a: statistics.median(d["steps_per_s"] for d in runs[a]) for a in arms}
+    cpu = {a: statistics.median(d["cpu_ms_per_step"] for d in runs[a]) for a in arms}
+    hooks = hook_cost()
+    traj_per_s = med["on"] * runs["on"][0]["trajectories"] / runs["on"][0]["steps"]
     out = {
         "tasks": 8, "samples_per_task": args.samples, "concurrency": args.concurrency, "repeats": args.repeats,
         "arms": {a: {"steps_per_s": [d["steps_per_s"] for d in runs[a]], "median_steps_per_s": med[a],
+                     "cpu_ms_per_step": [d["cpu_ms_per_step"] for d in runs[a]], "median_cpu_ms_per_step": cpu[a],
                      "spans_per_run": runs[a][0]["spans"] if runs[a] else 0} for a in arms},
         "throughput_on_vs_off": round(med["on"] / med["off"], 4),
+        "cpu_per_step_on_vs_off": round(cpu["on"] / cpu["off"], 4),
+        "hooks": hooks,
+        # the hooks' CPU per trajectory, at the measured throughput, as a share of one core's second
+        "hooks_share_of_a_core_at_measured_throughput": round(
+            (hooks["on_us_per_trajectory"] - hooks["off_us_per_trajectory"]) * 1e-6 * traj_per_s, 5),
         **({"throughput_on_vs_base": round(med["on"] / med["base"], 4),
             "throughput_off_vs_base": round(med["off"] / med["base"], 4)} if "base" in med else {}),
         "target_min_throughput_ratio": 0.97,

@@ -1,7 +1,8 @@
 """Observability on the real thing: Debian's Prometheus scrapes a real rollout's /metrics, one
 trajectory is followed through its spans (scheduler -> container -> grade) and its JSON log lines,
 and the infra-vs-policy verdict is proven on the real engine: containers killed mid-batch ->
-infrastructure anomaly with clean-task reward unchanged; a replay policy that drops its solution
+infrastructure anomaly with clean-task reward unchanged, and so is an engine slowed by a proxy on its
+socket; a replay policy that drops its solution
 half the time -> policy regression; both at once -> both."""
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def test_prometheus_scrapes_a_real_rollout_and_one_trajectory_is_followed_end_to
     grade = next(s for s in mine if s.name == "verify.grade")
     verify = next(s for s in mine if s.name == "rollout.verify" and s.parent.span_id == trajectory.context.span_id)
     assert grade.parent.span_id == verify.context.span_id and grade.attributes["envforge.reward"] == 1.0
+    assert len(grade.attributes["envforge.grading_container_id"]) == 64  # the pristine copy it graded on
     steps = [s for s in mine if s.name == "rollout.step" and s.parent.span_id == trajectory.context.span_id]
     assert [s.attributes["envforge.action"] for s in sorted(steps, key=lambda s: s.start_time)][-1] == "submit"
 
@@ -215,6 +217,78 @@ class ContainerKiller:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+
+class SlowEngine:
+    """A unix-socket proxy in front of the real engine that holds every request chunk (API calls and
+    the agent channel's commands) for `delay_s`: a slowed engine for a real batch."""
+
+    def __init__(self, path: Path, delay_s: float, upstream: str = "/var/run/docker.sock"):
+        import asyncio
+
+        self.path, self.delay_s, self.upstream = path, delay_s, upstream
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    async def _pump(self, src, dst, delay: float) -> None:
+        import asyncio
+
+        try:
+            while data := await src.read(65536):
+                if delay:
+                    await asyncio.sleep(delay)
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            dst.close()
+
+    async def _handle(self, reader, writer) -> None:
+        import asyncio
+
+        up_reader, up_writer = await asyncio.open_unix_connection(self.upstream)
+        await asyncio.gather(self._pump(reader, up_writer, self.delay_s), self._pump(up_reader, writer, 0.0))
+
+    def __enter__(self) -> str:
+        import asyncio
+
+        self._thread.start()
+        self.server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_unix_server(self._handle, path=str(self.path)), self.loop).result(timeout=10)
+        return f"unix://{self.path}"
+
+    async def _shutdown(self) -> None:
+        import asyncio
+
+        self.server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # each pump closes its writer on the way out
+
+    def __exit__(self, *exc) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+def test_a_slowed_engine_is_an_infrastructure_anomaly(items, batches, tmp_path):
+    import docker
+
+    settings, baseline = batches
+    with SlowEngine(tmp_path / "slow-docker.sock", delay_s=0.3) as url:
+        client = docker.DockerClient(base_url=url, timeout=120)
+        try:
+            result = run_batch(settings, items[:4], ReplayPolicy(), CONFIG, "v-slow", batch_id="slow", client=client)
+        finally:
+            client.close()
+    verdict = judge_stores(result.store, baseline.store)
+    assert verdict.verdict == INFRA, verdict.summary()
+    assert any("sandbox reset p50" in f for f in verdict.infra_findings), verdict.infra_findings
+    assert verdict.figures["clean_reward"] == verdict.figures["clean_reward_baseline"] == 1.0
 
 
 def _verdict(settings, batch_id: str):

@@ -223,3 +223,32 @@ def test_spans_reach_an_otlp_http_receiver_when_configured(monkeypatch):
     assert {s.name for s in spans} == {"rollout.trajectory", "rollout.step"}
     step = next(s for s in spans if s.name == "rollout.step")
     assert step.parent_span_id == next(s for s in spans if s.name == "rollout.trajectory").span_id
+
+
+def test_a_grpo_update_sets_the_training_metrics():
+    """GRPOTrainer.step on a tiny model: the update's loss, tokens and reward land in the registry."""
+    import torch
+
+    from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model
+    from envforge.train.grpo import GRPOConfig, GRPOTrainer
+    from envforge.train.samples import TurnSample
+
+    model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, heads=2, kv_heads=1,
+                                                        intermediate=64, seed=0))
+    prompt = tokenizer.encode("hello there")
+    samples = []
+    for g in range(2):
+        for i, reward in enumerate((0.0, 1.0)):
+            completion = tokenizer.encode(" yes" if reward else " no")
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].log_softmax(-1)
+            lps = [float(logits[j, t]) for j, t in enumerate(completion)]
+            samples.append(TurnSample(prompt_ids=prompt, completion_ids=completion, reward=reward,
+                                      group_id=f"g{g}", trajectory_id=f"g{g}/{i}", behaviour_logprobs=lps))
+    steps0 = _value("envforge_train_steps_total", {"algorithm": "grpo"})
+    tokens0 = _value("envforge_train_tokens_total", {"algorithm": "grpo"})
+    out = GRPOTrainer(model, GRPOConfig(lr=1e-3), tokenizer=tokenizer).step(samples)
+    assert _value("envforge_train_steps_total", {"algorithm": "grpo"}) == steps0 + 1
+    assert _value("envforge_train_tokens_total", {"algorithm": "grpo"}) == tokens0 + out["tokens"] > tokens0
+    assert _value("envforge_train_loss", {"algorithm": "grpo"}) == out["loss"]
+    assert _value("envforge_train_reward_mean", {"algorithm": "grpo"}) == out["reward_mean"] == 0.5

@@ -188,7 +188,7 @@ def gate_judged(accepted: bool, disagreements: list[str]) -> None:
                           reason_kind(disagreements[0]) if disagreements else "none").inc()
 
 
-def train_step(metrics: Mapping[str, float], algorithm: str = "grpo", staleness: float | None = None) -> None:
+def train_step(metrics: Mapping[str, float], algorithm: str = "grpo") -> None:
     """One optimizer update's figures (the dict GRPOTrainer.step returns)."""
     if not _enabled:
         return
@@ -198,8 +198,12 @@ def train_step(metrics: Mapping[str, float], algorithm: str = "grpo", staleness:
                        (TRAIN_REWARD_MEAN, "reward_mean")):
         if key in metrics:
             gauge.labels(algorithm).set(float(metrics[key]))
-    if staleness is not None:
-        TRAIN_STALENESS.labels(algorithm).set(float(staleness))
+
+
+def train_staleness(versions: float, algorithm: str = "grpo") -> None:
+    """How many policy versions the oldest sample of the last update was behind the trainer."""
+    if _enabled:
+        TRAIN_STALENESS.labels(algorithm).set(float(versions))
 
 
 def policy_request(seconds: float, status: int, tokens: int = 0) -> None:

@@ -7,14 +7,15 @@ environment: ENVFORGE_TRACES=otlp exports over OTLP/HTTP to OTEL_EXPORTER_OTLP_E
 standard variable; default http://localhost:4318), ENVFORGE_TRACES=console prints them.
 
 envforge keeps its own TracerProvider instead of the global one, so a host application's
-tracing set-up is never overridden and tests can reconfigure.
+tracing set-up is never overridden and tests can reconfigure. The provider flushes its spans
+when the process exits (the SDK's shutdown at exit).
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager, nullcontext
-from typing import Any, Iterator
+from contextlib import nullcontext
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -84,11 +85,7 @@ def set_attributes(current: Any, **attributes: Any) -> None:
         current.set_attributes({k: v for k, v in attributes.items() if v is not None})
 
 
-@contextmanager
-def flushed() -> Iterator[None]:
-    """Flush the exporter after the block (a CLI run that ends right after its spans)."""
-    try:
-        yield
-    finally:
-        if _provider is not None:
-            _provider.force_flush()
+def annotate(**attributes: Any) -> None:
+    """Attributes on whatever span is current (code that does not hold its span: the grader's copy)."""
+    if _tracer is not None:
+        trace.get_current_span().set_attributes({k: v for k, v in attributes.items() if v is not None})

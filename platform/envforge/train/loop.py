@@ -107,7 +107,7 @@ def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cf
         samples = [s for members in groups.values() for _, turns in members for s in turns]
         metrics = trainer.step(samples) if samples else {"skipped_groups": float(len(groups))}
         if samples:
-            live.train_step({}, "grpo", staleness=r - min(s.policy_version for s in samples))
+            live.train_staleness(r - min(s.policy_version for s in samples))
         metrics = {**metrics, "rollout_mean_reward": float(batch.metrics["mean_reward"]),
                    "rollout_pass_at_1": float(batch.metrics["pass_at_1"]),
                    "rollout_tokens": float(batch.metrics["tokens"]),

@@ -20,7 +20,7 @@ import docker
 
 from envforge.errors import InfraError, PolicyOutcome
 from envforge.observe import metrics as live
-from envforge.observe.traces import set_attributes, span
+from envforge.observe.traces import annotate, set_attributes, span
 from envforge.sandbox.container import Sandbox, SandboxOptions
 from envforge.sandbox.pool import SandboxPool
 from envforge.task import Task
@@ -102,6 +102,7 @@ class Grader:
         """Apply an already filtered diff to a fresh (or freshly reset) sandbox and run the task's checks."""
         started = time.perf_counter()
         sandbox = self.pool.acquire(image, options_for(task))
+        annotate(**{"envforge.grading_container_id": sandbox.id})
         try:
             method, tests, checkpoints, failures = self._grade_in(sandbox, task, kept, run)
         finally:
