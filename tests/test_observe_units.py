@@ -11,6 +11,7 @@ import logging
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -254,6 +255,24 @@ def test_a_grpo_update_sets_the_training_metrics():
     assert _value("envforge_train_reward_mean", {"algorithm": "grpo"}) == out["reward_mean"] == 0.5
 
 
+def register_batches(settings, root: Path, version: str = "v1") -> None:
+    """Two real stores in the catalog on `version`: `before` solves 3 of 3 tasks, `after` 1 of 3."""
+    from envforge.catalog import Catalog
+    from envforge.rollout.store import TrajectoryStore
+
+    for batch_id, rewards in (("before", [1.0, 1.0, 1.0]), ("after", [1.0, 0.0, 0.0])):
+        store = TrajectoryStore(str(root), batch_id)
+        store.ensure_manifest({"batch_id": batch_id, "tasks": ["t0", "t1", "t2"], "policy_id": "p"})
+        for i, reward in enumerate(rewards):
+            t = _traj(f"t{i}", 0, reward)
+            t.batch_id, t.content_hash = batch_id, f"{i}" * 64
+            store.write_group([t])
+        Catalog(settings.catalog_path).record_rollout_batch({
+            "batch_id": batch_id, "task_set_version": version, "policy_id": "p", "location": f"{root}/{batch_id}",
+            "n_tasks": 3, "n_samples": 1, "n_trajectories": 3, "n_dropped_groups": 0, "pass_at_1": 0.0,
+            "metrics_json": "{}"})
+
+
 def test_the_dagster_check_judges_the_batch_the_run_materialized(settings, tmp_path):
     """`rollout_batch_health` on an ephemeral instance: the materialized batch against the one registered
     before it on the same task-set version (stores and catalog are real files)."""
@@ -262,21 +281,8 @@ def test_the_dagster_check_judges_the_batch_the_run_materialized(settings, tmp_p
     from assets.defs.resources import default_resources
     from assets.defs.rollouts.assets import rollout_batch
     from assets.defs.rollouts.checks import rollout_batch_health
-    from envforge.catalog import Catalog
-    from envforge.rollout.store import TrajectoryStore
 
-    root = str(tmp_path / "rollouts")
-    for batch_id, rewards in (("before", [1.0, 1.0, 1.0]), ("after", [1.0, 0.0, 0.0])):
-        store = TrajectoryStore(root, batch_id)
-        store.ensure_manifest({"batch_id": batch_id, "tasks": ["t0", "t1", "t2"], "policy_id": "p"})
-        for i, reward in enumerate(rewards):
-            t = _traj(f"t{i}", 0, reward)
-            t.batch_id, t.content_hash = batch_id, f"{i}" * 64
-            store.write_group([t])
-        Catalog(settings.catalog_path).record_rollout_batch({
-            "batch_id": batch_id, "task_set_version": "v1", "policy_id": "p", "location": f"{root}/{batch_id}",
-            "n_tasks": 3, "n_samples": 1, "n_trajectories": 3, "n_dropped_groups": 0, "pass_at_1": 0.0,
-            "metrics_json": "{}"})
+    register_batches(settings, tmp_path / "rollouts")
     instance = dg.DagsterInstance.ephemeral()
     instance.report_runless_asset_event(dg.AssetMaterialization("rollout_batch", metadata={"batch_id": "after"}))
     result = dg.materialize([rollout_batch, rollout_batch_health], instance=instance,
