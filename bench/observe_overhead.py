@@ -134,9 +134,9 @@ def hook_cost(iterations: int = 3000) -> dict:
         live.scheduler_in_flight(-1)
 
     out = {}
-    for arm in ("off", "on"):
-        live.set_enabled(arm == "on")
-        provider = configure_tracing(InMemorySpanExporter() if arm == "on" else None)
+    for arm in ("off", "metrics_only", "traces_only", "on"):
+        live.set_enabled(arm in ("on", "metrics_only"))
+        provider = configure_tracing(InMemorySpanExporter() if arm in ("on", "traces_only") else None)
         t0 = time.process_time()
         for i in range(iterations):
             trajectory(i)
