@@ -293,3 +293,28 @@ def test_the_dagster_check_judges_the_batch_the_run_materialized(settings, tmp_p
     assert evaluation.metadata["verdict"].value == POLICY
     assert evaluation.metadata["baseline_batch_id"].value == "before"
     assert evaluation.metadata["figures"].value["clean_pass_at_1"] == round(1 / 3, 4)
+
+
+def test_a_run_serves_its_metrics_while_it_runs_when_a_port_is_set(monkeypatch):
+    import urllib.error
+    import urllib.request
+
+    from envforge.observe.http import metrics_server_from_env
+
+    monkeypatch.delenv("ENVFORGE_METRICS_PORT", raising=False)
+    with metrics_server_from_env() as none:
+        assert none is None
+    monkeypatch.setenv("ENVFORGE_METRICS_PORT", "0")
+    with metrics_server_from_env("rollout") as server:
+        with metrics_server_from_env("a stage inside it") as inner:
+            assert inner is server  # one server per process
+        metrics.group_dropped()
+        with urllib.request.urlopen(server.url, timeout=10) as resp:
+            body = resp.read().decode()
+        assert "envforge_scheduler_dropped_groups_total" in body and "envforge_pool_idle_sandboxes" in body
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(server.url, timeout=5)  # gone with the run
+    monkeypatch.setenv("ENVFORGE_METRICS_PORT", "ninety")
+    with pytest.raises(ValueError, match="ENVFORGE_METRICS_PORT: expected a port number, got 'ninety'"):
+        with metrics_server_from_env():
+            pass

@@ -20,9 +20,13 @@ app = typer.Typer(help="Turn workflows into verifiable RL environments.", no_arg
 @app.callback()
 def _observability() -> None:
     """JSON log lines on stderr when ENVFORGE_LOG_FORMAT=json (docs/observability.md)."""
+    from envforge.cli.common import fail
     from envforge.observe.logs import configure_logging_from_env
 
-    configure_logging_from_env()
+    try:
+        configure_logging_from_env()
+    except ValueError as exc:
+        fail(exc)
 
 
 app.command()(demo.demo)
