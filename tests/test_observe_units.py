@@ -312,6 +312,15 @@ def test_a_run_serves_its_metrics_while_it_runs_when_a_port_is_set(monkeypatch):
         with urllib.request.urlopen(server.url, timeout=10) as resp:
             body = resp.read().decode()
         assert "envforge_scheduler_dropped_groups_total" in body and "envforge_pool_idle_sandboxes" in body
+        monkeypatch.setenv("ENVFORGE_METRICS_PORT", str(server.port))
+        import envforge.observe.http as http
+
+        held, http._active = http._active, None  # as if another process held the port
+        try:
+            with metrics_server_from_env("a second run") as taken:
+                assert taken is None  # the run goes on without its own server
+        finally:
+            http._active = held
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(server.url, timeout=5)  # gone with the run
     monkeypatch.setenv("ENVFORGE_METRICS_PORT", "ninety")

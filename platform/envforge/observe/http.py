@@ -73,7 +73,12 @@ def metrics_server_from_env(what: str = "run") -> Iterator[MetricsServer | None]
         return
     host = os.environ.get("ENVFORGE_METRICS_HOST", "127.0.0.1")
     linger = _env_float("ENVFORGE_METRICS_LINGER_S", 0.0)
-    server = _active = MetricsServer(port, host)
+    try:
+        server = _active = MetricsServer(port, host)
+    except OSError as exc:  # the port is taken (another run on this host): the run goes on unobserved
+        log.warning("cannot serve this %s's metrics on %s:%s: %s", what, host, port, exc)
+        yield None
+        return
     log.info("metrics of this %s on %s", what, server.url, extra={"metrics_url": server.url})
     try:
         yield server
