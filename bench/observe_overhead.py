@@ -4,7 +4,8 @@
     .venv/bin/python bench/observe_overhead.py [--samples 4] [--concurrency 8] [--repeats 3] [--base-rev REV]
 
 Arms (each run is its own process, so imports and registries start clean; runs are interleaved
-arm by arm, repeat by repeat, so a change in the machine's load hits every arm alike):
+arm by arm, repeat by repeat, in an order rotated each repeat, so a change in the machine's load
+hits every arm alike):
 - `on`: Prometheus hooks on (ENVFORGE_METRICS=1), the registry served on a loopback port, and
   OpenTelemetry spans (per batch, trajectory, step, reset, grade) through the SDK's batch
   processor into an in-memory exporter: everything but the network hop to a collector;
@@ -175,7 +176,7 @@ def main() -> None:
             base_platform = str(Path(tmp) / "base" / "platform")
         data = Path(tmp) / "data"
         for r in range(args.repeats + 1):  # repeat 0 warms the image cache and the engine: not counted
-            for arm in arms:
+            for arm in arms[r % len(arms):] + arms[:r % len(arms)]:  # rotated: no arm always runs first
                 env = {**os.environ, "ENVFORGE_METRICS": "0" if arm == "off" else "1", "ENVFORGE_TRACES": "off"}
                 env["PYTHONPATH"] = base_platform if arm == "base" else str(REPO / "platform")
                 if arm == "base":
