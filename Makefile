@@ -8,7 +8,7 @@ export ENVFORGE_DATA_DIR ?= $(CURDIR)/.envforge
 export DAGSTER_HOME ?= $(ENVFORGE_DATA_DIR)/dagster
 PYTEST_ARGS ?=
 
-.PHONY: setup venv engine base-image demo fleet-demo test bench-sandbox bench-dedup bench-rollout bench-fleet bench-gate ui mlflow-ui lock clean
+.PHONY: setup venv engine base-image demo fleet-demo test bench-sandbox bench-dedup bench-rollout bench-observe bench-fleet bench-gate ui mlflow-ui lock clean
 
 ## setup: venv + package, host packages, Docker engine, sandbox base image (idempotent)
 setup: venv engine base-image
@@ -46,6 +46,10 @@ bench-sandbox: setup
 ## bench-rollout: rollout scheduler benchmark, replay policy at 1/8/16/32 concurrent vs sequential cold (JSON)
 bench-rollout: setup
 	$(BIN)/python bench/rollout.py
+
+## bench-observe: metrics + tracing on vs off, interleaved rollout runs; BASE=<rev> adds that revision's code (JSON)
+bench-observe: setup
+	$(BIN)/python bench/observe_overhead.py $(if $(BASE),--base-rev $(BASE))
 
 ## bench-gate: the default flakiness gate vs the full-suite gate on ledger, geokit and the flaky examples (JSON)
 bench-gate: setup

@@ -260,6 +260,10 @@ def test_server_rejects_malformed_requests(policy):
         assert post(f"{base}/v1/reload", {})[0] == 400
         # still serving, and the client surfaces a 400 immediately with the server's message
         assert post(url, {"messages": MESSAGES, "max_tokens": 2})[0] == 200
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:  # the process registry, by status
+            metrics = resp.read().decode()
+        assert 'envforge_policy_request_seconds_count{status="400"}' in metrics
+        assert 'envforge_policy_request_seconds_count{status="200"}' in metrics
 
         async def rejected():
             client = OpenAIChatPolicy(f"{base}/v1", model="tiny", backoff_s=5)

@@ -25,6 +25,7 @@ from envforge.stages.task_set import Lineage, publish_task_set
 from envforge.stages.tiers import tier_task_set
 from envforge.verify.gate import GateReport
 from tests.conftest import BUNDLED_SPECS
+from tests.test_observe_units import register_batches
 
 EVIL = "<script>alert('pwned')</script> & <img src=x onerror=alert(1)>"
 
@@ -81,6 +82,8 @@ def test_report_of_a_tiered_task_set(settings):
         "pass_at_1": 0.5, "metrics_json": '{"pass_at_1": 0.5, "pass_at_4": 0.75, "infra_retries": 2.0, '
                                           '"steps_per_s": 12.5}'})
 
+    register_batches(settings, settings.data_dir / "rollouts", version)  # two real stores: 3/3 solved, then 1/3
+
     report = build_run_report(settings, version, dagster_run_id="dagster-run-42")
 
     assert report.task_set_version == version
@@ -98,6 +101,12 @@ def test_report_of_a_tiered_task_set(settings):
         assert f"<b>{sum(r['split'] == split for r in rows)}</b><span>{split} split</span>" in html
     # gates and rollouts
     assert "tickets/evil.yaml" in html and "batch-1" in html and "0.750" in html
+    # the health verdict of each batch against the one before it (envforge.observe.health)
+    health = html[html.index('id="health"'):]
+    health = health[:health.index("</section>")]
+    assert health.count("<tr>") == 4  # header + 3 batches
+    assert '<span class="chip bad">policy regression</span>' in health
+    assert "pass@1 on 3 cleanly-run tasks 1.000 -&gt; 0.333" in health
     # untrusted data is escaped, never markup
     assert "<script>alert" not in html and "onerror=alert(1)>" not in html
     assert "&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt; &amp; &lt;img src=x onerror=alert(1)&gt;" in html

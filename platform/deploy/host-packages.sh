@@ -2,8 +2,9 @@
 # Install the host packages envforge needs besides Python ones: debootstrap (to build the
 # sandbox base image without a registry) and Debian's Chromium with its chromedriver (for the
 # headless-browser test of the Dagster UI; no browser downloads), kubectl (the Kubernetes
-# manifests' client-side dry run; Debian's kubernetes-client when none is installed) and iproute2
-# (the local fleet engines' bridges). Idempotent.
+# manifests' client-side dry run; Debian's kubernetes-client when none is installed), iproute2
+# (the local fleet engines' bridges) and prometheus with promtool (the observability test scrapes
+# a real rollout and checks the alert rules; only started by tests, never as a service). Idempotent.
 set -euo pipefail
 say() { printf '[host-packages] %s\n' "$*" >&2; }
 
@@ -13,6 +14,7 @@ command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)   # fleet-engine.sh gives each local node engine a bridge
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" != 0 ]; then

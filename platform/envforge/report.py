@@ -27,6 +27,7 @@ import polars as pl
 
 from envforge import objectstore, track
 from envforge.catalog import Catalog
+from envforge.observe.health import catalog_verdicts, thresholds_from_env
 from envforge.config import Settings
 from envforge.errors import Problem
 
@@ -246,6 +247,9 @@ def _rollouts_section(cat: Catalog, version: str | None) -> dict:
                         "retries": int(m.get("infra_retries", 0)), "steps_per_s": m.get("steps_per_s"),
                         "mean_reward": m.get("mean_reward"), "location": r["location"],
                         "created": str(r["created_at"])[:19]})
+    verdicts = catalog_verdicts(frame.to_dicts(), thresholds_from_env())
+    for b in batches:
+        b["health"] = verdicts[b["batch_id"]].as_json()
     return {"ran": bool(batches), "batches": batches}
 
 

@@ -198,6 +198,9 @@ def test_health_and_metrics(live_server):
                  "envforge_service_steps_total", "envforge_service_auth_failures_total"):
         assert name in metrics.text
     assert 'route="/sessions/{session_id}/step"' in metrics.text
+    # and the process registry: the sandboxes, scheduler and graders behind the sessions (envforge.observe)
+    for name in ("envforge_pool_idle_sandboxes", "envforge_pool_acquires_total", "envforge_verifier_grading_seconds"):
+        assert name in metrics.text
 
 
 def test_the_async_client_runs_concurrent_sessions(live_server, service_data):

@@ -8,6 +8,7 @@ import dagster as dg
 from assets.defs.metadata import upstream
 from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
 from assets.defs.rollouts.assets import rollout_batch, tiered_task_set
+from envforge.observe.health import batch_verdict
 from envforge.stages.tiers import split_leaks
 
 MAX_DROPPED_GROUP_RATE = float(os.environ.get("ENVFORGE_MAX_DROPPED_GROUP_RATE", "0.05"))
@@ -26,6 +27,22 @@ def rollout_infra_failure_rate(catalog: CatalogResource) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=bool(rows) and not bad and not empty, metadata={
         "batches": len(rows), "dropped_group_rates": dg.MetadataValue.json(rates), "over_threshold": dg.MetadataValue.json(bad),
         "empty_batches": dg.MetadataValue.json(empty), "threshold": MAX_DROPPED_GROUP_RATE})
+
+
+@dg.asset_check(asset=rollout_batch,
+                description="Infrastructure anomaly or policy regression? The batch this run materialized against the "
+                            "batch registered before it on the same task-set version: fault, retry and drop rates and "
+                            "sandbox latency versus reward and pass@1 on the cleanly-run tasks both share "
+                            "(envforge.observe.health; thresholds ENVFORGE_HEALTH_*, docs/observability.md). Passes "
+                            "when the verdict is healthy.")
+def rollout_batch_health(context: dg.AssetCheckExecutionContext, catalog: CatalogResource) -> dg.AssetCheckResult:
+    batch_id = upstream(context, "rollout_batch")["batch_id"]
+    verdict = batch_verdict(catalog.catalog().rollout_batches().to_dicts(), batch_id)
+    return dg.AssetCheckResult(passed=verdict.healthy, severity=dg.AssetCheckSeverity.WARN, metadata={
+        "verdict": verdict.verdict, "baseline_batch_id": verdict.baseline_batch_id or "-",
+        "findings": dg.MetadataValue.md("\n".join(f"- {f}" for f in verdict.infra_findings + verdict.policy_findings)
+                                        or "no rule fired"),
+        "figures": dg.MetadataValue.json(verdict.figures)})
 
 
 @dg.asset_check(asset=tiered_task_set, description="Every task of the task set this asset produced has a tier and "

@@ -15,6 +15,20 @@ from envforge.cli import (catalog, dedup, demo, fleet, gate, images, ingest, pol
 app = typer.Typer(help="Turn workflows into verifiable RL environments.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 
+
+
+@app.callback()
+def _observability() -> None:
+    """JSON log lines on stderr when ENVFORGE_LOG_FORMAT=json (docs/observability.md)."""
+    from envforge.cli.common import fail
+    from envforge.observe.logs import configure_logging_from_env
+
+    try:
+        configure_logging_from_env()
+    except ValueError as exc:
+        fail(exc)
+
+
 app.command()(demo.demo)
 app.command()(ingest.ingest)
 app.command()(gate.verify)

@@ -18,12 +18,16 @@ Rules it keeps:
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from envforge.errors import InfraError
+from envforge.observe import metrics as live
+from envforge.observe.logs import bind, log_context
+from envforge.observe.traces import set_attributes, span
 from envforge.progress import Progress
 from envforge.rollout.config import RolloutConfig
 from envforge.rollout.actions import TOOLS, ActionError, parse_text, parse_tool_call
@@ -35,6 +39,8 @@ from envforge.sandbox.container import run_blocking
 from envforge.sandbox.pool import SandboxPool
 from envforge.task import Task
 from envforge.verify.grader import Grader
+
+log = logging.getLogger("envforge.rollout")
 
 SYSTEM_PROMPT = ("You are a software engineer working in a sandboxed repository. Use the tools to inspect and change "
                  "files and to run commands; call `submit` when the task is done.")
@@ -101,7 +107,24 @@ class RolloutScheduler:
     # -- one episode ---------------------------------------------------------------------
 
     async def episode(self, task: Task, image: str, sample: int, task_set_version: str) -> Trajectory:
-        """Run one trajectory to its end and grade it. Raises InfraError/PolicyError on faults."""
+        """Run one trajectory to its end and grade it. Raises InfraError/PolicyError on faults.
+
+        Its log lines carry the trajectory's ids, and its span (with children per step and for the
+        grade) the container's, so one trajectory can be followed end to end (envforge.observe)."""
+        tid = trajectory_id(self.store.batch_id, task.id, sample)
+        with log_context(trajectory_id=tid, task_id=task.id, task_version=task.content_hash), \
+                span("rollout.trajectory", **{"envforge.trajectory_id": tid, "envforge.task_id": task.id,
+                                              "envforge.task_version": task.content_hash,
+                                              "envforge.batch_id": self.store.batch_id}) as current:
+            traj = await self._episode(task, image, sample, task_set_version, current)
+            set_attributes(current, **{"envforge.reward": traj.reward, "envforge.end_reason": traj.end_reason})
+            log.info("trajectory graded", extra={"reward": traj.reward, "resolved": traj.resolved,
+                                                 "end_reason": traj.end_reason, "turns": len(traj.turns),
+                                                 "duration_s": traj.duration_s})
+        live.trajectory_finished(traj.end_reason, len(traj.turns), traj.duration_s, traj.reward)
+        return traj
+
+    async def _episode(self, task: Task, image: str, sample: int, task_set_version: str, current: Any) -> Trajectory:
         cfg = self.config
         actor = self.policy.episode(task) if hasattr(self.policy, "episode") else self.policy
         seed = sample_seed(cfg.seed, task.id, sample)
@@ -113,20 +136,29 @@ class RolloutScheduler:
         timings = {"reset_s": 0.0, "policy_s": 0.0, "env_s": 0.0, "verify_s": 0.0, "close_s": 0.0}
         env = RolloutEnv(self.pool, self.grader, task, image, EnvLimits.for_task(task, cfg.max_turns))
         try:
-            obs = await env.reset()
+            with span("sandbox.reset", **{"envforge.image": image}) as reset_span:
+                obs = await env.reset()
+                container = env.sandbox.id if env.sandbox is not None else None
+                set_attributes(reset_span, **{"envforge.container_id": container, "envforge.warm": env.stats.get("warm")})
+            set_attributes(current, **{"envforge.container_id": container})
+            bind(container_id=container)
             timings["reset_s"] = time.perf_counter() - started
             traj.sandbox = dict(env.stats)
+            log.debug("sandbox ready", extra={"warm": env.stats.get("warm"), "acquire_s": env.stats.get("acquire_s")})
             messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
                                               {"role": "user", "content": obs.text}]
             done = False
             while not done:
-                t0 = time.perf_counter()
-                out = await actor.act(messages, TOOLS, seed=seed + len(traj.turns), temperature=cfg.temperature,
-                                      max_tokens=cfg.max_tokens)
-                t1 = time.perf_counter()
-                message, action = _policy_message(out)
-                obs, done, _ = await env.step(action)
-                t2 = time.perf_counter()
+                with span("rollout.step", **{"envforge.turn": len(traj.turns)}) as step_span:
+                    t0 = time.perf_counter()
+                    out = await actor.act(messages, TOOLS, seed=seed + len(traj.turns), temperature=cfg.temperature,
+                                          max_tokens=cfg.max_tokens)
+                    t1 = time.perf_counter()
+                    message, action = _policy_message(out)
+                    obs, done, _ = await env.step(action)
+                    t2 = time.perf_counter()
+                    set_attributes(step_span, **{"envforge.action": getattr(action, "name", "malformed"),
+                                                 "envforge.exit_code": obs.exit_code})
                 timings["policy_s"] += t1 - t0
                 timings["env_s"] += t2 - t1
                 messages.append(message)
@@ -142,7 +174,8 @@ class RolloutScheduler:
                     prompt_token_ids=out.prompt_token_ids, token_ids=out.token_ids, logprobs=out.logprobs))
             traj.end_reason = env.end_reason or "submitted"
             t0 = time.perf_counter()
-            traj.final_diff, result = await env.verify()
+            with span("rollout.verify"):
+                traj.final_diff, result = await env.verify()
             timings["verify_s"] = time.perf_counter() - t0
         finally:
             t0 = time.perf_counter()
@@ -177,6 +210,11 @@ class RolloutScheduler:
                 return traj
             except (InfraError, PolicyError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
+                fault = exc.cause if isinstance(exc, InfraError) else "policy_error"
+                live.trajectory_retried(fault)
+                log.warning("infrastructure fault, retrying on a fresh sandbox", extra={
+                    "fault": fault, "attempt": attempt + 1, "detail": str(exc)[:300],
+                    "trajectory_id": trajectory_id(self.store.batch_id, task.id, sample), "task_id": task.id})
                 if isinstance(exc, InfraError):
                     # A dockerd restart fails everything in flight within a second: wait for the
                     # engine instead of spending the retry budget while it is away.
@@ -190,6 +228,12 @@ class RolloutScheduler:
 
     async def run(self, items: Sequence[tuple[Task, str]], task_set_version: str = "") -> BatchReport:
         """Roll out every (task, image) n_samples times; returns what this run did."""
+        with log_context(batch_id=self.store.batch_id), \
+                span("rollout.batch", **{"envforge.batch_id": self.store.batch_id,
+                                         "envforge.task_set_version": task_set_version}):
+            return await self._run(items, task_set_version)
+
+    async def _run(self, items: Sequence[tuple[Task, str]], task_set_version: str) -> BatchReport:
         cfg = self.config
         started = time.perf_counter()
         hits0, misses0 = self.pool.stats.hits, self.pool.stats.misses
@@ -241,6 +285,8 @@ class RolloutScheduler:
                                      attempts.get(task_id, {}), sorted(got))
                 await run_blocking(self.store.record_dropped, group)
                 report.dropped_groups.append(group)
+                live.group_dropped()
+                log.warning("group dropped", extra={"task_id": task_id, "reason": group.reason[:300]})
                 return
             members = [got[n] for n in sorted(got)]
             await run_blocking(self.store.write_group, members)
@@ -251,10 +297,15 @@ class RolloutScheduler:
         async def one(task: Task, image: str, n: int) -> None:
             nonlocal finished
             async with sem:
+                live.scheduler_queued(-1)
                 if task.id in closed:
                     return
                 t0 = time.perf_counter()
-                outcome = await self._with_retries(task, image, n, task_set_version, report)
+                live.scheduler_in_flight(1)
+                try:
+                    outcome = await self._with_retries(task, image, n, task_set_version, report)
+                finally:
+                    live.scheduler_in_flight(-1)
             attempts.setdefault(task.id, {})[n] = 1 + (outcome.infra_retries if isinstance(outcome, Trajectory)
                                                        else cfg.max_infra_retries)
             if isinstance(outcome, Trajectory):
@@ -279,6 +330,7 @@ class RolloutScheduler:
 
         for task_id in list(groups):
             await close_group(task_id)  # groups completed entirely by an earlier run's pending files
+        live.scheduler_queued(len(todo))
         await asyncio.gather(*(one(*item) for item in todo))
         for task_id in groups:
             await close_group(task_id)

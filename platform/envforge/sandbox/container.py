@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import json
 import os
 import re
@@ -37,6 +38,7 @@ from docker.types import LogConfig
 from docker.utils.socket import STDERR, STDOUT, frames_iter
 
 from envforge.errors import InfraError, PolicyOutcome
+from envforge.observe import metrics as live
 from envforge.sandbox.agent import WIPE_WRITABLE
 from envforge.sandbox.channel import AgentChannel, AgentDead, AgentTimeout
 from envforge.sandbox.engine import ENGINE_ERRORS, MANAGED_LABEL, OWNER_LABEL, engine_call, owner_id
@@ -348,6 +350,7 @@ class Sandbox:
             self._oom_seen = msg.get("oom_seen", self._oom_seen)
             if msg["oom_killed"]:
                 self.tainted = self.tainted or "oom"
+            live.sandbox_command(time.perf_counter() - started, "agent")
             rep = base64.b64decode(msg["report"]) if "report" in msg else None
             return ExecResult(msg["exit_code"], base64.b64decode(msg["stdout"]), base64.b64decode(msg["stderr"]),
                               msg["duration"], msg["timed_out"], msg["oom_killed"], msg["stdout_truncated"],
@@ -355,7 +358,10 @@ class Sandbox:
         if report:
             raise InfraError("agent_unavailable", "a report channel needs the in-sandbox agent")
         self.stats.fallback_execs += 1
-        return self._docker_exec(command, timeout, env, workdir, stdin, cap)
+        started = time.perf_counter()
+        result = self._docker_exec(command, timeout, env, workdir, stdin, cap)
+        live.sandbox_command(time.perf_counter() - started, "docker_exec")
+        return result
 
     def _agent(self, payload: dict, deadline_s: float, on_chunk=None) -> dict:
         assert self._channel is not None
@@ -671,5 +677,8 @@ class Sandbox:
 
 
 async def run_blocking(fn, *args, **kwargs):
+    """`fn` on the sandbox thread pool, in a copy of the caller's context: log ids and the current
+    span follow the work into the thread (envforge.observe)."""
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_ASYNC_EXECUTOR, lambda: fn(*args, **kwargs))
+    ctx = contextvars.copy_context()
+    return await loop.run_in_executor(_ASYNC_EXECUTOR, lambda: ctx.run(fn, *args, **kwargs))

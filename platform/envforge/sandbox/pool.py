@@ -23,6 +23,7 @@ from typing import Mapping
 import docker
 
 from envforge.errors import InfraError
+from envforge.observe import metrics as live
 from envforge.sandbox.container import INITIAL, Sandbox, SandboxOptions, run_blocking
 from envforge.sandbox.engine import ENGINE_ERRORS, engine_answers, remove_orphans, wait_for_engine
 
@@ -97,31 +98,39 @@ class SandboxPool:
             if sandbox.ping():
                 with self._lock:
                     self.stats.hits += 1
+                live.pool_acquired(hit=True)
                 return sandbox
+            live.pool_idle_changed(-1)
             self.stats.unhealthy_idle += 1
             self._destroy(sandbox, "unhealthy while idle")
         with self._lock:
             self.stats.misses += 1
-        return self._start(image, options)
+        sandbox = self._start(image, options)
+        live.pool_acquired(hit=False)
+        return sandbox
 
     def release(self, sandbox: Sandbox) -> None:
         """Reset the sandbox and keep it warm, or destroy it if it is tainted or the pool is full."""
         if sandbox.tainted:
+            live.pool_released(kept=False)
             self._destroy(sandbox, _reason_key(sandbox.tainted))
             return
         try:
             took = sandbox.reset(INITIAL)
         except InfraError as exc:
+            live.pool_released(kept=False)
             self._destroy(sandbox, f"reset failed: {exc.cause}")
             return
         key = (sandbox.image, sandbox.options.key())
         with self._lock:
             self.stats.resets += 1
             self.stats.reset_latency_s.append(took)
-            if not self._closed and len(self._idle[key]) < self.max_idle_per_key:
+            kept = not self._closed and len(self._idle[key]) < self.max_idle_per_key
+            if kept:
                 self._idle[key].append(sandbox)
-                return
-        self._destroy(sandbox, "pool full")
+        live.pool_released(kept=kept, reset_s=took)
+        if not kept:
+            self._destroy(sandbox, "pool full")
 
     def preheat(self, image: str, options: SandboxOptions | None = None, count: int = 1) -> int:
         """Start sandboxes until `count` are idle for this key; returns how many were started."""
@@ -135,6 +144,7 @@ class SandboxPool:
             started = list(ex.map(lambda _: self._start(image, options), range(need)))
         with self._lock:
             self._idle[key].extend(started)
+        live.pool_idle_changed(len(started))
         return len(started)
 
     def trim(self, image: str | None = None, keep: int = 0) -> int:
@@ -148,6 +158,7 @@ class SandboxPool:
                 if image is None or img == image:
                     while len(q) > keep:
                         doomed.append(q.pop())
+        live.pool_idle_changed(-len(doomed))
         for sb in doomed:
             self._destroy(sb, "trimmed")
         return len(doomed)
@@ -171,6 +182,7 @@ class SandboxPool:
             self._closed = True
             idle = [sb for q in self._idle.values() for sb in q]
             self._idle.clear()
+        live.pool_idle_changed(-len(idle))
         for sb in idle:
             self._destroy(sb, "pool closed")
         self.sweep(include_created=True)
@@ -242,13 +254,16 @@ class SandboxPool:
             started = time.perf_counter()
             try:
                 sandbox = Sandbox.start(self.client, image, options, self.labels)
-            except InfraError:
+            except InfraError as exc:
                 with self._lock:
                     self.stats.start_failures += 1
+                live.pool_started(None, failure_cause=exc.cause)
                 raise
+        took = time.perf_counter() - started
         with self._lock:
             self.stats.started += 1
-            self.stats.start_latency_s.append(time.perf_counter() - started)
+            self.stats.start_latency_s.append(took)
+        live.pool_started(took)
         return sandbox
 
     def _destroy(self, sandbox: Sandbox, reason: str) -> None:
@@ -258,6 +273,7 @@ class SandboxPool:
         with self._lock:
             self.stats.destroyed += 1
             self.stats.destroyed_reasons[reason] = self.stats.destroyed_reasons.get(reason, 0) + 1
+        live.pool_destroyed(reason)
 
 
 def _reason_key(tainted: str) -> str:

@@ -23,7 +23,6 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from envforge import track
 from envforge.catalog import Catalog
@@ -33,6 +32,7 @@ from envforge.rollout.scheduler import SYSTEM_PROMPT
 from envforge.service import models as m
 from envforge.service.backend import EnvBackend, backend_from_env
 from envforge.service.config import ServiceConfig
+from envforge.observe.http import metrics_payload
 from envforge.service.metrics import ServiceMetrics
 from envforge.service.openenv_ws import add_openenv_route
 from envforge.service.quotas import QuotaExceeded, QuotaTracker
@@ -252,7 +252,8 @@ def create_app(settings: Settings, config: ServiceConfig | None = None, backend:
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                               "description": "Prometheus text exposition"}})
     async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        body, content_type = metrics_payload(metrics.registry)  # the app's own, and the process's sandboxes
+        return Response(body, media_type=content_type)
 
     # -- tasks --------------------------------------------------------------------------------
 

@@ -1,14 +1,15 @@
 """Service-level Prometheus metrics, in a registry per app (so tests can run several apps).
 
 Label values are bounded: tenants (a handful, named by operators), routes as templates (not
-raw paths), end reasons and quota names from fixed sets.
+raw paths), end reasons and quota names from fixed sets. The sandboxes, scheduler and grader the
+service drives count into envforge's process registry (envforge.observe.metrics); /metrics serves both.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+from envforge.observe.metrics import LATENCY_BUCKETS
 
 
 class ServiceMetrics:

@@ -104,7 +104,18 @@ class Stage(Generic[P, R]):
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.fn(*args, **kwargs)
+        return self._observed(self.signature.bind(*args, **kwargs))
+
+    def _observed(self, bound: inspect.BoundArguments) -> R:
+        """The stage with its run ids on every log line and, when ENVFORGE_METRICS_PORT is set, its
+        metrics on /metrics while it runs (envforge.observe): the same for the CLI, Python and Dagster."""
+        from envforge.observe.http import metrics_server_from_env
+        from envforge.observe.logs import log_context
+
+        context = bound.arguments.get("context")
+        with log_context(dagster_run_id=getattr(context, "dagster_run_id", None),
+                         mlflow_run_id=getattr(context, "mlflow_run_id", None)), metrics_server_from_env(self.name):
+            return self.fn(*bound.args, **bound.kwargs)
 
     def tracked(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the stage inside an MLflow run and record its result (see the module docstring)."""
@@ -118,7 +129,7 @@ class Stage(Generic[P, R]):
                               context.dagster_run_id, context.nested) as run:
             bound.arguments["context"] = replace(context, mlflow_run_id=run.info.run_id,
                                                  log_metrics=track.log_metrics)
-            result = self.fn(*bound.args, **bound.kwargs)
+            result = self._observed(bound)
             record(result)
             result.mlflow_run_id = run.info.run_id
         return result

@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from envforge.observe import metrics as live
 from envforge.train.batching import Batch, micro_batches, per_sample_mean, token_logprobs
 from envforge.train.checkpoint import load_trainer_state, load_weights, save_checkpoint
 from envforge.train.samples import TurnSample
@@ -297,6 +298,7 @@ class GRPOTrainer:
             metrics["solved_fraction"] = stats.solved_fraction
         metrics["step"] = float(self.step_count)
         self.history.append(metrics)
+        live.train_step(metrics, "grpo")
         return metrics
 
     def save(self, path: str | Path) -> Path:

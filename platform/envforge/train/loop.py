@@ -16,6 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envforge.config import Settings
+from envforge.observe import metrics as live
+from envforge.observe.health import round_health
 from envforge.rollout.batch import BatchResult, run_batch
 from envforge.rollout.policies.hf import HFPolicy
 from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model
@@ -93,6 +95,7 @@ def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cf
     """Each round rolls out the current weights (on-policy: staleness 0), then updates on complete groups."""
     trainer = GRPOTrainer(model, cfg.grpo, tokenizer=tokenizer)
     history = []
+    previous: BatchResult | None = None
     for r in range(cfg.rounds):
         policy = HFPolicy((model, tokenizer), policy_id=f"{batch_prefix}@round-{r}", version=r)
         batch = run_batch(settings, round_items(items, cfg, r), policy,
@@ -103,9 +106,13 @@ def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cf
         groups = rl_groups(batch.store.trajectories())
         samples = [s for members in groups.values() for _, turns in members for s in turns]
         metrics = trainer.step(samples) if samples else {"skipped_groups": float(len(groups))}
+        if samples:
+            live.train_staleness(r - min(s.policy_version for s in samples))
         metrics = {**metrics, "rollout_mean_reward": float(batch.metrics["mean_reward"]),
                    "rollout_pass_at_1": float(batch.metrics["pass_at_1"]),
-                   "rollout_tokens": float(batch.metrics["tokens"])}
+                   "rollout_tokens": float(batch.metrics["tokens"]),
+                   **round_health(batch, previous)}
+        previous = batch
         history.append(metrics)
         if on_round:
             on_round(r, metrics)

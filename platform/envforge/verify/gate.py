@@ -27,6 +27,7 @@ from pathlib import Path
 
 from envforge.errors import PolicyOutcome
 from envforge.hashing import digest_parts
+from envforge.observe import metrics as live
 from envforge.sandbox.container import Sandbox
 from envforge.task import Task
 from envforge.verify.batch import INFRA_RETRIES, Grading, grade_batch, with_retries
@@ -212,4 +213,5 @@ def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = G
     report.infra_retries += outcome.infra_retries
     report.accepted = not report.disagreements
     report.wall_s = time.perf_counter() - started
+    live.gate_judged(report.accepted, report.disagreements)
     return report

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 import docker
 
-from envforge.errors import PolicyOutcome
+from envforge.errors import InfraError, PolicyOutcome
+from envforge.observe import metrics as live
+from envforge.observe.traces import annotate, set_attributes, span
 from envforge.sandbox.container import Sandbox, SandboxOptions
 from envforge.sandbox.pool import SandboxPool
 from envforge.task import Task
@@ -80,8 +82,17 @@ class Grader:
               run: TestRun = TARGETED) -> VerificationResult:
         """Grade one solution on a pristine copy. `run` says which tests run: by default the files that
         hold the task's required ids, in collection order."""
-        prepared = self.prepare(task, diff)
-        return self.result(task, image, solution, prepared, self.run_copy(task, image, prepared.kept, run))
+        started = time.perf_counter()
+        with span("verify.grade", **{"envforge.task_id": task.id, "envforge.solution": solution}) as current:
+            try:
+                prepared = self.prepare(task, diff)
+                result = self.result(task, image, solution, prepared, self.run_copy(task, image, prepared.kept, run))
+            except InfraError as exc:
+                live.graded(time.perf_counter() - started, False, [], infra_error=exc.cause)
+                raise
+            set_attributes(current, **{"envforge.reward": result.reward, "envforge.resolved": result.resolved})
+        live.graded(time.perf_counter() - started, result.resolved, result.reasons, result.infra_error)
+        return result
 
     def prepare(self, task: Task, diff: str) -> PreparedDiff:
         kept, touched = filter_diff(diff, protected_globs(task))
@@ -91,6 +102,7 @@ class Grader:
         """Apply an already filtered diff to a fresh (or freshly reset) sandbox and run the task's checks."""
         started = time.perf_counter()
         sandbox = self.pool.acquire(image, options_for(task))
+        annotate(**{"envforge.grading_container_id": sandbox.id})
         try:
             method, tests, checkpoints, failures = self._grade_in(sandbox, task, kept, run)
         finally:

@@ -3,6 +3,7 @@
 | spec | policy |
 |---|---|
 | `replay` | the task's reference solution as tool calls (`replay-text`: as `<tool_call>` text) |
+| `replay-skip:<rate>` | a deliberately worse replay: that share of episodes submit without the solution |
 | `openai:<base_url>[#<model>]` | an OpenAI-compatible server: `vllm serve`, SGLang, `envforge policy serve`, hosted |
 | `hf:<path>` | a local Hugging Face causal LM (CPU, or GPU when available) |
 | `vllm:<path>` | vLLM in-process (the `gpu` extra) |
@@ -18,6 +19,12 @@ def make_policy(spec: str, **kwargs: Any) -> Any:
     if spec in ("replay", "replay-text"):
         from envforge.rollout.policies.replay import ReplayPolicy
         return ReplayPolicy(as_text=spec == "replay-text")
+    if kind == "replay-skip":
+        from envforge.rollout.policies.replay import ReplayPolicy
+        try:
+            return ReplayPolicy(skip_rate=float(rest))
+        except ValueError as exc:
+            raise ValueError(f"policy {spec!r}: replay-skip:<rate> needs a rate within [0, 1] ({exc})") from None
     if kind == "openai" and rest:
         from envforge.rollout.policies.openai_client import OpenAIChatPolicy
         url, _, model = rest.partition("#")
@@ -28,5 +35,5 @@ def make_policy(spec: str, **kwargs: Any) -> Any:
     if kind == "vllm" and rest:
         from envforge.rollout.policies.vllm_policy import VLLMPolicy
         return VLLMPolicy(rest, **kwargs)
-    raise ValueError(f"unknown policy {spec!r}: use replay, replay-text, openai:<base_url>[#<model>], hf:<path> "
+    raise ValueError(f"unknown policy {spec!r}: use replay, replay-text, replay-skip:<rate>, openai:<base_url>[#<model>], hf:<path> "
                      f"or vllm:<path>")

@@ -21,9 +21,11 @@ from typing import Any, Literal
 
 import jinja2
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator
 
+from envforge.observe import metrics as live
+from envforge.observe.http import metrics_payload
 from envforge.rollout.policies.hf import HFPolicy
 
 class BadRequest(ValueError):
@@ -127,6 +129,11 @@ def make_app(policy: HFPolicy, model_name: str | None = None) -> FastAPI:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "policy_id": policy.policy_id, "version": policy.version}
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = metrics_payload()
+        return Response(body, media_type=content_type)
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": name(), "object": "model", "created": created,
@@ -150,6 +157,12 @@ def make_app(policy: HFPolicy, model_name: str | None = None) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        response = await _chat(request)
+        live.policy_request(time.perf_counter() - started, response.status_code, getattr(response, "tokens", 0))
+        return response
+
+    async def _chat(request: Request) -> JSONResponse:
         try:
             req = parse_chat_request(await request.json())
         except ValueError as exc:  # BadRequest, or a body that is not JSON
@@ -184,7 +197,9 @@ def make_app(policy: HFPolicy, model_name: str | None = None) -> FastAPI:
         }
         if req.wants_token_ids:
             response["prompt_token_ids"] = out.prompt_token_ids
-        return JSONResponse(response)
+        reply = JSONResponse(response)
+        reply.tokens = n_out  # for the metrics of the route above
+        return reply
 
     return app
 
