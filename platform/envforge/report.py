@@ -237,7 +237,11 @@ def _strength_summary(rows: list[dict], charts: _Charts) -> dict:
             measured.append((r, s))
     if not measured:
         return {"ran": False}
+    from envforge.charts import strength_chart
+    from envforge.verify.config import GateConfig
+
     scores = sorted(s["strength"] for _, s in measured)
+    threshold = json.loads(measured[0][0].get("params_json") or "{}").get("min_strength", GateConfig().min_strength)
     weakest = sorted(measured, key=lambda rs: rs[1]["strength"])[:10]
     return {"ran": True, "measured": len(measured), "median": scores[len(scores) // 2],
             "mutants": sum(s["mutants"] for _, s in measured), "overfittable": sum(bool(s.get("overfittable"))
@@ -247,7 +251,7 @@ def _strength_summary(rows: list[dict], charts: _Charts) -> dict:
                          "survived": s["survived"], "equivalent": s["equivalent"],
                          "survivors": [f"{v['path']}:{v['line']} {v['change']}" for v in s["survivors"][:5]]}
                         for r, s in weakest],
-            "chart": charts.get("strength.png")}
+            "chart": charts.get("strength.png", lambda p: strength_chart(scores, threshold, p))}
 
 
 def _validation_gate(cat: Catalog, charts: _Charts) -> dict:
