@@ -33,7 +33,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "platform"))
+sys.path.insert(0, str(REPO))  # bench.gate's helpers
 
+from bench.gate import log, p90, print_json  # noqa: E402
 from envforge.catalog import Catalog  # noqa: E402
 from envforge.charts import strength_chart  # noqa: E402
 from envforge.config import Settings  # noqa: E402
@@ -51,15 +53,6 @@ EXAMPLES = REPO / "task_sources" / "examples"
 SOURCES = [REPO / "task_sources" / "projects" / "ledger"]
 REAL_REPOS = ("humanize", "parse", "marshmallow")
 QUICK = {"ledger-led-118", "ledger-gh-3", "ledger-review-pr-22-c1", "acme__ledger-31"}
-
-
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def p90(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(0.9 * (len(xs) - 1)))]
 
 
 def spread(xs: list[float]) -> dict:
@@ -156,10 +149,7 @@ def main() -> None:
             "chart": str(chart) if chart else None,
             "per_task": rows,
         }
-    text = json.dumps(doc, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    print_json(doc, args.out)
 
 
 if __name__ == "__main__":

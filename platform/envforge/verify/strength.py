@@ -26,7 +26,7 @@ from envforge.task import WORKSPACE, Task
 from envforge.verify.batch import Grading, grade_batch
 from envforge.verify.grader import Grader, options_for
 from envforge.verify.mutants import Mutant, SourceChange, file_diff, generate_mutants
-from envforge.verify.protect import split_diff
+from envforge.verify.protect import DiffSection, split_diff
 from envforge.verify.result import VerificationResult
 from envforge.verify.selection import TARGETED
 from envforge.verify.special_case import literal_cases, special_case_diff, split_test_id
@@ -100,9 +100,10 @@ def _workspace_texts(grader: Grader, task: Task, image: str, kept_diff: str,
     return [SourceChange(p, before[p], after[p]) for p in paths if after[p] is not None], tests
 
 
-def _mutant_diff(sections: dict[str, str], change: SourceChange, mutant: Mutant) -> str:
-    """The reference's diff with the mutated file's section replaced by the mutant's."""
-    return "".join(text for path, text in sections.items() if path != mutant.path) + \
+def _mutant_diff(sections: list[DiffSection], change: SourceChange, mutant: Mutant) -> str:
+    """The reference's diff with the mutated file's section replaced by the mutant's (renames, deletions and
+    binary sections kept as they are)."""
+    return "".join(s.text for s in sections if s.paths != [mutant.path]) + \
         file_diff(mutant.path, change.before, mutant.after)
 
 
@@ -136,11 +137,12 @@ def measure_strength(grader: Grader, task: Task, image: str, reference_diff: str
         report.skipped = why
         return report
     kept = grader.prepare(task, reference_diff).kept
-    sections = {s.paths[0]: s.text for s in split_diff(kept) if len(s.paths) == 1}
+    sections = split_diff(kept)
+    mutable = sorted({s.paths[0] for s in sections if len(s.paths) == 1})  # a file changed in place or added
     check = task.spec.verification.tests
     test_files = sorted({p for t in check.fail_to_pass if (p := (split_test_id(t, check.framework) or ("",))[0])})
     try:
-        changes, tests = _workspace_texts(grader, task, image, kept, sorted(sections), test_files)
+        changes, tests = _workspace_texts(grader, task, image, kept, mutable, test_files)
     except (ValueError, OSError, PolicyOutcome) as exc:  # the reference does not apply: the gate says so
         report.skipped = f"the reference's files could not be read: {str(exc)[:200]}"
         return report
