@@ -145,3 +145,14 @@ def test_strength_is_kept_in_the_catalog_listed_and_decides_the_audit_split(sett
              (("t-weak", "a" * 64), ("t-plain", "b" * 64), ("t-3", "c" * 64), ("t-4", "d" * 64))]
     split = {r.task_id: r.split for r in stratified_split(tiers, 0.5, audit_only={"a" * 64})}
     assert split["t-weak"] == "audit" and {split[t] for t in ("t-plain", "t-3", "t-4")} <= {"train", "eval"}
+
+
+def test_constructors_of_literals_are_answered_only_where_the_module_binds_them():
+    tests = ("from datetime import date\nfrom dates import add_months\n\n\ndef test_clamp():\n"
+             "    assert add_months(date(2024, 1, 31), 1) == date(2024, 2, 29)\n")
+    [case] = literal_cases(tests, ["test_clamp"])
+    assert case == LiteralCase("add_months", ("date(2024, 1, 31)", "1"), (), "date(2024, 2, 29)", ("date",))
+    body = "def add_months(d, months):\n    return d.replace(month=d.month + months)\n"
+    diff, used = special_case_diff({"dates.py": "from datetime import date\n\n\n" + body}, [case])
+    assert used == 1 and "+    if d == date(2024, 1, 31) and months == 1:\n+        return date(2024, 2, 29)\n" in diff
+    assert special_case_diff({"dates.py": body}, [case]) == ("", 0)  # `date` unbound there: not answered

@@ -7,13 +7,16 @@ from the FAIL_TO_PASS tests' simple asserts (a call whose arguments are all lite
 with `==` or `is` to a literal, or asserted true/false; unittest's assertEqual / assertIs /
 assertTrue / assertFalse / assertIsNone alike), finds the called function in the files the
 reference changes (as they are in the task's workspace, i.e. buggy), and adds one guarded
-return per case at the top of its body. Its diff is graded like any solution; a task whose
+return per case at the top of its body. "Literal" includes constructors of literals
+(`Money("8.00")`, `date(2024, 2, 29)`), used only where the answering module binds the
+constructor's name. Its diff is graded like any solution; a task whose
 verification accepts it is "overfittable", the diff kept as evidence.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 from dataclasses import dataclass
 
 from envforge.verify.mutants import file_diff
@@ -32,6 +35,7 @@ class LiteralCase:
     args: tuple[str, ...]
     kwargs: tuple[tuple[str, str], ...]
     expected: str
+    needs: tuple[str, ...] = ()  # names the answering module must bind (constructors: Money, date)
 
 
 def split_test_id(test_id: str, framework: str) -> tuple[str, str] | None:
@@ -53,17 +57,45 @@ def _literal(node: ast.AST) -> bool:
     return True
 
 
-def _case(call: ast.AST, expected: str) -> LiteralCase | None:
+def _root_name(func: ast.AST) -> str | None:
+    """`Money` for `Money`, `dt` for `dt.date`: the name a constructor's module must bind."""
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return func.id if isinstance(func, ast.Name) else None
+
+
+def _value(node: ast.AST, needs: set[str], depth: int = 0) -> bool:
+    """A literal, or a constructor of literals (`Money("8.00")`, `date(2024, 2, 29)`); the constructors'
+    root names are added to `needs` (the module that answers with it must bind them)."""
+    if _literal(node):
+        return True
+    if depth > 2 or not isinstance(node, ast.Call) or _root_name(node.func) is None:
+        return False
+    if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+        return False
+    if all(_value(a, needs, depth + 1) for a in [*node.args, *(k.value for k in node.keywords)]):
+        needs.add(_root_name(node.func))
+        return True
+    return False
+
+
+def _case(call: ast.AST, expected: ast.AST) -> LiteralCase | None:
     if not isinstance(call, ast.Call):
         return None
     func = call.func
     name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
     if name is None or any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return None
-    if not all(_literal(a) for a in call.args) or not all(_literal(k.value) for k in call.keywords):
+    needs: set[str] = set()
+    if not all(_value(a, needs) for a in [*call.args, *(k.value for k in call.keywords), expected]):
         return None
     return LiteralCase(name, tuple(ast.unparse(a) for a in call.args),
-                       tuple((k.arg, ast.unparse(k.value)) for k in call.keywords), expected)
+                       tuple((k.arg, ast.unparse(k.value)) for k in call.keywords), ast.unparse(expected),
+                       tuple(sorted(needs)))
+
+
+def _constant(value: str) -> ast.AST:
+    return ast.Constant({"True": True, "False": False, "None": None}[value])
 
 
 def _cases_of_statement(node: ast.AST) -> list[LiteralCase]:
@@ -72,20 +104,20 @@ def _cases_of_statement(node: ast.AST) -> list[LiteralCase]:
         if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.Is)):
             left, right = test.left, test.comparators[0]
             for call, value in ((left, right), (right, left)):
-                if _literal(value) and (case := _case(call, ast.unparse(value))):
+                if isinstance(call, ast.Call) and (case := _case(call, value)):
                     return [case]
             return []
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-            return [c for c in [_case(test.operand, "False")] if c]
-        return [c for c in [_case(test, "True")] if c]
+            return [c for c in [_case(test.operand, _constant("False"))] if c]
+        return [c for c in [_case(test, _constant("True"))] if c]
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute):
         method, args = node.value.func.attr, node.value.args
         if method in _EQUAL_ASSERTS and len(args) >= 2:
             for call, value in ((args[0], args[1]), (args[1], args[0])):
-                if _literal(value) and (case := _case(call, ast.unparse(value))):
+                if isinstance(call, ast.Call) and (case := _case(call, value)):
                     return [case]
         if method in _TRUTH_ASSERTS and args:
-            return [c for c in [_case(args[0], _TRUTH_ASSERTS[method])] if c]
+            return [c for c in [_case(args[0], _constant(_TRUTH_ASSERTS[method]))] if c]
     return []
 
 
@@ -118,12 +150,27 @@ def _guard(case: LiteralCase, fn: ast.FunctionDef, method: bool) -> str | None:
     return f"if {' and '.join(parts) or 'True'}:\n    return {case.expected}\n"
 
 
+def _module_names(tree: ast.Module) -> set[str]:
+    """Names the module binds at its top level (imports, definitions, assignments), and the builtins."""
+    names = set(dir(builtins))
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
 def _with_guards(source: str, cases: list[LiteralCase]) -> tuple[str, int]:
     """The source with guards inserted into the functions the cases call; (new source, cases used)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return source, 0
+    bound = _module_names(tree)
     methods = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body}
     lines = source.splitlines(keepends=True)
     inserts: dict[int, list[str]] = {}
@@ -138,7 +185,7 @@ def _with_guards(source: str, cases: list[LiteralCase]) -> tuple[str, int]:
             continue  # a one-line `def f(): return x`: no line to insert before
         indent = lines[first.lineno - 1][:len(lines[first.lineno - 1]) - len(lines[first.lineno - 1].lstrip())]
         for case in cases:
-            if case.function != fn.name:
+            if case.function != fn.name or not set(case.needs) <= bound:
                 continue
             guard = _guard(case, fn, id(fn) in methods)
             if guard is not None:
