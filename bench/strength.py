@@ -72,6 +72,8 @@ def main() -> None:
     ap.add_argument("--real-repo", action="append", default=[], choices=REAL_REPOS)
     ap.add_argument("--max-mutants", type=int, default=GateConfig().max_mutants)
     ap.add_argument("--no-naive", action="store_true", help="skip the serial no-early-stop run")
+    ap.add_argument("--strength-only", action="store_true",
+                    help="skip the two gate runs per task (only the exact score and its cost: `full`)")
     ap.add_argument("--data-dir", type=Path)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -98,26 +100,30 @@ def main() -> None:
             for i, task in enumerate(tasks, start=1):
                 image = images[task.content_hash]
                 pool.preheat(image, count=2)
-                plain, plain_s = timed(lambda: validate_task(grader, task, image, base))
-                if not plain.accepted:
-                    log(f"{task.id}: quarantined by the flakiness gate, skipped ({plain.disagreements[:2]})")
-                    continue
-                gated, gated_s = timed(lambda: validate_task(grader, task, image, with_mutation))
+                seconds, gated = {}, None
+                if not args.strength_only:
+                    plain, seconds["gate"] = timed(lambda: validate_task(grader, task, image, base))
+                    if not plain.accepted:
+                        log(f"{task.id}: quarantined by the flakiness gate, skipped ({plain.disagreements[:2]})")
+                        continue
+                    gated, seconds["gate_mutation"] = timed(lambda: validate_task(grader, task, image, with_mutation))
+                    seconds["added"] = round(seconds["gate_mutation"] - seconds["gate"], 2)
                 ref = task.reference_patch or grader.solution_diff(task, image, "reference")[0]
-                full, full_s = timed(lambda: measure_strength(grader, task, image, ref, max_mutants=args.max_mutants,
-                                                              threshold=base.min_strength, early_stop=False))
+                full, seconds["full"] = timed(lambda: measure_strength(
+                    grader, task, image, ref, max_mutants=args.max_mutants, threshold=base.min_strength,
+                    early_stop=False))
                 row = {"task_id": task.id, "load_avg_1m": round(os.getloadavg()[0], 2),
                        "generated": full.generated, "mutants": full.mutants, "strength": full.strength,
                        "killed": full.killed, "survived": full.survived, "equivalent": full.equivalent,
                        "timeouts": full.timeouts, "overfittable": full.overfittable,
                        "special_case": {k: v for k, v in full.special_case.items() if k != "diff"},
                        "survivors": [f"{v['path']}:{v['line']} {v['operator']}: {v['change']}" for v in full.survivors],
-                       "seconds": {"gate": plain_s, "gate_mutation": gated_s, "added": round(gated_s - plain_s, 2),
-                                   "full": full_s},
-                       "gate_mutation": {"verdict": gated.verdict, "admission": gated.admission,
-                                         "graded": gated.strength.killed + gated.strength.survived
-                                         + gated.strength.equivalent if gated.strength else 0,
-                                         "disagreements": gated.disagreements[:2]}}
+                       "seconds": seconds}
+                if gated is not None:
+                    row["gate_mutation"] = {"verdict": gated.verdict, "admission": gated.admission,
+                                            "graded": gated.strength.killed + gated.strength.survived
+                                            + gated.strength.equivalent if gated.strength else 0,
+                                            "disagreements": gated.disagreements[:2]}
                 if not args.no_naive:
                     _, row["seconds"]["naive"] = timed(lambda: measure_strength(
                         grader, task, image, ref, max_mutants=args.max_mutants, early_stop=False, workers=1))
@@ -136,11 +142,13 @@ def main() -> None:
             "settings": with_mutation.as_params(),
             "mutants_per_task": {"generated": spread([r["generated"] for r in rows]),
                                  "graded_full": spread([r["mutants"] for r in rows]),
-                                 "graded_gate": spread([r["gate_mutation"]["graded"] for r in rows])},
+                                 **({"graded_gate": spread([r["gate_mutation"]["graded"] for r in rows
+                                                            if "gate_mutation" in r])}
+                                    if any("gate_mutation" in r for r in rows) else {})},
             "seconds_per_task": {mode: spread(v) for mode, v in secs.items() if v},
             "ratio_naive_vs_full": round(sum(secs["naive"]) / sum(secs["full"]), 2) if secs["naive"] else None,
             "ratio_naive_vs_gate_mutation": round(sum(secs["naive"]) / sum(secs["gate_mutation"]), 2)
-            if secs["naive"] else None,
+            if secs["naive"] and secs["gate_mutation"] else None,
             "strength": {"median": round(statistics.median(scores), 3) if scores else None,
                          "histogram": {f"{b / 10:.1f}": sum(1 for s in scores if b / 10 <= s < (b + 1) / 10 or
                                                             (b == 9 and s == 1.0)) for b in range(10)},

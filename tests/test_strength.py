@@ -8,7 +8,10 @@ import uuid
 import pytest
 import yaml
 
-from envforge.sandbox.images import build_task_image
+from envforge.catalog import Catalog
+from envforge.sandbox.images import build_task_image, image_digest
+from envforge.stages.gate import gate as gate_stage
+from envforge.stages.images import ImageSet
 from envforge.sources.specs import load_spec_file
 from envforge.verify.config import GateConfig
 from envforge.verify.gate import validate_task
@@ -75,7 +78,8 @@ def make_task(tmp_path, docker_client, base_image, settings):
 GATE = dict(runs=1, shuffle=False, probes=False, mutation=True)
 
 
-def test_a_verifier_that_checks_only_the_type_scores_low_and_is_quarantined(make_task, grader):
+def test_a_verifier_that_checks_only_the_type_scores_low_and_is_quarantined(make_task, grader, settings,
+                                                                              docker_client):
     task, image = make_task("trips", SPEED_BUGGY, SPEED_FIXED, WEAK_TESTS, ["test_speed"], ["test_label"])
     report = validate_task(grader, task, image, GateConfig(**GATE, mutation_early_stop=False))
     s = report.strength
@@ -89,10 +93,18 @@ def test_a_verifier_that_checks_only_the_type_scores_low_and_is_quarantined(make
     assert s.special_case == {"skipped": "no FAIL_TO_PASS test asserts a literal result for literal arguments"}
     assert report.stats()["strength"]["survivors"] == s.survivors  # kept in the gate record
 
-    # Admitted to the audit split instead, when configured; early stop grades fewer mutants.
-    audit = validate_task(grader, task, image, GateConfig(**GATE, below_strength="audit"))
+    # Through the gate stage, admitted to the audit split instead (when configured): recorded in the
+    # catalog and listed with its strength; early stop grades fewer mutants.
+    images = ImageSet("", {task.content_hash: image}, {image: image_digest(docker_client, image)})
+    result = gate_stage(settings, GateConfig(**GATE, below_strength="audit"), [task], images, client=docker_client)
+    [audit] = result.reports
     assert audit.accepted and audit.admission == "audit" and not audit.disagreements
     assert audit.strength.not_run > 0 and audit.strength.strength_upper < 0.5
+    assert result.strength_chart.is_file() and result.rows()[0]["admission"] == "audit"
+    catalog = Catalog(settings.catalog_path)
+    assert catalog.audit_only([task.content_hash]) == {task.content_hash}
+    [row] = catalog.query("SELECT strength, admission FROM validations").to_dicts()
+    assert row == {"strength": audit.strength.strength, "admission": "audit"}
 
 
 def test_proper_asserts_score_high_and_equivalent_mutants_are_set_aside(make_task, grader):
