@@ -116,6 +116,7 @@ def test_the_gate_policy_for_weak_and_overfittable_verifiers():
     overfit = StrengthReport(strength=1.0, strength_upper=1.0, killed=5, overfittable=True,
                              special_case={"cases": 1})
     assert strength_findings(overfit, 0.5) == ["overfittable:special_case_probe answers 1 literal case(s)"]
+    assert strength_findings(overfit, 0.5, block_overfittable=False) == []  # the gate's default: flagged only
     assert strength_findings(StrengthReport(), 0.5) == []  # nothing mutable: no finding
     with pytest.raises(ValueError, match="GateConfig.below_strength: must be one of quarantine, audit"):
         GateConfig(below_strength="train")

@@ -42,6 +42,9 @@ class GateConfig:
     below_strength: str = field(default="quarantine", metadata={
         "help": "what happens to a weak or overfittable verifier: 'quarantine' (as weak_verifier / overfittable) "
                 "or 'audit' (accepted into the audit split only, never train or eval)"})
+    block_overfittable: bool = field(default=False, metadata={
+        "help": "treat a task the special-case probe passes as a weak verifier (by default it is flagged "
+                "'overfittable' only: its tests are held back from the policy, which cannot read their literals)"})
     mutation_early_stop: bool = field(default=True, metadata={
         "help": "stop grading a task's mutants once its strength is on one side of min_strength for sure (the "
                 "score is then a lower bound)"})
@@ -67,5 +70,6 @@ class GateConfig:
                   "full_suite": self.full_suite}
         if self.mutation:  # absent when off, so verdicts gated without it keep their keys
             params.update(mutation=True, min_strength=self.min_strength, max_mutants=self.max_mutants,
-                          below_strength=self.below_strength, mutation_early_stop=self.mutation_early_stop)
+                          below_strength=self.below_strength, mutation_early_stop=self.mutation_early_stop,
+                          block_overfittable=self.block_overfittable)
         return params

@@ -228,13 +228,13 @@ def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = G
     return report
 
 
-def strength_findings(strength: StrengthReport, min_strength: float) -> list[str]:
+def strength_findings(strength: StrengthReport, min_strength: float, block_overfittable: bool = True) -> list[str]:
     """Why a measured verifier is too weak for training (empty when it is strong enough)."""
     out = []
     if strength.strength_upper is not None and strength.strength_upper < min_strength:
         out.append(f"weak_verifier:strength {strength.strength:.2f} < {min_strength:g} "
                    f"({strength.survived} of {strength.killed + strength.survived} mutants survive)")
-    if strength.overfittable:
+    if strength.overfittable and block_overfittable:
         out.append(f"overfittable:special_case_probe answers {strength.special_case.get('cases', 0)} literal case(s)")
     return out
 
@@ -246,7 +246,7 @@ def _judge_strength(grader: Grader, task: Task, image: str, ref_diff: str, confi
                                        threshold=config.min_strength, early_stop=config.mutation_early_stop,
                                        workers=config.workers)
     report.gradings += report.strength.gradings
-    findings = strength_findings(report.strength, config.min_strength)
+    findings = strength_findings(report.strength, config.min_strength, config.block_overfittable)
     if findings and config.below_strength == "audit":
         report.admission = "audit"
     else:
