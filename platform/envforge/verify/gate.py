@@ -41,6 +41,10 @@ from envforge.verify.strength import StrengthReport, measure_strength
 __all__ = ["INFRA_RETRIES", "GateReport", "gate_key", "probe_diff", "validate_task"]
 
 ORDER_CHECK = TestRun("suite", "reverse")
+# A mutant's tests may run this many times the slowest reference/empty grading (at least the minimum)
+# before they count as hanging: a hanging mutant is killed either way, without the task's full timeout.
+MUTANT_TIMEOUT_FACTOR = 10
+MUTANT_TIMEOUT_MIN_S = 60.0
 
 
 @dataclass
@@ -242,9 +246,10 @@ def strength_findings(strength: StrengthReport, min_strength: float, block_overf
 def _judge_strength(grader: Grader, task: Task, image: str, ref_diff: str, config: GateConfig,
                     report: GateReport) -> None:
     """Measure the task's verifier strength and apply the gate's policy for weak ones."""
+    timeout_s = max(MUTANT_TIMEOUT_MIN_S, MUTANT_TIMEOUT_FACTOR * max(report.verifier_seconds or [0.0]))
     report.strength = measure_strength(grader, task, image, ref_diff, max_mutants=config.max_mutants,
                                        threshold=config.min_strength, early_stop=config.mutation_early_stop,
-                                       workers=config.workers)
+                                       workers=config.workers, timeout_s=timeout_s)
     report.gradings += report.strength.gradings
     findings = strength_findings(report.strength, config.min_strength, config.block_overfittable)
     if findings and config.below_strength == "audit":

@@ -125,17 +125,31 @@ def _special_case(task: Task, changes: list[SourceChange], tests: dict[str, str]
     return diff, used, ""
 
 
+def _with_test_timeout(task: Task, timeout_s: float | None) -> Task:
+    """The task with its test checkpoint's timeout lowered to `timeout_s` (None: as it is)."""
+    tests = task.spec.verification.tests
+    if timeout_s is None or tests is None or tests.timeout_s <= timeout_s:
+        return task
+    verification = task.spec.verification.model_copy(update={"tests": tests.model_copy(update={"timeout_s": timeout_s})})
+    return task.model_copy(update={"spec": task.spec.model_copy(update={"verification": verification})})
+
+
 def measure_strength(grader: Grader, task: Task, image: str, reference_diff: str, *, max_mutants: int = 24,
-                     threshold: float = 0.5, early_stop: bool = True, workers: int = 2) -> StrengthReport:
+                     threshold: float = 0.5, early_stop: bool = True, workers: int = 2,
+                     timeout_s: float | None = None) -> StrengthReport:
     """Grade mutants of the reference and the special-case probe; see the module docstring.
 
-    Infrastructure faults escape (after grade_batch's retries) as InfraError, as for any grading."""
+    `timeout_s` lowers the test checkpoint's timeout for these gradings (the gate passes a multiple of
+    the reference's own grading time): a mutant that hangs is killed either way, and should not cost
+    the task's full timeout. Infrastructure faults escape (after grade_batch's retries) as InfraError,
+    as for any grading."""
     started = time.perf_counter()
     report = StrengthReport()
     why = not_applicable(task)
     if why:
         report.skipped = why
         return report
+    task = _with_test_timeout(task, timeout_s)
     kept = grader.prepare(task, reference_diff).kept
     sections = split_diff(kept)
     mutable = sorted({s.paths[0] for s in sections if len(s.paths) == 1})  # a file changed in place or added
