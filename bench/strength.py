@@ -85,7 +85,8 @@ def main() -> None:
         settings = Settings.from_env().with_data_dir(args.data_dir or Path(tmp))
         settings.ensure_dirs()
         client = docker_client(settings)
-        sources = ([] if args.no_ledger else SOURCES) + [EXAMPLES / "real-repos" / name for name in args.real_repo]
+        sources = ([] if args.no_ledger else SOURCES) + [EXAMPLES / "real-repos" / name / "tickets.yaml"
+                                                         for name in args.real_repo]
         loaded = ingest(settings, IngestConfig(), sources, client=client)
         log(f"{len(loaded.result.tasks)} tasks ingested")
         wanted = set(args.task) or (QUICK if args.quick else None)
