@@ -56,6 +56,8 @@ QUICK = {"ledger-led-118", "ledger-gh-3", "ledger-review-pr-22-c1", "acme__ledge
 
 
 def spread(xs: list[float]) -> dict:
+    if not xs:
+        return {}
     return {"median": round(statistics.median(xs), 2), "p90": round(p90(xs), 2), "total": round(sum(xs), 1)}
 
 
