@@ -45,7 +45,8 @@ from envforge.stages.configs import ImagesConfig, IngestConfig  # noqa: E402
 from envforge.stages.images import build_images  # noqa: E402
 from envforge.stages.ingest import ingest  # noqa: E402
 from envforge.verify.config import GateConfig  # noqa: E402
-from envforge.verify.gate import validate_task  # noqa: E402
+from envforge.errors import InfraError  # noqa: E402
+from envforge.verify.gate import MUTANT_TIMEOUT_FACTOR, MUTANT_TIMEOUT_MIN_S, validate_task  # noqa: E402
 from envforge.verify.grader import Grader  # noqa: E402
 from envforge.verify.strength import measure_strength, not_applicable  # noqa: E402
 
@@ -65,6 +66,41 @@ def timed(fn):
     started = time.perf_counter()
     value = fn()
     return value, round(time.perf_counter() - started, 2)
+
+
+def measure_task(args, grader: Grader, task, image: str, base: GateConfig, with_mutation: GateConfig) -> dict | None:
+    """One task's row (None: the flakiness gate quarantines it, so mutation would not run)."""
+    seconds, gated = {}, None
+    if not args.strength_only:
+        plain, seconds["gate"] = timed(lambda: validate_task(grader, task, image, base))
+        if not plain.accepted:
+            log(f"{task.id}: quarantined by the flakiness gate, skipped ({plain.disagreements[:2]})")
+            return None
+        gated, seconds["gate_mutation"] = timed(lambda: validate_task(grader, task, image, with_mutation))
+        seconds["added"] = round(seconds["gate_mutation"] - seconds["gate"], 2)
+    ref = task.reference_patch or grader.solution_diff(task, image, "reference")[0]
+    # the mutant timeout the gate would use (10x the reference's grading, at least 60 s)
+    reference_s = grader.grade(task, image, ref).duration_s
+    timeout_s = max(MUTANT_TIMEOUT_MIN_S, MUTANT_TIMEOUT_FACTOR * reference_s)
+    full, seconds["full"] = timed(lambda: measure_strength(
+        grader, task, image, ref, max_mutants=args.max_mutants, threshold=base.min_strength, early_stop=False,
+        timeout_s=timeout_s))
+    row = {"task_id": task.id, "load_avg_1m": round(os.getloadavg()[0], 2),
+           "generated": full.generated, "mutants": full.mutants, "strength": full.strength,
+           "killed": full.killed, "survived": full.survived, "equivalent": full.equivalent,
+           "timeouts": full.timeouts, "overfittable": full.overfittable,
+           "special_case": {k: v for k, v in full.special_case.items() if k != "diff"},
+           "survivors": [f"{v['path']}:{v['line']} {v['operator']}: {v['change']}" for v in full.survivors],
+           "seconds": seconds}
+    if gated is not None:
+        row["gate_mutation"] = {"verdict": gated.verdict, "admission": gated.admission,
+                                "graded": gated.strength.killed + gated.strength.survived
+                                + gated.strength.equivalent if gated.strength else 0,
+                                "disagreements": gated.disagreements[:2]}
+    if not args.no_naive:
+        _, seconds["naive"] = timed(lambda: measure_strength(
+            grader, task, image, ref, max_mutants=args.max_mutants, early_stop=False, workers=1, timeout_s=timeout_s))
+    return row
 
 
 def main() -> None:
@@ -98,42 +134,24 @@ def main() -> None:
         images = {t.content_hash: image for t, image in image_set.items(tasks)}
         tasks = [t for t in tasks if t.content_hash in images]
         log(f"{len(tasks)} test-verified tasks")
-        rows = []
+        rows, infra = [], []
         with SandboxPool(client, max_idle_per_key=2) as pool:
             grader = Grader(client, pool)
             for i, task in enumerate(tasks, start=1):
                 image = images[task.content_hash]
-                pool.preheat(image, count=2)
-                seconds, gated = {}, None
-                if not args.strength_only:
-                    plain, seconds["gate"] = timed(lambda: validate_task(grader, task, image, base))
-                    if not plain.accepted:
-                        log(f"{task.id}: quarantined by the flakiness gate, skipped ({plain.disagreements[:2]})")
-                        continue
-                    gated, seconds["gate_mutation"] = timed(lambda: validate_task(grader, task, image, with_mutation))
-                    seconds["added"] = round(seconds["gate_mutation"] - seconds["gate"], 2)
-                ref = task.reference_patch or grader.solution_diff(task, image, "reference")[0]
-                full, seconds["full"] = timed(lambda: measure_strength(
-                    grader, task, image, ref, max_mutants=args.max_mutants, threshold=base.min_strength,
-                    early_stop=False))
-                row = {"task_id": task.id, "load_avg_1m": round(os.getloadavg()[0], 2),
-                       "generated": full.generated, "mutants": full.mutants, "strength": full.strength,
-                       "killed": full.killed, "survived": full.survived, "equivalent": full.equivalent,
-                       "timeouts": full.timeouts, "overfittable": full.overfittable,
-                       "special_case": {k: v for k, v in full.special_case.items() if k != "diff"},
-                       "survivors": [f"{v['path']}:{v['line']} {v['operator']}: {v['change']}" for v in full.survivors],
-                       "seconds": seconds}
-                if gated is not None:
-                    row["gate_mutation"] = {"verdict": gated.verdict, "admission": gated.admission,
-                                            "graded": gated.strength.killed + gated.strength.survived
-                                            + gated.strength.equivalent if gated.strength else 0,
-                                            "disagreements": gated.disagreements[:2]}
-                if not args.no_naive:
-                    _, row["seconds"]["naive"] = timed(lambda: measure_strength(
-                        grader, task, image, ref, max_mutants=args.max_mutants, early_stop=False, workers=1))
+                try:
+                    pool.preheat(image, count=2)
+                    row = measure_task(args, grader, task, image, base, with_mutation)
+                except InfraError as exc:  # the engine went away: recorded, never a score
+                    log(f"{task.id}: infrastructure fault, not measured: {exc}")
+                    infra.append({"task_id": task.id, "fault": str(exc)[:300]})
+                    continue
+                if row is None:
+                    continue
                 rows.append(row)
-                log(f"[{i}/{len(tasks)}] {task.id}: strength {full.strength} ({full.killed}/{full.killed + full.survived}, "
-                    f"{full.equivalent} equivalent, {full.generated} generated), {row['seconds']}")
+                log(f"[{i}/{len(tasks)}] {task.id}: strength {row['strength']} ({row['killed']}/"
+                    f"{row['killed'] + row['survived']}, {row['equivalent']} equivalent, {row['generated']} generated), "
+                    f"{row['seconds']}")
                 log("row " + json.dumps(row))
         load_avg["end"] = round(os.getloadavg()[0], 2)
         scores = [r["strength"] for r in rows if r["strength"] is not None]
@@ -159,6 +177,7 @@ def main() -> None:
                          "below_min": sum(s < base.min_strength for s in scores)},
             "overfittable": [r["task_id"] for r in rows if r["overfittable"]],
             "chart": str(chart) if chart else None,
+            "infra_faults": infra,
             "per_task": rows,
         }
     print_json(doc, args.out)
