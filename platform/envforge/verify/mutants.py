@@ -271,7 +271,7 @@ def generate_mutants(changes: list[SourceChange], cap: int,
                      is_python: Callable[[str], bool] = lambda p: p.endswith(".py")) -> tuple[list[Mutant], int]:
     """(at most `cap` mutants, how many there were before the cap), most telling first: hunk reverts,
     then mutants on the reference's changed lines, then the rest of their enclosing functions. When a
-    group does not fit, mutants spread evenly over it are kept (every operator and line represented)."""
+    group does not fit, mutants spread evenly over it are kept (deterministically)."""
     single_file = len(changes) == 1
     ranked: list[tuple[int, Mutant]] = []
     for change in changes:
