@@ -63,6 +63,10 @@ def test_reverting_one_of_several_hunks_and_equivalence():
     only, _ = generate_mutants([SourceChange("clamp.py", BUGGY, FIXED)], cap=100)
     assert "revert_hunk" not in _by_operator(only)
     assert same_ast("x = 1  # one\n", "x = (1)\n") and not same_ast("x = 1\n", "x = 2\n")
+    # swapping min's or max's two arguments is equivalent; another call's is not
+    calls = SourceChange("pay.py", "def pay(a, b):\n    return a\n", "def pay(a, b):\n    return min(a, b) + f(a, b)\n")
+    swaps = {m.description: m.equivalent for m in _by_operator(generate_mutants([calls], cap=100)[0])["swap_args"]}
+    assert swaps == {"min(a, b) -> min(b, a)": True, "f(a, b) -> f(b, a)": False}
 
 
 def test_the_cap_keeps_reverts_and_changed_lines_first_spread_over_the_rest():

@@ -25,8 +25,9 @@ sandbox. libcst would keep formatting too, but span rewriting on `ast` does that
 dependency. See docs/verification.md.
 
 A mutant whose file has the same AST as the reference's (after normalisation: positions and
-formatting dropped) is marked `equivalent`: it cannot change what any test observes except
-through the source text itself.
+formatting dropped), or that swaps the two arguments of `min` / `max`, is marked `equivalent`:
+it cannot change what any test observes except through the source text itself (or, for
+`min`/`max`, which of two equal values is returned).
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ _BOUNDARY = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
 _ARITH = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div}
 _DELETABLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Raise, ast.If, ast.Delete)
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+# Builtins whose result does not depend on the order of their first two arguments: swapping them is
+# an equivalent mutant (seen as survivors on the ledger tasks: `min(amount, balance)` swapped).
+_COMMUTATIVE = {"min", "max"}
 
 
 def file_diff(path: str, before: str | None, after: str) -> str:
@@ -228,9 +232,11 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
             except (SyntaxError, ValueError):
                 continue  # a rewrite that does not fit its context (an elif's span, a decorator)
             seen.add(mutated)
+            commutative = (operator == "swap_args" and isinstance(target.func, ast.Name)
+                           and target.func.id in _COMMUTATIVE and not target.keywords and len(target.args) == 2)
             out.append((1 if on_changed and target.lineno in lines else 2,
                         Mutant(f"{operator}:{change.path}:{target.lineno}", operator, change.path, target.lineno,
-                               mutated, description, same_ast(mutated, change.after))))
+                               mutated, description, commutative or same_ast(mutated, change.after))))
     return out
 
 
