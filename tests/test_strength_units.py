@@ -69,6 +69,17 @@ def test_reverting_one_of_several_hunks_and_equivalence():
     assert swaps == {"min(a, b) -> min(b, a)": True, "f(a, b) -> f(b, a)": False}
 
 
+def test_only_python_code_is_mutated_and_release_bookkeeping_is_left_alone():
+    readme = SourceChange("README.rst", "Usage\n", "Usage and limits\n")
+    gap = "\n" * 10
+    version = SourceChange("pkg.py", '__version__ = "1.0"' + gap + BUGGY, '__version__ = "1.1"' + gap + FIXED)
+    mutants, _ = generate_mutants([readme, version], cap=100)
+    assert {m.path for m in mutants} == {"pkg.py"}
+    assert not any(m.line == 1 and m.operator != "revert_hunk" for m in mutants)  # `__version__ = ...` not mutated
+    # pkg.py's two hunks: the version line (undone: an equivalent) and the fix
+    assert [m.equivalent for m in mutants if m.operator == "revert_hunk"] == [True, False]
+
+
 def test_the_cap_keeps_reverts_and_changed_lines_first_spread_over_the_rest():
     mutants, generated = generate_mutants([SourceChange("clamp.py", BUGGY, FIXED)], cap=5)
     assert len(mutants) == 5 and generated > 5

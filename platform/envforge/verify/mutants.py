@@ -17,6 +17,9 @@ reference's own and each mutant's diff is as small as a policy's would be:
 - swap_args: a call's first two positional arguments swapped;
 - revert_hunk: one hunk of the reference's diff undone, the others kept (a partial fix).
 
+Only Python files are mutated (hunk reverts included: fix commits carry README, CI and data
+hunks whose revert is no wrong fix), and a module-level `__version__ = ...` is left alone.
+
 mutmut and cosmic-ray were looked at first: both own the test run (mutmut 3 runs pytest
 in-process through trampolines in a `mutants/` copy; cosmic-ray mutates files in place from a
 session database and runs a test command itself) and scope by module, not by a diff's lines;
@@ -98,9 +101,15 @@ def changed_lines(before: str | None, after: str) -> set[int]:
 
 
 def same_ast(a: str, b: str) -> bool:
-    """Whether two Python sources parse to the same tree (positions, comments and formatting ignored)."""
+    """Whether two Python sources parse to the same tree (positions, comments, formatting and module-level
+    dunder assignments such as `__version__` ignored)."""
+    def normalised(source: str) -> str:
+        tree = ast.parse(source)
+        tree.body = [n for n in tree.body if not _metadata(n, None)]
+        return ast.dump(tree)
+
     try:
-        return ast.dump(ast.parse(a)) == ast.dump(ast.parse(b))
+        return normalised(a) == normalised(b)
     except (SyntaxError, ValueError):
         return False
 
@@ -187,6 +196,13 @@ def _edits(node: ast.AST, src: _Source, fn: ast.AST | None, in_class: bool) -> I
         yield "delete_statement", node, "pass", f"deleted: {_short(src.segment(node))}"
 
 
+def _metadata(node: ast.AST, fn: ast.AST | None) -> bool:
+    """A module-level assignment to a dunder name (`__version__ = "1.20.2"`): a release's bookkeeping
+    that fix commits carry, not code a test could or should pin."""
+    return fn is None and isinstance(node, ast.Assign) and all(
+        isinstance(t, ast.Name) and t.id.startswith("__") and t.id.endswith("__") for t in node.targets)
+
+
 def _walk(tree: ast.Module) -> Iterator[tuple[ast.AST, ast.AST | None, bool]]:
     """Every node with its innermost enclosing function and whether that function is a method."""
     def visit(node: ast.AST, fn: ast.AST | None, in_class: bool, parent_is_class: bool) -> Iterator:
@@ -218,7 +234,7 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
     out: list[tuple[int, Mutant]] = []
     seen: set[str] = {change.after}
     for node, fn, in_class in _walk(tree):
-        if not hasattr(node, "lineno") or isinstance(node, (*_FUNCTIONS, ast.ClassDef)):
+        if not hasattr(node, "lineno") or isinstance(node, (*_FUNCTIONS, ast.ClassDef)) or _metadata(node, fn):
             continue
         on_changed = bool(lines & set(range(node.lineno, node.end_lineno + 1)))
         if not on_changed and (fn is None or id(fn) not in touched):
@@ -278,12 +294,11 @@ def generate_mutants(changes: list[SourceChange], cap: int,
     """(at most `cap` mutants, how many there were before the cap), most telling first: hunk reverts,
     then mutants on the reference's changed lines, then the rest of their enclosing functions. When a
     group does not fit, mutants spread evenly over it are kept (deterministically)."""
-    single_file = len(changes) == 1
+    single_file = sum(is_python(c.path) for c in changes) == 1  # its only hunk undone: (nearly) the empty solution
     ranked: list[tuple[int, Mutant]] = []
     for change in changes:
-        ranked += _hunk_reverts(change, single_file)
-        if is_python(change.path):
-            ranked += _python_mutants(change)
+        if is_python(change.path):  # a README, CI or data hunk undone is no wrong fix (parse's fixes carry them)
+            ranked += _hunk_reverts(change, single_file) + _python_mutants(change)
     names: dict[str, int] = {}
     unique: list[tuple[int, Mutant]] = []
     for priority, m in ranked:
