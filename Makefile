@@ -8,7 +8,7 @@ export ENVFORGE_DATA_DIR ?= $(CURDIR)/.envforge
 export DAGSTER_HOME ?= $(ENVFORGE_DATA_DIR)/dagster
 PYTEST_ARGS ?=
 
-.PHONY: setup venv engine base-image demo fleet-demo test bench-sandbox bench-dedup bench-rollout bench-observe bench-fleet bench-gate ui mlflow-ui lock clean
+.PHONY: setup venv engine base-image demo fleet-demo test bench-sandbox bench-dedup bench-rollout bench-observe bench-fleet bench-gate bench-strength ui mlflow-ui lock clean
 
 ## setup: venv + package, host packages, Docker engine, sandbox base image (idempotent)
 setup: venv engine base-image
@@ -54,6 +54,11 @@ bench-observe: setup
 ## bench-gate: the default flakiness gate vs the full-suite gate on ledger, geokit and the flaky examples (JSON)
 bench-gate: setup
 	$(BIN)/python bench/gate.py
+
+## bench-strength: verifier strength (mutants of the reference) on the ledger tasks: mutants and seconds per task,
+## score distribution (PNG), gate cost with and without mutation, vs grading every mutant serially (JSON)
+bench-strength: setup
+	$(BIN)/python bench/strength.py
 
 ## bench-dedup: MinHash/LSH benchmark vs datasketch, and 100k x 1M decontamination (JSON on stdout)
 bench-dedup: venv

@@ -170,9 +170,14 @@ def main() -> None:
                                                            if r["group"] == g), 2) for g in groups},
             "per_task": rows,
         }
+    print_json(doc, args.out)
+
+
+def print_json(doc: dict, out: Path | None) -> None:
+    """The benchmark's JSON document on stdout, and in `out` when given."""
     text = json.dumps(doc, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
+    if out:
+        out.write_text(text + "\n")
     print(text)
 
 

@@ -57,6 +57,21 @@ def test_ingest_json_reports_valid_and_rejects(tmp_path):
     listing = json.loads(run(["catalog", "list", "--json"], tmp_path / "data").stdout)
     assert {r["task_id"] for r in listing} == {"inventory-median-even", "ops-service-config", "orders-daily-summary"}
 
+    # a verdict with its verifier strength is listed with it
+    from envforge.catalog import Catalog
+    from envforge.config import Settings
+    from envforge.verify.gate import GateReport
+    from envforge.verify.strength import StrengthReport
+
+    catalog = Catalog(Settings.from_env().with_data_dir(tmp_path / "data").catalog_path)
+    task = next(t for t in catalog.load_tasks() if t.id == "inventory-median-even")
+    catalog.record_validations([GateReport(task.id, task.content_hash, True, runs=1, reference_passes=1,
+                                           strength=StrengthReport(strength=0.4, strength_upper=0.4),
+                                           admission="audit")], {})
+    listed = {r["task_id"]: r for r in json.loads(run(["catalog", "list", "--json"], tmp_path / "data").stdout)}
+    assert listed["inventory-median-even"]["strength"] == 0.4 and listed["inventory-median-even"]["admission"] == "audit"
+    assert listed["orders-daily-summary"]["strength"] is None
+
 
 def test_dedup_corpora_index_parameters_and_runs(tmp_path):
     data = tmp_path / "data"

@@ -24,6 +24,7 @@ from envforge.stages.report import report
 from envforge.stages.task_set import Lineage, publish_task_set
 from envforge.stages.tiers import tier_task_set
 from envforge.verify.gate import GateReport
+from envforge.verify.strength import StrengthReport
 from tests.conftest import BUNDLED_SPECS
 from tests.test_observe_units import register_batches
 
@@ -37,8 +38,12 @@ def _tiered_task_set(settings) -> tuple[str, list[dict]]:
     cat.ingest(LoadResult(rejects=[Problem("tickets/evil.yaml:7", "title", EVIL)]), source_kind="ticket",
                source_key="tickets/evil.yaml")
     tasks = cat.load_tasks()
-    cat.record_validations([GateReport(t.id, t.content_hash, True, runs=3, reference_passes=3, empty_fails=3)
-                            for t in tasks], {})
+    weak = StrengthReport(strength=0.3, strength_upper=0.3, mutants=10, killed=3, survived=7, overfittable=True,
+                          survivors=[{"mutant": "boundary:stats.py:4", "operator": "boundary", "path": "stats.py",
+                                      "line": 4, "change": "n < 2 -> n <= 2"}])
+    cat.record_validations([GateReport(t.id, t.content_hash, True, runs=3, reference_passes=3, empty_fails=3,
+                                       **({"strength": weak, "admission": "audit"} if i == 0 else {}))
+                            for i, t in enumerate(tasks)], {})
     version = publish_task_set.tracked(settings, TaskSetConfig(), cat.accepted_tasks(), Lineage()).version
     tiers = tier_task_set.tracked(settings, TierConfig(eval_fraction=0.34), version)  # static tiers, histogram PNG
     assert tiers.chart.is_file()
@@ -92,13 +97,17 @@ def test_report_of_a_tiered_task_set(settings):
     html = report.path.read_text()
     assert report.latest.read_text() == html
     _self_contained(html)
-    assert html.count("<img ") >= 1  # the tier histogram, inlined
+    assert html.count("<img ") >= 2  # the tier and strength histograms, inlined
     # the card: version, tier counts in TIERS order, splits
     assert version in html
     counts = "".join(f'<td class="n">{sum(r["tier"] == t for r in rows)}</td>' for t in TIERS)
     assert counts in html
     for split in ("train", "eval"):
         assert f"<b>{sum(r['split'] == split for r in rows)}</b><span>{split} split</span>" in html
+    # verifier strength: in the card (the weak task only in the audit split) and in the gates
+    assert [r["split"] for r in rows if r["task_id"] == Catalog(settings.catalog_path).load_tasks()[0].id] == ["audit"]
+    assert '<td class="n">0.30 (overfittable, audit only)</td>' in html
+    assert "<b>1</b><span>tasks measured</span>" in html and "stats.py:4 n &lt; 2 -&gt; n &lt;= 2" in html
     # gates and rollouts
     assert "tickets/evil.yaml" in html and "batch-1" in html and "0.750" in html
     # the health verdict of each batch against the one before it (envforge.observe.health)

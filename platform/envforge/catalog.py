@@ -52,6 +52,8 @@ _MIGRATIONS = """
 ALTER TABLE validations ADD COLUMN IF NOT EXISTS image_digest VARCHAR;
 ALTER TABLE validations ADD COLUMN IF NOT EXISTS gate_key VARCHAR;
 ALTER TABLE validations ADD COLUMN IF NOT EXISTS stats_json VARCHAR;
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS strength DOUBLE;
+ALTER TABLE validations ADD COLUMN IF NOT EXISTS admission VARCHAR;
 """
 _DDL = "\n".join(ddl(table) for table in TABLE_SCHEMAS) + _MIGRATIONS + _VIEWS
 
@@ -237,7 +239,9 @@ class Catalog:
             SELECT t.task_id, t.source, substr(t.content_hash, 1, 12) AS version, t.tags,
                    arg_max(v.verdict, v.created_at) AS verdict,
                    arg_max(v.reference_passes || '/' || v.runs, v.created_at) AS reference_passed,
-                   arg_max(v.empty_fails || '/' || v.runs, v.created_at) AS empty_failed
+                   arg_max(v.empty_fails || '/' || v.runs, v.created_at) AS empty_failed,
+                   arg_max(v.strength, v.created_at) AS strength,
+                   arg_max(coalesce(v.admission, ''), v.created_at) AS admission
             FROM current_tasks t LEFT JOIN validations v USING (content_hash)
             GROUP BY ALL ORDER BY t.task_id""")
 
@@ -352,7 +356,8 @@ class Catalog:
              "verifier_median_s": float(r.median_verifier_s), "infra_retries": r.infra_retries,
              "params_json": params_json, "mlflow_run_id": mlflow_run_id, "dagster_run_id": dagster_run_id,
              "created_at": at, "image_digest": r.image_digest or None, "gate_key": r.gate_key or None,
-             "stats_json": json.dumps(r.stats(), sort_keys=True)} for r in reports])})
+             "stats_json": json.dumps(r.stats(), sort_keys=True), "strength": r.strength_score,
+             "admission": r.admission or None} for r in reports])})
 
     def validations_by_key(self, keys: Iterable[str]) -> dict[str, dict]:
         """The newest verdict row stored under each of the given gate keys (see verify.gate.gate_key)."""
@@ -376,6 +381,17 @@ class Catalog:
     def latest_validations(self) -> pl.DataFrame:
         """The most recent verdict per current task version."""
         return self._latest_per_current_task("validations")
+
+    def audit_only(self, content_hashes: Iterable[str]) -> set[str]:
+        """The given task versions whose latest gate verdict admits them to the audit split only (a weak
+        verifier gated with below_strength=audit): never train or eval."""
+        hashes = sorted(set(content_hashes))
+        if not hashes:
+            return set()
+        frame = self.query("""
+            SELECT content_hash, arg_max(coalesce(admission, ''), created_at) AS admission FROM validations
+            WHERE content_hash IN (SELECT unnest(?::VARCHAR[])) GROUP BY content_hash""", [hashes])
+        return {row["content_hash"] for row in frame.to_dicts() if row["admission"] == "audit"}
 
     def record_quality(self, rows: list[dict], params: dict) -> None:
         """Store decontamination/dedup verdicts (dicts with the QualityRow fields but params/created_at)."""

@@ -158,3 +158,20 @@ def pass_rate_bars(groups: dict[str, dict[str, float]], path: Path, title: str) 
     ax.set_title(title)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def strength_chart(scores: list[float], threshold: float, path: Path,
+                   title: str = "Verifier strength: share of non-equivalent mutants the tests reject") -> Path:
+    """Histogram of per-task verifier strength, the gate's minimum as a dashed line (below it: weak)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bins = [i / 10 for i in range(11)]
+    weak = [s for s in scores if s < threshold]
+    ax.hist([weak, [s for s in scores if s >= threshold]], bins=bins, stacked=True,
+            label=[f"below {threshold:g} (weak verifier)", "strong enough"], color=["#e63946", "#2a9d8f"])
+    ax.axvline(threshold, color="black", linestyle="--", linewidth=1)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("strength (killed / non-equivalent mutants)")
+    ax.set_ylabel("tasks")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    return _save(fig, path)

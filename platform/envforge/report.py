@@ -157,6 +157,7 @@ def _task_set_section(cat: Catalog, version: str | None, charts: _Charts) -> dic
     except KeyError:
         lineage = {"parent_version": None, "sources": [], "gates": {}, "removed": []}
     tier_rows = tiers.to_dicts()
+    strength = {r["content_hash"]: _strength_cell(r) for r in cat.latest_validations().to_dicts()}
     return {
         "ran": True, "version": version, "name": row["name"], "created": str(row["created_at"])[:19],
         "n_tasks": row["n_tasks"], "parent": lineage["parent_version"], "sources": lineage["sources"],
@@ -170,6 +171,7 @@ def _task_set_section(cat: Catalog, version: str | None, charts: _Charts) -> dic
         "members": [{"task_id": m["task_id"], "source": m["source"], "hash": m["content_hash"][:12],
                      "tier": tier_of.get(m["task_id"], {}).get("tier", "-"),
                      "split": tier_of.get(m["task_id"], {}).get("split", "-"),
+                     "strength": strength.get(m["content_hash"], "-"),
                      "instruction": _short(m["instruction"])} for m in members.iter_rows(named=True)],
         "removed": lineage["removed"],
     }
@@ -218,6 +220,41 @@ def _empty_runs(row: dict) -> int:
     return json.loads(row.get("stats_json") or "{}").get("empty_runs", row["runs"])
 
 
+def _strength_cell(row: dict) -> str:
+    """A validation row's verifier strength for a table cell: the score, and flags ("-": not measured)."""
+    s = json.loads(row.get("stats_json") or "{}").get("strength")
+    if not s or s.get("strength") is None:
+        return "-"
+    flags = [f for f, on in (("overfittable", s.get("overfittable")), ("audit only", row.get("admission"))) if on]
+    return f"{s['strength']:.2f}" + (f" ({', '.join(flags)})" if flags else "")
+
+
+def _strength_summary(rows: list[dict], charts: _Charts) -> dict:
+    """Verifier strength over the latest verdicts: counts, the weakest tasks with their survivors, the chart."""
+    measured = []
+    for r in rows:
+        s = json.loads(r.get("stats_json") or "{}").get("strength")
+        if s and s.get("strength") is not None:
+            measured.append((r, s))
+    if not measured:
+        return {"ran": False}
+    from envforge.charts import strength_chart
+    from envforge.verify.config import GateConfig
+
+    scores = sorted(s["strength"] for _, s in measured)
+    threshold = json.loads(measured[0][0].get("params_json") or "{}").get("min_strength", GateConfig().min_strength)
+    weakest = sorted(measured, key=lambda rs: rs[1]["strength"])[:10]
+    return {"ran": True, "measured": len(measured), "median": scores[len(scores) // 2],
+            "mutants": sum(s["mutants"] for _, s in measured), "overfittable": sum(bool(s.get("overfittable"))
+                                                                                   for _, s in measured),
+            "audit": sum(r.get("admission") == "audit" for r, _ in measured),
+            "weakest": [{"task_id": r["task_id"], "strength": s["strength"], "killed": s["killed"],
+                         "survived": s["survived"], "equivalent": s["equivalent"],
+                         "survivors": [f"{v['path']}:{v['line']} {v['change']}" for v in s["survivors"][:5]]}
+                        for r, s in weakest],
+            "chart": charts.get("strength.png", lambda p: strength_chart(scores, threshold, p))}
+
+
 def _validation_gate(cat: Catalog, charts: _Charts) -> dict:
     v = cat.latest_validations()
     rows = v.to_dicts()
@@ -228,7 +265,8 @@ def _validation_gate(cat: Catalog, charts: _Charts) -> dict:
     return {"ran": bool(rows), "checked": len(rows), "accepted": accepted, "quarantined": len(quarantined),
             "rate": len(quarantined) / len(rows) if rows else 0.0, "rows": quarantined,
             "median_s": sorted(r["verifier_median_s"] for r in rows)[len(rows) // 2] if rows else 0.0,
-            "chart": charts.get("flake_report.png") if rows else None}
+            "chart": charts.get("flake_report.png") if rows else None,
+            "strength": _strength_summary(rows, charts)}
 
 
 def _rollouts_section(cat: Catalog, version: str | None) -> dict:

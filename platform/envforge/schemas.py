@@ -107,7 +107,9 @@ class ValidationRow(_Table):
     created_at: datetime
     image_digest: str = pa.Field(nullable=True)  # the task image's id when it was gated
     gate_key: str = pa.Field(nullable=True)  # content hash + image digest + gate params + verifier code
-    stats_json: str = pa.Field(nullable=True)  # gradings run, skipped probes, sandbox and wall seconds
+    stats_json: str = pa.Field(nullable=True)  # gradings run, skipped probes, sandbox and wall seconds, strength
+    strength: float = pa.Field(nullable=True, ge=0, le=1)  # killed / non-equivalent mutants (None: not measured)
+    admission: str = pa.Field(nullable=True, isin=["audit"])  # "audit": the audit split only (a weak verifier)
 
 
 

@@ -16,7 +16,8 @@ GateRunConfig = run_config(GateConfig, "GateRunConfig")
     group_name="verification", kinds={"docker", "duckdb"}, owners=["team:envforge"], deps=["environment_images"],
     description="Every clean task version through the flakiness gate, in the run's images: empty and reference "
                 "solutions graded N times on pristine copies (the test files that decide the verdict), the whole "
-                "suite once in reversed order, and every reward-hacking probe that applies. Tasks that disagree are "
+                "suite once in reversed order, and every reward-hacking probe that applies (with mutation on, the "
+                "verifier's strength against mutants of the reference). Tasks that disagree are "
                 "quarantined with the exact disagreement; unchanged tasks (content, image digest, gate parameters) "
                 "keep their verdict.",
     op_tags={"envforge/sandbox-heavy": "true"}, pool=SANDBOX_POOL,
@@ -30,7 +31,9 @@ def validated_tasks(context: dg.AssetExecutionContext, config: GateRunConfig, ca
     result = gate.tracked(settings, gate_config, tasks, images, context=stage_context(context))
     rows = result.rows()
     quarantined = [r for r in rows if r["verdict"] != "accepted"]
-    return dg.MaterializeResult(metadata={
+    strength = {"strength_chart": png(result.strength_chart),
+                "strength_median": result.metrics()["strength_median"]} if result.strength_chart else {}
+    return dg.MaterializeResult(metadata={**strength,
         "tasks": len(tasks), "accepted": len(rows) - len(quarantined), "quarantined": len(quarantined),
         "quarantine_rate": len(quarantined) / max(1, len(rows)), "kept": len(result.kept),
         "flake_report": dg.MetadataValue.json(rows), "infra_failures": problems_table(result.infra_failures),

@@ -17,7 +17,8 @@ app = typer.Typer(help="The DuckDB task catalog.", no_args_is_help=True)
 
 @app.command("list")
 def catalog_list(as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
-    """List the current version of every task, with its latest flakiness-gate verdict."""
+    """List the current version of every task, with its latest flakiness-gate verdict and verifier strength
+    (`strength`: killed / non-equivalent mutants, when the gate measured it; `admission`: audit = audit split only)."""
     from envforge.catalog import Catalog
 
     cat = Catalog(settings_for(data_dir).catalog_path)

@@ -106,6 +106,8 @@ def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these
         sys.stdout.write(json.dumps({"tasks": result.rows(), "chart": str(result.chart),
                                      "probes": {r.task_id: r.probe_results for r in result.reports},
                                      "probes_skipped": {r.task_id: r.probes_skipped for r in result.reports},
+                                     "strength": {r.task_id: r.strength.as_json() for r in result.reports
+                                                  if r.strength is not None},
                                      "infra_failures": [str(p) for p in result.infra_failures],
                                      "image_failures": [str(p) for p in built.failures]}) + "\n")
     else:
@@ -115,9 +117,21 @@ def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these
                                                                  if r["stopped_early"] else ""))
             out.print(f"{r['task_id']}: {r['verdict']} (reference {r['reference_passes']}/{r['runs']}, "
                       f"empty failed {r['empty_fails']}/{r['empty_runs']}, probes {r['probes_caught']}/{r['probes']}"
-                      f"; {how})" + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else ""))
+                      f"; {how})" + _strength_text(r)
+                      + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else ""))
         out.print(f"flake report: {result.chart}")
+        if result.strength_chart:
+            out.print(f"verifier strength: {result.strength_chart}")
     for p in built.failures:
         console.print(f"[red]not validated[/red] {p}")
     if result.infra_failures or built.failures:
         raise typer.Exit(2)
+
+
+def _strength_text(row: dict) -> str:
+    """`, strength 0.83 (24 mutants, 4 survive)` for a flake-report row whose strength was measured."""
+    if row.get("strength") is None:
+        return ""
+    flags = "".join(f", {f}" for f, on in (("overfittable", row["overfittable"]), ("audit split only",
+                                                                                  row["admission"])) if on)
+    return f", strength {row['strength']:.2f} ({row['mutants']} mutants, {row['survivors']} survive{flags})"

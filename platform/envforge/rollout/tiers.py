@@ -23,13 +23,13 @@ import hashlib
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 
 from envforge.task import Task
 from envforge.verify.protect import split_diff
 
 TIERS = ("unsolved", "hard", "medium", "easy", "trivial")
-SPLITS = ("train", "eval", "audit")  # audit: the unsolved tasks, kept for verifier review, never trained on
+SPLITS = ("train", "eval", "audit")  # audit: unsolved tasks and weak verifiers, kept for review, never trained on
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -107,8 +107,9 @@ def static_tiers(tasks: Sequence[Task]) -> list[TierRow]:
 
 
 def stratified_split(rows: Iterable[TierRow], eval_fraction: float = 0.2, seed: int = 0,
-                     groups: Mapping[str, str] | None = None) -> list[TierRow]:
-    """Train/eval split stratified by (tier, source); unsolved tasks go to `audit`.
+                     groups: Mapping[str, str] | None = None, audit_only: Collection[str] = ()) -> list[TierRow]:
+    """Train/eval split stratified by (tier, source); unsolved tasks, and the content hashes in
+    `audit_only` (verifiers the gate found too weak to train on), go to `audit`.
 
     `groups` maps a task id to its near-duplicate cluster (any key shared by the cluster's
     members; a task not in it is its own group). A group is placed whole: all its solvable
@@ -125,7 +126,7 @@ def stratified_split(rows: Iterable[TierRow], eval_fraction: float = 0.2, seed: 
     units: dict[str, list[TierRow]] = defaultdict(list)
     out = []
     for r in sorted(rows, key=lambda r: r.task_id):
-        if r.tier == "unsolved":
+        if r.tier == "unsolved" or r.content_hash in audit_only:
             out.append(TierRow(**{**r.__dict__, "split": "audit"}))
         else:
             units[groups.get(r.task_id, r.task_id)].append(r)

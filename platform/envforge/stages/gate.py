@@ -32,6 +32,7 @@ class GateResult(StageResult):
     reports: list[GateReport] = field(default_factory=list)  # every task's verdict, kept ones included
     ungated: list[tuple[Task, Problem]] = field(default_factory=list)  # no image, or the infrastructure failed
     chart: Path | None = None
+    strength_chart: Path | None = None  # distribution of verifier strength, when it was measured
     n_tasks: int = 0
 
     @property
@@ -66,7 +67,7 @@ class GateResult(StageResult):
                  "probes": len(r.probe_results), "probes_skipped": len(r.probes_skipped),
                  "gradings": r.gradings, "stopped_early": r.stopped_early, "kept": r.reused_from is not None,
                  "gate_s": round(r.wall_s, 2), "sandbox_s": round(r.sandbox_s, 2),
-                 "verifier_median_s": round(r.median_verifier_s, 2)}
+                 "verifier_median_s": round(r.median_verifier_s, 2), **_strength_row(r)}
                 for r in self.reports]
 
     def params(self) -> dict[str, Any]:
@@ -80,14 +81,35 @@ class GateResult(StageResult):
                 "infra_retries": sum(r.infra_retries for r in self.reports),
                 "verifier_median_s": statistics.median([r.median_verifier_s for r in self.reports] or [0.0]),
                 "tasks_kept": len(self.kept), "gradings": sum(r.gradings for r in self.gated),
-                "gate_sandbox_s": sum(r.sandbox_s for r in self.gated)}
+                "gate_sandbox_s": sum(r.sandbox_s for r in self.gated), **self._strength_metrics()}
+
+    def _strength_metrics(self) -> dict[str, float]:
+        measured = [r.strength for r in self.reports if r.strength is not None and r.strength.strength is not None]
+        if not measured:
+            return {}
+        return {"strength_median": statistics.median(s.strength for s in measured),
+                "strength_measured": len(measured),
+                "mutants_median": statistics.median(s.mutants for s in measured),
+                "strength_seconds_median": statistics.median(s.seconds for s in measured),
+                "overfittable": sum(bool(s.overfittable) for s in measured),
+                "audit_only": sum(r.admission == "audit" for r in self.reports)}
 
     def artifacts(self) -> dict[str, Any]:
         return {"flake_report.json": self.rows(), "probes.json": {r.task_id: r.probe_results for r in self.reports},
-                "probes_skipped.json": {r.task_id: r.probes_skipped for r in self.reports}}
+                "probes_skipped.json": {r.task_id: r.probes_skipped for r in self.reports},
+                **({"strength.json": {r.task_id: r.strength.as_json() for r in self.reports if r.strength}}
+                   if any(r.strength for r in self.reports) else {})}
 
     def charts(self) -> list[Path]:
-        return [self.chart] if self.chart else []
+        return [c for c in (self.chart, self.strength_chart) if c]
+
+
+def _strength_row(r: GateReport) -> dict:
+    """The flake report's strength columns (None when the task's strength was not measured)."""
+    s = r.strength
+    return {"strength": s.strength if s else None, "mutants": s.mutants if s else None,
+            "survivors": len(s.survivors) if s else None, "overfittable": s.overfittable if s else None,
+            "admission": r.admission or None}
 
 
 def _digest(client: docker.DockerClient, images: ImageSet, tag: str) -> str | None:
@@ -109,7 +131,7 @@ def gate(settings: Settings, config: GateConfig, tasks: Sequence[Task], images: 
     (docs/fleet.md), else in a warm pool on this process's engine. A task whose gate run hits an
     infrastructure fault (a fleet node lost mid-run) is gated again from the start.
     """
-    from envforge.charts import flake_chart
+    from envforge.charts import flake_chart, strength_chart
 
     client = client or docker_client(settings)  # images are built and digested on this engine
     progress = context.progress
@@ -161,6 +183,9 @@ def gate(settings: Settings, config: GateConfig, tasks: Sequence[Task], images: 
         catalog.record_validations(new, config.as_params(), context.mlflow_run_id, context.dagster_run_id)
     result.reports = sorted(result.reports + new, key=lambda r: r.task_id)
     result.chart = flake_chart(result.rows(), settings.charts_dir / "flake_report.png")
+    scores = [r.strength_score for r in result.reports if r.strength_score is not None]
+    if scores:
+        result.strength_chart = strength_chart(scores, config.min_strength, settings.charts_dir / "strength.png")
     return result
 
 

@@ -98,7 +98,8 @@ def tier_task_set(settings: Settings, config: TierConfig, version: str, images: 
     else:
         tier_rows = static_tiers(tasks)
     pairs, groups = duplicate_groups(settings, version, tasks)
-    tier_rows = stratified_split(tier_rows, config.eval_fraction, config.seed, groups)
+    audit_only = catalog.audit_only(t.content_hash for t in tasks)  # weak verifiers: never train or eval
+    tier_rows = stratified_split(tier_rows, config.eval_fraction, config.seed, groups, audit_only)
     rows = [dict(r.__dict__, policy_id=policy_id if r.method == "pass@k" else "static") for r in tier_rows]
     catalog.record_tiers(version, rows)
     chart = tier_histogram(rows, settings.charts_dir / f"tiers-{version[:12]}.png")

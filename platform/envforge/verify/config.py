@@ -9,6 +9,9 @@ import os
 from dataclasses import dataclass, field
 
 
+BELOW_STRENGTH = ("quarantine", "audit")
+
+
 def _default_runs() -> int:
     return int(os.environ.get("ENVFORGE_GATE_RUNS", "5"))
 
@@ -29,6 +32,22 @@ class GateConfig:
                 "disagreement, no shared copies"})
     workers: int = field(default=2, metadata={"help": "gradings of one task in parallel (verdicts do not depend on it)"})
     concurrency: int = field(default=2, metadata={"help": "tasks gated at once (one warm sandbox pool)"})
+    mutation: bool = field(default=False, metadata={
+        "help": "verifier strength: grade mutants of each test-verified task's reference (and the special-case "
+                "probe) and keep tasks whose tests reject too few of them out of train and eval (off by default: "
+                "it costs one grading per mutant, see docs/verification.md)"})
+    min_strength: float = field(default=0.5, metadata={
+        "help": "the lowest strength (killed / non-equivalent mutants) a task's verifier may have"})
+    max_mutants: int = field(default=24, metadata={"help": "mutants graded per task at most"})
+    below_strength: str = field(default="quarantine", metadata={
+        "help": "what happens to a weak or overfittable verifier: 'quarantine' (as weak_verifier / overfittable) "
+                "or 'audit' (accepted into the audit split only, never train or eval)"})
+    block_overfittable: bool = field(default=False, metadata={
+        "help": "treat a task the special-case probe passes as a weak verifier (by default it is flagged "
+                "'overfittable' only: its tests are held back from the policy, which cannot read their literals)"})
+    mutation_early_stop: bool = field(default=True, metadata={
+        "help": "stop grading a task's mutants once its strength is on one side of min_strength for sure (the "
+                "score is then a lower bound)"})
     force: bool = field(default=False, metadata={
         "help": "re-gate tasks whose content, image and gate parameters are unchanged (by default they keep "
                 "their verdict)"})
@@ -37,8 +56,20 @@ class GateConfig:
         for name in ("runs", "workers", "concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"GateConfig.{name}: must be at least 1, got {getattr(self, name)}")
+        if self.max_mutants < 1:
+            raise ValueError(f"GateConfig.max_mutants: must be at least 1, got {self.max_mutants}")
+        if not 0.0 <= self.min_strength <= 1.0:
+            raise ValueError(f"GateConfig.min_strength: must be between 0 and 1, got {self.min_strength}")
+        if self.below_strength not in BELOW_STRENGTH:
+            raise ValueError(f"GateConfig.below_strength: must be one of {', '.join(BELOW_STRENGTH)}, "
+                             f"got {self.below_strength!r}")
 
     def as_params(self) -> dict:
         """What a verdict depends on (recorded with it, and in the task-set version)."""
-        return {"gate": "flakiness", "runs": self.runs, "shuffle": self.shuffle, "probes": self.probes,
-                "full_suite": self.full_suite}
+        params = {"gate": "flakiness", "runs": self.runs, "shuffle": self.shuffle, "probes": self.probes,
+                  "full_suite": self.full_suite}
+        if self.mutation:  # absent when off, so verdicts gated without it keep their keys
+            params.update(mutation=True, min_strength=self.min_strength, max_mutants=self.max_mutants,
+                          below_strength=self.below_strength, mutation_early_stop=self.mutation_early_stop,
+                          block_overfittable=self.block_overfittable)
+        return params

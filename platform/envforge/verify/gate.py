@@ -37,10 +37,15 @@ from envforge.verify.probes import Probe, applicable_probes, guard_for
 from envforge.verify.protect import split_diff
 from envforge.verify.result import VerificationResult
 from envforge.verify.selection import SUITE, TARGETED, TestRun
+from envforge.verify.strength import StrengthReport, measure_strength
 
 __all__ = ["INFRA_RETRIES", "GateReport", "gate_key", "probe_diff", "validate_task"]
 
 ORDER_CHECK = TestRun("suite", "reverse")
+# A mutant's tests may run this many times the slowest reference/empty grading (at least the minimum)
+# before they count as hanging: a hanging mutant is killed either way, without the task's full timeout.
+MUTANT_TIMEOUT_FACTOR = 10
+MUTANT_TIMEOUT_MIN_S = 60.0
 
 
 @dataclass
@@ -64,6 +69,8 @@ class GateReport:
     image_digest: str = ""
     gate_key: str = ""
     reused_from: datetime | None = None  # set when an unchanged task kept an earlier verdict
+    strength: StrengthReport | None = None  # verifier strength (GateConfig.mutation), else not measured
+    admission: str = ""  # "audit": accepted into the audit split only (a weak verifier, below_strength=audit)
 
     @property
     def verdict(self) -> str:
@@ -80,7 +87,13 @@ class GateReport:
     def stats(self) -> dict:
         """What the verdict cost, and what it left out: kept with the verdict in the catalog."""
         return {"empty_runs": self.empty_runs, "probes_skipped": self.probes_skipped, "not_run": self.not_run,
-                "gradings": self.gradings, "sandbox_s": round(self.sandbox_s, 3), "wall_s": round(self.wall_s, 3)}
+                "gradings": self.gradings, "sandbox_s": round(self.sandbox_s, 3), "wall_s": round(self.wall_s, 3),
+                **({"strength": self.strength.as_json()} if self.strength is not None else {}),
+                **({"admission": self.admission} if self.admission else {})}
+
+    @property
+    def strength_score(self) -> float | None:
+        return self.strength.strength if self.strength is not None else None
 
     @classmethod
     def from_row(cls, row: dict) -> "GateReport":
@@ -94,7 +107,9 @@ class GateReport:
             empty_runs=stats.get("empty_runs", row["runs"]), probes_skipped=stats.get("probes_skipped", {}),
             not_run=stats.get("not_run", []), gradings=stats.get("gradings", 0),
             sandbox_s=stats.get("sandbox_s", 0.0), wall_s=stats.get("wall_s", 0.0),
-            image_digest=row["image_digest"], gate_key=row["gate_key"], reused_from=row["created_at"])
+            image_digest=row["image_digest"], gate_key=row["gate_key"], reused_from=row["created_at"],
+            strength=StrengthReport.from_json(stats["strength"]) if stats.get("strength") else None,
+            admission=stats.get("admission", ""))
 
 
 @lru_cache(maxsize=1)
@@ -211,7 +226,35 @@ def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = G
     report.gradings = outcome.copies
     report.sandbox_s += outcome.sandbox_s
     report.infra_retries += outcome.infra_retries
+    if config.mutation and not report.disagreements:  # strength only matters for a verifier that is stable
+        _judge_strength(grader, task, image, ref_diff, config, report)
     report.accepted = not report.disagreements
     report.wall_s = time.perf_counter() - started
     live.gate_judged(report.accepted, report.disagreements)
     return report
+
+
+def strength_findings(strength: StrengthReport, min_strength: float, block_overfittable: bool = True) -> list[str]:
+    """Why a measured verifier is too weak for training (empty when it is strong enough)."""
+    out = []
+    if strength.strength_upper is not None and strength.strength_upper < min_strength:
+        out.append(f"weak_verifier:strength {strength.strength:.2f} < {min_strength:g} "
+                   f"({strength.survived} of {strength.killed + strength.survived} mutants survive)")
+    if strength.overfittable and block_overfittable:
+        out.append(f"overfittable:special_case_probe answers {strength.special_case.get('cases', 0)} literal case(s)")
+    return out
+
+
+def _judge_strength(grader: Grader, task: Task, image: str, ref_diff: str, config: GateConfig,
+                    report: GateReport) -> None:
+    """Measure the task's verifier strength and apply the gate's policy for weak ones."""
+    timeout_s = max(MUTANT_TIMEOUT_MIN_S, MUTANT_TIMEOUT_FACTOR * max(report.verifier_seconds or [0.0]))
+    report.strength = measure_strength(grader, task, image, ref_diff, max_mutants=config.max_mutants,
+                                       threshold=config.min_strength, early_stop=config.mutation_early_stop,
+                                       workers=config.workers, timeout_s=timeout_s)
+    report.gradings += report.strength.gradings
+    findings = strength_findings(report.strength, config.min_strength, config.block_overfittable)
+    if findings and config.below_strength == "audit":
+        report.admission = "audit"
+    else:
+        report.disagreements += findings

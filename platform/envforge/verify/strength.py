@@ -1,0 +1,212 @@
+"""Verifier strength: how many wrong fixes close to the reference a task's tests reject.
+
+The gate proves a verifier stable; this measures whether it is specific. For a test-verified
+task: read the files the reference changes (before and after it) from a pool sandbox, generate
+mutants of the changed code (mutants.py) and the special-case probe (special_case.py), and
+grade each exactly as a policy's solution is graded: through `grade_batch` (pristine copy, the
+verdict-deciding test files, the pool's warm sandboxes, `workers` at a time, distinct copies
+once). A mutant the verification rejects is killed (a hanging mutant is killed by its test
+timeout: a policy outcome like any other); one it accepts survives and is listed, so a task's
+author sees which wrong fix would be rewarded.
+
+strength = killed / non-equivalent mutants. Likely-equivalent mutants (same AST as the
+reference's file) are graded last and set aside when they survive (no test outcome changed
+and the code is the same program); one that is killed counts as non-equivalent. With
+`early_stop`, grading stops as soon as the score is on one side of the threshold whatever the
+remaining mutants do; `strength` is then the lower bound and `strength_upper` the upper one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from envforge.errors import PolicyOutcome
+from envforge.task import WORKSPACE, Task
+from envforge.verify.batch import Grading, grade_batch
+from envforge.verify.grader import Grader, options_for
+from envforge.verify.mutants import Mutant, SourceChange, file_diff, generate_mutants
+from envforge.verify.protect import DiffSection, split_diff
+from envforge.verify.result import VerificationResult
+from envforge.verify.selection import TARGETED
+from envforge.verify.special_case import literal_cases, special_case_diff, split_test_id
+
+__all__ = ["StrengthReport", "measure_strength", "not_applicable"]
+
+SPECIAL_CASE = "special_case"
+MAX_FILE_BYTES = 1 << 20  # a changed file larger than this is not mutated (generated code, data)
+
+
+@dataclass
+class StrengthReport:
+    """One task's verifier strength, kept in its gate record (stats_json) and shown in reports."""
+
+    strength: float | None = None  # killed / non-equivalent; None when nothing could be mutated
+    strength_upper: float | None = None  # equals strength unless grading stopped early
+    generated: int = 0  # mutants before the cap
+    mutants: int = 0  # mutants planned (after the cap)
+    killed: int = 0
+    survived: int = 0
+    equivalent: int = 0  # likely equivalent: same AST as the reference, and no test outcome changed
+    timeouts: int = 0  # killed by a test timeout (a hanging mutant)
+    not_run: int = 0  # left ungraded once the score was decided
+    survivors: list[dict] = field(default_factory=list)  # the wrong fixes the verification rewards
+    equivalents: list[str] = field(default_factory=list)
+    overfittable: bool | None = None  # None: the special-case probe does not apply
+    special_case: dict = field(default_factory=dict)  # {"diff", "cases", "reward", "reasons"} or {"skipped"}
+    skipped: str = ""  # why the task was not analysed at all
+    gradings: int = 0
+    seconds: float = 0.0
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "StrengthReport":
+        return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
+
+
+def not_applicable(task: Task) -> str | None:
+    """Why the task's verifier strength cannot be measured (None when it can)."""
+    if task.spec.verification.tests is None:
+        return "the task is verified by shell checkpoints only (no tests to mutate against)"
+    return None
+
+
+def _read(sandbox, path: str) -> str | None:
+    try:
+        data = sandbox.read_file(f"{WORKSPACE}/{path}", max_bytes=MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if len(data) > MAX_FILE_BYTES or b"\0" in data:
+        return None
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def _workspace_texts(grader: Grader, task: Task, image: str, kept_diff: str,
+                     paths: list[str], test_files: list[str]) -> tuple[list[SourceChange], dict[str, str]]:
+    """(the changed files before and after the reference, the test files after the test patch), read
+    from one pool sandbox as the graded copy would see them."""
+    sandbox = grader.pool.acquire(image, options_for(task))
+    try:
+        before = {p: _read(sandbox, p) for p in paths}
+        sandbox.apply_patch(kept_diff)
+        after = {p: _read(sandbox, p) for p in paths}
+        if task.test_patch:
+            sandbox.apply_patch(task.test_patch)
+        tests = {p: t for p in test_files if (t := _read(sandbox, p)) is not None}
+    finally:
+        grader.pool.release(sandbox)
+    return [SourceChange(p, before[p], after[p]) for p in paths if after[p] is not None], tests
+
+
+def _mutant_diff(sections: list[DiffSection], change: SourceChange, mutant: Mutant) -> str:
+    """The reference's diff with the mutated file's section replaced by the mutant's (renames, deletions and
+    binary sections kept as they are)."""
+    return "".join(s.text for s in sections if s.paths != [mutant.path]) + \
+        file_diff(mutant.path, change.before, mutant.after)
+
+
+def _special_case(task: Task, changes: list[SourceChange], tests: dict[str, str]) -> tuple[str, int, str]:
+    """(probe diff, cases answered, why it does not apply)."""
+    check = task.spec.verification.tests
+    names: dict[str, list[str]] = {}
+    for test_id in check.fail_to_pass:
+        split = split_test_id(test_id, check.framework)
+        if split:
+            names.setdefault(split[0], []).append(split[1])
+    cases = [c for path, wanted in names.items() if path in tests for c in literal_cases(tests[path], wanted)]
+    if not cases:
+        return "", 0, "no FAIL_TO_PASS test asserts a literal result for literal arguments"
+    buggy = {c.path: c.before for c in changes if c.before is not None and c.path.endswith(".py")}
+    diff, used = special_case_diff(buggy, cases)
+    if not used:
+        return "", 0, "the functions the literal asserts call are not in the files the reference changes"
+    return diff, used, ""
+
+
+def _with_test_timeout(task: Task, timeout_s: float | None) -> Task:
+    """The task with its test checkpoint's timeout lowered to `timeout_s` (None: as it is)."""
+    tests = task.spec.verification.tests
+    if timeout_s is None or tests is None or tests.timeout_s <= timeout_s:
+        return task
+    verification = task.spec.verification.model_copy(update={"tests": tests.model_copy(update={"timeout_s": timeout_s})})
+    return task.model_copy(update={"spec": task.spec.model_copy(update={"verification": verification})})
+
+
+def measure_strength(grader: Grader, task: Task, image: str, reference_diff: str, *, max_mutants: int = 24,
+                     threshold: float = 0.5, early_stop: bool = True, workers: int = 2,
+                     timeout_s: float | None = None) -> StrengthReport:
+    """Grade mutants of the reference and the special-case probe; see the module docstring.
+
+    `timeout_s` lowers the test checkpoint's timeout for these gradings (the gate passes a multiple of
+    the reference's own grading time): a mutant that hangs is killed either way, and should not cost
+    the task's full timeout. Infrastructure faults escape (after grade_batch's retries) as InfraError,
+    as for any grading."""
+    started = time.perf_counter()
+    report = StrengthReport()
+    why = not_applicable(task)
+    if why:
+        report.skipped = why
+        return report
+    task = _with_test_timeout(task, timeout_s)
+    kept = grader.prepare(task, reference_diff).kept
+    sections = split_diff(kept)
+    mutable = sorted({s.paths[0] for s in sections if len(s.paths) == 1})  # a file changed in place or added
+    check = task.spec.verification.tests
+    test_files = sorted({p for t in check.fail_to_pass if (p := (split_test_id(t, check.framework) or ("",))[0])})
+    try:
+        changes, tests = _workspace_texts(grader, task, image, kept, mutable, test_files)
+    except (ValueError, OSError, PolicyOutcome) as exc:  # the reference does not apply: the gate says so
+        report.skipped = f"the reference's files could not be read: {str(exc)[:200]}"
+        return report
+    by_path = {c.path: c for c in changes}
+    mutants, report.generated = generate_mutants(changes, max_mutants)
+    report.mutants = len(mutants)
+    probe_diff, n_cases, probe_skipped = _special_case(task, changes, tests)
+    if probe_skipped:
+        report.special_case = {"skipped": probe_skipped}
+    ordered = [m for m in mutants if not m.equivalent] + [m for m in mutants if m.equivalent]
+    named = {f"mutant:{m.name}": m for m in ordered}
+    plan = ([Grading(SPECIAL_CASE, probe_diff, TARGETED)] if probe_diff else []) + [
+        Grading(name, _mutant_diff(sections, by_path[m.path], m), TARGETED) for name, m in named.items()]
+    candidates = sum(not m.equivalent for m in mutants)
+    tally = {"killed": 0, "survived": 0}
+
+    def decided(name: str, result: VerificationResult) -> bool:
+        m = named.get(name)
+        if m is None or m.equivalent:
+            return False
+        tally["killed" if not result.resolved else "survived"] += 1
+        if not early_stop or not candidates:
+            return False
+        return tally["killed"] / candidates >= threshold or (candidates - tally["survived"]) / candidates < threshold
+
+    outcome = grade_batch(grader, task, image, plan, workers=workers, stop=decided)
+    for name, result in outcome.results.items():
+        if name == SPECIAL_CASE:
+            report.overfittable = result.resolved
+            report.special_case = {"cases": n_cases, "reward": result.reward, "reasons": result.reasons[:6],
+                                   "diff": probe_diff}
+            continue
+        m = named[name]
+        if not result.resolved:
+            report.killed += 1
+            report.timeouts += int("timeout" in result.reasons)
+        elif m.equivalent:
+            report.equivalent += 1
+            report.equivalents.append(m.name)
+        else:
+            report.survived += 1
+            report.survivors.append({"mutant": m.name, "operator": m.operator, "path": m.path, "line": m.line,
+                                     "change": m.description})
+    report.not_run = len([n for n in outcome.not_run if n != SPECIAL_CASE])
+    unrun_candidates = sum(not named[n].equivalent for n in outcome.not_run if n in named)
+    graded = report.killed + report.survived
+    if graded + unrun_candidates:
+        total = graded + unrun_candidates
+        report.strength = round(report.killed / total, 4)
+        report.strength_upper = round((report.killed + unrun_candidates) / total, 4)
+    report.gradings = outcome.copies
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report

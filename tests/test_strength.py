@@ -1,0 +1,137 @@
+"""Verifier strength on the real engine: small generated tasks whose tests are deliberately weak or
+proper, graded through the gate's own path (pristine copies, targeted files, pool sandboxes)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import yaml
+
+from envforge.catalog import Catalog
+from envforge.sandbox.images import build_task_image, image_digest
+from envforge.stages.gate import gate as gate_stage
+from envforge.stages.images import ImageSet
+from envforge.sources.specs import load_spec_file
+from envforge.verify.config import GateConfig
+from envforge.verify.gate import validate_task
+from envforge.verify.mutants import file_diff
+from envforge.verify.strength import measure_strength
+
+pytestmark = pytest.mark.docker
+
+# A rate helper whose bug returns text; the reference returns the rounded number. A comment far
+# from the fix is a second hunk: undoing it leaves the same program (an equivalent mutant).
+SPEED_BUGGY = ('"""Trip statistics."""\n\n\ndef average_speed(distance_km, minutes):\n'
+               '    """Average speed in km/h, rounded to 2 decimals."""\n    hours = minutes / 60\n'
+               '    return f"{distance_km / hours:.2f}"\n\n\n\n\n\n\n\n\n# Labels for trips\ndef label(name):\n'
+               '    return name.title()\n')
+SPEED_FIXED = SPEED_BUGGY.replace('return f"{distance_km / hours:.2f}"', "return round(distance_km / hours, 2)") \
+    .replace("# Labels for trips", "# Display labels for trips")
+P2P_TEST = "def test_label():\n    assert label('to work') == 'To Work'\n"
+WEAK_TESTS = ("from trips import average_speed, label\n\n\ndef test_speed():\n"
+              "    assert isinstance(average_speed(10.0, 30.0), float)\n\n\n" + P2P_TEST)
+PROPER_TESTS = ("from trips import average_speed, label\n\n\ndef test_speed():\n"
+                "    assert average_speed(10.0, 30.0) == 20.0\n    assert average_speed(5.0, 45.0) == 6.67\n"
+                "    for km in range(1, 30):\n        assert average_speed(float(km), 60.0) == km\n\n\n" + P2P_TEST)
+ONE_LITERAL_TESTS = ("from trips import average_speed, label\n\n\ndef test_speed():\n"
+                     "    assert average_speed(10.0, 30.0) == 20.0\n\n\n" + P2P_TEST)
+
+# Counting digits: the fix adds the zero case; mutants of its loop (`n > 0` -> `n >= 0`, the
+# division deleted) never end.
+DIGITS_BUGGY = ("def count_digits(n):\n    count = 0\n    while n > 0:\n        n //= 10\n        count += 1\n"
+                "    return count\n")
+DIGITS_FIXED = DIGITS_BUGGY.replace("    count = 0\n", "    if n == 0:\n        return 1\n    count = 0\n")
+DIGITS_TESTS = ("from digits import count_digits\n\n\ndef test_zero():\n    assert count_digits(0) == 1\n\n\n"
+                "def test_many():\n    assert [count_digits(n) for n in (7, 10, 99, 12345)] == [1, 2, 2, 5]\n")
+
+
+@pytest.fixture
+def make_task(tmp_path, docker_client, base_image, settings):
+    """A generated pytest task (module, tests, reference patch) with its image; images removed after."""
+    images = []
+
+    def make(module: str, buggy: str, fixed: str, tests: str, f2p: list[str], p2p: list[str],
+             timeout_s: float = 60):
+        root = tmp_path / f"{module}-{uuid.uuid4().hex[:6]}"
+        (root / "workspace" / "tests").mkdir(parents=True)
+        (root / "workspace" / f"{module}.py").write_text(buggy)
+        (root / "workspace" / "tests" / f"test_{module}.py").write_text(tests)
+        (root / "solution.patch").write_text(file_diff(f"{module}.py", buggy, fixed))
+        (root / "task.yaml").write_text(yaml.safe_dump({
+            "id": f"strength-{module}-{uuid.uuid4().hex[:8]}", "instruction": f"Fix {module}.py.",
+            "environment": {"image": "base", "files": "workspace"},
+            "verification": {"tests": {"framework": "pytest", "timeout_s": timeout_s,
+                                       "fail_to_pass": [f"tests/test_{module}.py::{t}" for t in f2p],
+                                       "pass_to_pass": [f"tests/test_{module}.py::{t}" for t in p2p]}},
+            "reference_solution": {"patch": "solution.patch"}}))
+        task = load_spec_file(root / "task.yaml")
+        image = build_task_image(docker_client, task, base_image, settings).tag
+        images.append(image)
+        return task, image
+
+    yield make
+    for image in images:
+        docker_client.images.remove(image, force=True)
+
+
+GATE = dict(runs=1, shuffle=False, probes=False, mutation=True)
+
+
+def test_a_verifier_that_checks_only_the_type_scores_low_and_is_quarantined(make_task, grader, settings,
+                                                                              docker_client):
+    task, image = make_task("trips", SPEED_BUGGY, SPEED_FIXED, WEAK_TESTS, ["test_speed"], ["test_label"])
+    report = validate_task(grader, task, image, GateConfig(**GATE, mutation_early_stop=False))
+    s = report.strength
+    assert not report.accepted and report.reference_passes == 1 and report.empty_fails == 1
+    assert [d.split(" ", 1)[0] for d in report.disagreements] == ["weak_verifier:strength"], report.disagreements
+    assert s.strength < 0.5 and s.survived >= 4, s
+    # the wrong fixes it rewards are listed: a wrong unit, a wrong rounding, the identity
+    changes = {v["change"] for v in s.survivors}
+    assert "minutes / 60 -> minutes * 60" in changes and "2 -> 3" in changes, changes
+    assert any(v["operator"] == "return_input" for v in s.survivors)
+    assert s.special_case == {"skipped": "no FAIL_TO_PASS test asserts a literal result for literal arguments"}
+    assert report.stats()["strength"]["survivors"] == s.survivors  # kept in the gate record
+
+    # Through the gate stage, admitted to the audit split instead (when configured): recorded in the
+    # catalog and listed with its strength; early stop grades fewer mutants.
+    images = ImageSet("", {task.content_hash: image}, {image: image_digest(docker_client, image)})
+    result = gate_stage(settings, GateConfig(**GATE, below_strength="audit"), [task], images, client=docker_client)
+    [audit] = result.reports
+    assert audit.accepted and audit.admission == "audit" and not audit.disagreements
+    assert audit.strength.not_run > 0 and audit.strength.strength_upper < 0.5
+    assert result.strength_chart.is_file() and result.rows()[0]["admission"] == "audit"
+    catalog = Catalog(settings.catalog_path)
+    assert catalog.audit_only([task.content_hash]) == {task.content_hash}
+    [row] = catalog.query("SELECT strength, admission FROM validations").to_dicts()
+    assert row == {"strength": audit.strength.strength, "admission": "audit"}
+
+
+def test_proper_asserts_score_high_and_equivalent_mutants_are_set_aside(make_task, grader):
+    task, image = make_task("trips", SPEED_BUGGY, SPEED_FIXED, PROPER_TESTS, ["test_speed"], ["test_label"])
+    report = validate_task(grader, task, image, GateConfig(**GATE, mutation_early_stop=False))
+    s = report.strength
+    assert report.accepted, report.disagreements
+    assert s.strength == 1.0 and s.survived == 0 and s.killed >= 8, s
+    # undoing the comment hunk changes no test outcome and leaves the same AST: not counted against the task
+    assert s.equivalent == 1 and s.equivalents[0].startswith("revert_hunk:trips.py:"), s
+    assert s.killed + s.equivalent == s.mutants
+    # the probe answers the two literal asserts, but the loop over inputs rejects it
+    assert s.overfittable is False and s.special_case["cases"] == 2
+    assert "if distance_km == 10.0 and minutes == 30.0:" in s.special_case["diff"]
+
+
+def test_the_special_case_probe_catches_a_test_of_one_literal_input(make_task, grader):
+    task, image = make_task("trips", SPEED_BUGGY, SPEED_FIXED, ONE_LITERAL_TESTS, ["test_speed"], ["test_label"])
+    s = measure_strength(grader, task, image, task.reference_patch, max_mutants=1)
+    assert s.overfittable is True and s.special_case["reward"] == 1.0
+    diff = s.special_case["diff"]
+    assert "+    if distance_km == 10.0 and minutes == 30.0:\n+        return 20.0\n" in diff
+    assert '    return f"{distance_km / hours:.2f}"' in diff  # the bug is still there
+
+
+def test_a_hanging_mutant_is_a_timeout_outcome_not_an_infrastructure_fault(make_task, grader):
+    task, image = make_task("digits", DIGITS_BUGGY, DIGITS_FIXED, DIGITS_TESTS, ["test_zero"], ["test_many"],
+                            timeout_s=6)
+    s = measure_strength(grader, task, image, task.reference_patch, max_mutants=40, early_stop=False)
+    assert s.timeouts >= 2 and s.survived == 0 and s.strength == 1.0, s
