@@ -17,7 +17,7 @@ from envforge.stages.gate import gate as gate_stage
 from envforge.stages.images import ImageSet
 from envforge.verify.config import GateConfig
 from envforge.verify.gate import ORDER_CHECK, validate_task
-from envforge.verify.selection import SUITE
+from envforge.verify.selection import SUITE, TestRun
 
 pytestmark = pytest.mark.docker
 
@@ -96,6 +96,15 @@ def test_grading_runs_only_the_files_that_decide_the_verdict(copy_spec, grader, 
         assert [t for t, s in targeted.tests.items() if s != "passed"] == ["tests/test_stats.py::test_not_there[gone]"]
         whole = grader.grade(task, image, task.reference_patch, run=SUITE)
         assert {"report_missing", "report_incomplete"} & set(whole.reasons)  # the suite collects the crashing file
+        # Fail fast (a probe's grading): FAIL_TO_PASS first, nothing after the first that fails;
+        # a solution that passes them runs everything else as usual.
+        f2p = task.spec.verification.tests.fail_to_pass
+        empty = grader.grade(task, image, "", "empty", run=TestRun(fail_fast=True))
+        assert empty.reward == 0 and empty.tests[f2p[0]] == "failed", empty.tests
+        assert {t for t, s in empty.tests.items() if s == "missing"} == set(empty.tests) - {f2p[0]}
+        assert grader.grade(task, image, "", "empty").tests["tests/test_stats.py::test_mean"] == "passed"
+        fixed = grader.grade(task, image, task.reference_patch, run=TestRun(fail_fast=True))
+        assert fixed.reasons == targeted.reasons and fixed.tests == targeted.tests
     finally:
         docker_client.images.remove(image, force=True)
 

@@ -36,6 +36,18 @@ def test_targeted_runs_name_the_files_holding_the_required_ids():
     assert selection_env(check, TestRun("suite", "reverse")) == {"ENVFORGE_TEST_ORDER": "reverse"}
 
 
+def test_fail_fast_runs_name_the_fail_to_pass_ids_for_pytest_only():
+    check = _spec("inventory-median-even").spec.verification.tests
+    env = selection_env(check, TestRun(fail_fast=True))
+    assert json.loads(env["ENVFORGE_FAIL_FAST"]) == check.fail_to_pass
+    assert json.loads(env["ENVFORGE_TEST_FILES"]) == ["tests/test_stats.py", "tests/test_stock.py"]
+    assert TestRun(fail_fast=True).without_fail_fast() == TARGETED
+    assert "ENVFORGE_FAIL_FAST" not in selection_env(check.model_copy(update={"framework": "unittest"}),
+                                                     TestRun(fail_fast=True))
+    huge = check.model_copy(update={"fail_to_pass": [f"tests/test_stats.py::test_{i:06d}" for i in range(3000)]})
+    assert "ENVFORGE_FAIL_FAST" not in selection_env(huge, TestRun(fail_fast=True))  # too big for one variable
+
+
 @pytest.mark.parametrize("pattern", [r"^healthy port=8080$", r"\Aid,email\n1,a@b\.com\n\Z", r"^EUR \d+ x{2,3}(a|b)$",
                                      r"[^\d\s]z", r"^contract ok: 8 rows$", r"(ab)\1"])
 def test_matching_text_matches(pattern):
@@ -132,6 +144,17 @@ def test_batch_shares_copies_runs_in_parallel_and_stops_early():
     assert out.shared_with == {"probe:a": "empty:run1", "probe:b": "empty:run1", "probe:d": "probe:c"}
     assert out.copies == len(grader.copies) == 5 and grader.max_in_flight > 1
     assert out.diffs["probe:a"] == "protected x"
+
+    # A fail-fast grading takes a full run's copy of the same diff (never the other way round), or
+    # another fail-fast one's.
+    fast = TestRun(fail_fast=True)
+    grader = FakeGrader()
+    out = grade_batch(grader, _Task(), "img", [
+        Grading("empty:run1", "", share=False), Grading("probe:a", "protected x", fast),
+        Grading("probe:b", "hack", fast), Grading("probe:c", "hack\nprotected z", fast),
+        Grading("probe:d", "hack")], workers=1)
+    assert out.shared_with == {"probe:a": "empty:run1", "probe:c": "probe:b"}
+    assert grader.copies == [("", TARGETED), ("hack", fast), ("hack", TARGETED)]
 
     grader = FakeGrader()
     out = grade_batch(grader, _Task(), "img", gradings, workers=1, stop=lambda name, r: not r.resolved)

@@ -6,8 +6,10 @@ can anything else that grades N solutions of a task (mutants of a verifier, a po
 samples). Two solutions whose diffs are equal once protected sections are dropped reach
 identical pristine copies, and grading is deterministic (the tests check it), so a solution
 marked `share=True` reuses the copy of an earlier grading with the same filtered diff and the
-same test run instead of running it again. A grading with `share=False` always runs (the
-gate's repeated runs exist to catch flakiness), but others may share its copy.
+same test run instead of running it again; a fail-fast grading (selection.py) also reuses
+the copy of a full run of the same tests, which answers its question too. A grading with
+`share=False` always runs (the gate's repeated runs exist to catch flakiness), but others
+may share its copy.
 
 Infrastructure faults are retried on a fresh sandbox (INFRA_RETRIES times), then raised:
 they are never a result.
@@ -75,8 +77,13 @@ class _Copies:
         self._futures: dict[tuple[str, TestRun], tuple[str, Future]] = {}
 
     def claim(self, key: tuple[str, TestRun], name: str, share: bool) -> tuple[str, Future] | None:
-        """The (owner, future) of an existing copy to reuse, or None after registering `name` as its owner."""
+        """The (owner, future) of an existing copy to reuse, or None after registering `name` as its owner.
+
+        A fail-fast grading takes the copy of the same run in full when there is one."""
+        kept, run = key
         with self._lock:
+            if share and run.fail_fast and (kept, run.without_fail_fast()) in self._futures:
+                return self._futures[(kept, run.without_fail_fast())]
             if share and key in self._futures:
                 return self._futures[key]
             if key not in self._futures:

@@ -9,8 +9,10 @@ with the disagreement.
 
 The default gate spends runs where they tell something: gradings run only the test files
 that decide the verdict (selection.py), in parallel on the pool's warm sandboxes, the first
-disagreement stops the task (the verdict is decided), and probes whose filtered diff equals
-one already graded share its graded copy (batch.py). `full_suite=True` is the exhaustive
+disagreement stops the task (the verdict is decided), probes whose filtered diff equals
+one already graded share its graded copy (batch.py), and a probe's grading runs the
+FAIL_TO_PASS tests first and stops at the first that fails (`fail_fast`, selection.py: its
+reward is 0 from there on, unless the task gives partial credit). `full_suite=True` is the exhaustive
 gate the default is measured against: the whole suite on every grading, every run and
 probe graded whatever happens.
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -64,6 +66,7 @@ class GateReport:
     probes_skipped: dict[str, str] = field(default_factory=dict)  # probe -> why it does not apply
     not_run: list[str] = field(default_factory=list)  # gradings left out once the verdict was decided
     gradings: int = 0  # graded copies actually run
+    grading_s: dict[str, float] = field(default_factory=dict)  # seconds of each graded copy run, by grading
     sandbox_s: float = 0.0
     wall_s: float = 0.0
     image_digest: str = ""
@@ -178,9 +181,11 @@ def _plan(task: Task, ref_diff: str, config: GateConfig, grader: Grader, image: 
     if config.probes:
         probes, report.probes_skipped = applicable_probes(task)
         ref_paths = tuple(p for section in split_diff(ref_diff) for p in section.paths)
+        probe_run = replace(run, fail_fast=share and not task.spec.verification.partial_credit)
         for probe in probes:
             plan.append(Grading(f"probe:{probe.name}",
-                                lambda probe=probe: probe_diff(grader, task, image, probe, ref_paths), run, share))
+                                lambda probe=probe: probe_diff(grader, task, image, probe, ref_paths), probe_run,
+                                share))
     return plan
 
 
@@ -207,6 +212,8 @@ def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = G
     outcome = grade_batch(grader, task, image, plan, workers=config.workers, stop=stop)
     for name, result in outcome.results.items():
         report.disagreements += _judge(task, name, result)
+        if name not in outcome.shared_with:
+            report.grading_s[name] = round(result.duration_s, 3)
         kind, _, which = name.partition(":")
         if kind in ("reference", "empty") and which != "order":
             report.verifier_seconds.append(result.duration_s)

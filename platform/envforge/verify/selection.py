@@ -12,8 +12,17 @@ command line, so an unknown or odd id (parametrized with spaces, brackets, addre
 never abort the run: it is reported missing on its own. The order is changed by the same
 plugin, after collection, so the files need not be listed either.
 
+A grading whose only question is "does this solution score 0?" (a hack probe) can stop at
+the first FAIL_TO_PASS test that does not pass: without partial credit the reward is 0 from
+then on, whatever the other tests do. `fail_fast` asks the pytest plugin to run the
+FAIL_TO_PASS tests first and to stop there; a solution that passes them all runs the rest as
+usual. Only the order of the tests changes, so only an order-dependent test could give
+another outcome (the order check catches those for the reference). This is what makes a
+probe cheap when the task's own test file is the slow one.
+
 unittest graders load the required ids (targeted) or discover every test (suite); tap and
-pattern commands are run as written, so for them both scopes run whatever the command runs.
+pattern commands are run as written, so for them both scopes run whatever the command runs,
+and `fail_fast` changes nothing.
 """
 
 from __future__ import annotations
@@ -30,12 +39,16 @@ Order = Literal["default", "reverse"]
 # Read (and removed from the environment) by the reporter plugin before any workspace code runs.
 FILES_ENV = "ENVFORGE_TEST_FILES"
 ORDER_ENV = "ENVFORGE_TEST_ORDER"
+FAIL_FAST_ENV = "ENVFORGE_FAIL_FAST"
+# Ids travel in one environment variable: past this size (Linux refuses one over 128 KiB), fail
+# fast is left off and the grading runs in full, as it would without it.
+FAIL_FAST_MAX_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
 class TestRun:
     """What a grading runs: the verdict-deciding test files or the whole suite, in collection
-    order or reversed.
+    order or reversed; with `fail_fast`, FAIL_TO_PASS first, stopping at the first that fails.
 
     Reversed is the order check's permutation: it runs every pair of tests in the opposite
     order from the default, so a test that passes only when another one has (or has not)
@@ -46,6 +59,11 @@ class TestRun:
 
     scope: Scope = "targeted"
     order: Order = "default"
+    fail_fast: bool = False
+
+    def without_fail_fast(self) -> "TestRun":
+        """The same run in full: its graded copy answers every question a fail-fast one does."""
+        return TestRun(self.scope, self.order)
 
 
 TARGETED = TestRun()
@@ -65,6 +83,10 @@ def selection_env(check: TestCheckpoint, run: TestRun) -> dict[str, str]:
         env[FILES_ENV] = json.dumps(target_files(check))
     if check.framework in ("pytest", "unittest") and run.order != "default":
         env[ORDER_ENV] = run.order
+    if check.framework == "pytest" and run.fail_fast:
+        first = json.dumps(list(check.fail_to_pass))
+        if len(first.encode()) <= FAIL_FAST_MAX_BYTES:
+            env[FAIL_FAST_ENV] = first
     return env
 
 

@@ -7,10 +7,12 @@ forged report to. It writes one JSON line per test outcome and, only if the sess
 normally, a final `{"finished": true, ...}` line: a run cut short (os._exit, a crash, a
 kill) has no trailer and counts as a failure.
 
-The grader also tells it, through two environment variables read (and removed) at import,
+The grader also tells it, through environment variables read (and removed) at import,
 which test files to collect (ENVFORGE_TEST_FILES, a JSON list of paths relative to the
 rootdir: every other test file and every directory holding none of them is ignored) and
-in what order to run the collected tests (ENVFORGE_TEST_ORDER=reverse). No test id is ever
+in what order to run the collected tests (ENVFORGE_TEST_ORDER=reverse), and, for a grading
+that only asks whether a solution scores 0, the FAIL_TO_PASS ids to run first and to stop at
+the first of which does not pass (ENVFORGE_FAIL_FAST, a JSON list). No test id is ever
 passed to pytest, so an unknown id is missing from the report, never the reason the whole
 run stops ("ERROR: not found"). Collection errors are reported with their message, so a
 missing dependency can be named.
@@ -33,6 +35,14 @@ _files = os.environ.pop("ENVFORGE_TEST_FILES", None)
 _ONLY = frozenset(Path(p).as_posix() for p in json.loads(_files)) if _files else None
 _DIRS = frozenset(str(parent) for p in (_ONLY or ()) for parent in Path(p).parents if str(parent) != ".")
 _REVERSE = os.environ.pop("ENVFORGE_TEST_ORDER", "") == "reverse"
+_first = os.environ.pop("ENVFORGE_FAIL_FAST", None)
+_FAIL_FAST = frozenset(json.loads(_first)) if _first else frozenset()
+_session = None
+
+
+def pytest_sessionstart(session):
+    global _session
+    _session = session
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -54,6 +64,8 @@ def pytest_ignore_collect(collection_path, config):
 def pytest_collection_modifyitems(session, config, items):
     if _REVERSE:
         items.reverse()
+    if _FAIL_FAST:  # FAIL_TO_PASS first, each group in the order it had
+        items[:] = [i for i in items if i.nodeid in _FAIL_FAST] + [i for i in items if i.nodeid not in _FAIL_FAST]
 
 
 def pytest_collectreport(report):
@@ -83,6 +95,8 @@ def pytest_runtest_logreport(report):
     old = _outcomes.get(report.nodeid)
     if old is None or _ORDER.index(status) > _ORDER.index(old):
         _outcomes[report.nodeid] = status
+    if status != "passed" and report.nodeid in _FAIL_FAST and _session is not None:
+        _session.shouldfail = f"envforge fail fast: {report.nodeid} did not pass"
 
 
 def pytest_sessionfinish(session, exitstatus):
