@@ -16,7 +16,7 @@ GateRunConfig = run_config(GateConfig, "GateRunConfig")
     group_name="verification", kinds={"docker", "duckdb"}, owners=["team:envforge"], deps=["environment_images"],
     description="Every clean task version through the flakiness gate, in the run's images: empty and reference "
                 "solutions graded N times on pristine copies (the test files that decide the verdict), the whole "
-                "suite once in reversed order, and every reward-hacking probe that applies (with mutation on, the "
+                "suite once in reversed order, and every reward-hacking probe that applies (and, by default, the "
                 "verifier's strength against mutants of the reference). Tasks that disagree are "
                 "quarantined with the exact disagreement; unchanged tasks (content, image digest, gate parameters) "
                 "keep their verdict.",

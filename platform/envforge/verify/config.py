@@ -32,10 +32,10 @@ class GateConfig:
                 "disagreement, no shared copies"})
     workers: int = field(default=2, metadata={"help": "gradings of one task in parallel (verdicts do not depend on it)"})
     concurrency: int = field(default=2, metadata={"help": "tasks gated at once (one warm sandbox pool)"})
-    mutation: bool = field(default=False, metadata={
+    mutation: bool = field(default=True, metadata={
         "help": "verifier strength: grade mutants of each test-verified task's reference (and the special-case "
-                "probe) and keep tasks whose tests reject too few of them out of train and eval (off by default: "
-                "it costs one grading per mutant, see docs/verification.md)"})
+                "probe) and keep tasks whose tests reject too few of them out of train and eval (one grading per "
+                "mutant, paid once per task: unchanged tasks keep their verdict; see docs/verification.md)"})
     min_strength: float = field(default=0.5, metadata={
         "help": "the lowest strength (killed / non-equivalent mutants) a task's verifier may have"})
     max_mutants: int = field(default=24, metadata={"help": "mutants graded per task at most"})
