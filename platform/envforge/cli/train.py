@@ -21,8 +21,11 @@ TaskSet = typer.Option("latest", help="a tiered task-set version (prefix) or 'la
 
 
 @app.command("demo")
-def train_demo(quick: bool = typer.Option(False, help="a shortened run (fewer tasks, steps and rounds)"),
-               seed: int = typer.Option(0), rounds: Optional[int] = typer.Option(None, help="GRPO rounds"),
+def train_demo(quick: bool = typer.Option(False, help="a shortened run (one seed, fewer tasks, steps and rounds)"),
+               seeds: str = typer.Option("0,1,2", help="comma-separated seeds, run one after the other"),
+               rounds: Optional[int] = typer.Option(None, help="GRPO rounds"),
+               max_staleness: int = typer.Option(0, help="0: synchronous GRPO; >0: asynchronous, rollouts up to "
+                                                         "this many policy versions behind the trainer"),
                as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
     """The CPU learning demo: a small model, SFT on demonstrations, then GRPO rounds, with held-out pass@1
     measured before, after SFT and after GRPO by the sandbox verifier (learning_demo.json, curve PNG, MLflow)."""
@@ -31,8 +34,15 @@ def train_demo(quick: bool = typer.Option(False, help="a shortened run (fewer ta
 
     settings = settings_for(data_dir)
     settings.ensure_dirs()
-    training = replace(DEMO_TRAINING, seed=seed)
-    cfg = LearningDemoConfig.quick(training) if quick else LearningDemoConfig(training)
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError:
+        fail(EnvforgeError(f"--seeds {seeds!r}: expected comma-separated integers such as 0,1,2"))
+    if not seed_list:
+        fail(EnvforgeError("--seeds: give at least one seed"))
+    training = replace(DEMO_TRAINING, seed=seed_list[0], max_staleness=max_staleness)
+    cfg = (replace(LearningDemoConfig.quick(training), seeds=seed_list) if quick
+           else LearningDemoConfig(training, seeds=seed_list))
     if rounds is not None:
         cfg = replace(cfg, training=replace(cfg.training, rl_rounds=rounds))
     try:
@@ -43,8 +53,12 @@ def train_demo(quick: bool = typer.Option(False, help="a shortened run (fewer ta
     if as_json:
         sys.stdout.write(json.dumps(doc, default=str) + "\n")
         return
-    out.print(f"held-out pass@1 ({doc['held_out_tasks']} tasks): before {doc['pass_at_1_before']:.2f}, after SFT "
-              f"{doc['pass_at_1_after_sft']:.2f}, after GRPO {doc['pass_at_1_after_grpo']:.2f}")
+    sp = doc["spread"]
+    for kind, label in (("", "greedy"), ("sampled_", "sampled")):
+        out.print(f"held-out {label} pass@1 ({doc['held_out_tasks']} tasks, mean [min, max] over seeds "
+                  f"{doc['seeds']}): " + ", ".join(
+                      f"{phase.replace('_', ' ')} {sp[k]['mean']:.2f} [{sp[k]['min']:.2f}, {sp[k]['max']:.2f}]"
+                      for phase in ("before", "after_sft", "after_grpo") for k in [f"pass_at_1_{kind}{phase}"]))
     out.print(f"learning curve: {doc['chart']}\nfigures: {settings.data_dir / 'learning_demo.json'}\n"
               f"checkpoint: {doc['checkpoint']} (MLflow run {doc['mlflow_run_id']})")
 

@@ -80,7 +80,7 @@ def turn_samples(trajectories: Iterable[Trajectory], only_resolved: bool = False
                 out.append(TurnSample(list(turn.prompt_token_ids), list(turn.token_ids),
                                       behaviour_logprobs=list(turn.logprobs) if turn.logprobs else None,
                                       reward=t.reward, group_id=t.group_id, trajectory_id=t.trajectory_id,
-                                      policy_version=t.policy_version))
+                                      policy_version=t.policy_version, truncated=turn.finish_reason == "length"))
     return out
 
 
