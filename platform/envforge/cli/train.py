@@ -112,3 +112,21 @@ def train_evaluate(task_set: str = TaskSet, config: TrainingConfig = TrainingCon
         return
     out.print(f"eval-split pass@1 ({result.report['eval_tasks']} tasks): "
               + ", ".join(f"{label} {v:.2f}" for label, v in result.pass_at_1().items()))
+
+
+def lineage(checkpoint: str = typer.Argument(..., help="a checkpoint directory, <model>@<alias> (e.g. "
+                                                       "envforge-policy@best) or <model>/<version>"),
+            as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """The chain from a checkpoint back to its sources: registry version, MLflow and Dagster runs, the rollout
+    batches it trained on, its task set and that set's source records, then the checkpoint it started from."""
+    from envforge.train.lineage import checkpoint_lineage, format_lineage
+
+    settings = settings_for(data_dir)
+    try:
+        node = checkpoint_lineage(settings, checkpoint)
+    except ValueError as exc:
+        fail(EnvforgeError(str(exc)))
+    if as_json:
+        sys.stdout.write(json.dumps(node, indent=2, default=str) + "\n")
+        return
+    out.print("\n".join(format_lineage(node)), markup=False, highlight=False)

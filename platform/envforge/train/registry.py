@@ -67,15 +67,15 @@ def promote_if_better(settings: Settings, model_name: str, checkpoint: str | Pat
     tag = eval_tag(task_set_version)
     client.set_model_version_tag(model_name, candidate.version, tag, str(score))
     current = aliased_version(settings, model_name, alias)
-    decision: dict[str, Any] = {"model": model_name, "candidate_version": candidate.version, "candidate_score": score,
+    decision: dict[str, Any] = {"model": model_name, "candidate_version": str(candidate.version), "candidate_score": score,
                                 "task_set_version": task_set_version, "alias": alias}
-    if current is not None and current.version != candidate.version:
+    if current is not None and str(current.version) != str(candidate.version):
         if tag in current.tags:
             best_score = float(current.tags[tag])
         else:
             best_score = float(measure(local_copy(current)))
             client.set_model_version_tag(model_name, current.version, tag, str(best_score))
-        decision.update(previous_version=current.version, previous_score=best_score)
+        decision.update(previous_version=str(current.version), previous_score=best_score)
         if score <= best_score:
             client.set_model_version_tag(model_name, candidate.version, "promoted", "false")
             return {**decision, "promoted": False,
