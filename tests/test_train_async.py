@@ -115,7 +115,6 @@ def test_stream_hands_over_each_rounds_fresh_groups():
             await stream.put([traj("fresh", 0)])
             await stream.put([traj("old", 0)])
             await stream.end_batch("round-0")
-            version["v"] = 1
             await stream.put([traj("stale", 0)])
             await stream.put([traj("current", 1)])
             await stream.end_batch("round-1")

@@ -22,7 +22,8 @@ TaskSet = typer.Option("latest", help="a tiered task-set version (prefix) or 'la
 
 @app.command("demo")
 def train_demo(quick: bool = typer.Option(False, help="a shortened run (one seed, fewer tasks, steps and rounds)"),
-               seeds: str = typer.Option("0,1,2", help="comma-separated seeds, run one after the other"),
+               seeds: Optional[str] = typer.Option(None, help="comma-separated seeds, run one after the other "
+                                                              "(default 0,1,2; with --quick 0)"),
                rounds: Optional[int] = typer.Option(None, help="GRPO rounds"),
                max_staleness: int = typer.Option(0, help="0: synchronous GRPO; >0: asynchronous, rollouts up to "
                                                          "this many policy versions behind the trainer"),
@@ -34,6 +35,7 @@ def train_demo(quick: bool = typer.Option(False, help="a shortened run (one seed
 
     settings = settings_for(data_dir)
     settings.ensure_dirs()
+    seeds = seeds or ("0" if quick else "0,1,2")
     try:
         seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
     except ValueError:
