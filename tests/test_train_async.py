@@ -123,6 +123,7 @@ def test_stream_hands_over_each_rounds_fresh_groups():
         producer = asyncio.create_task(stream.run(produce()))
         async for batch_id, groups in stream.batches():
             out.append((batch_id, [g[0].task_id for g in groups]))
+            version["v"] += 1  # the trainer updates on each batch
         await producer
         return out
 
