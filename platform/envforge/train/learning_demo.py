@@ -50,8 +50,8 @@ FIXES = {c.command for c in CHORES}
 
 # A model small enough to learn the chores on CPU in minutes: many SFT epochs over few demonstrations,
 # a short GRPO schedule on sampled training tasks, short completions.
-DEMO_TRAINING = TrainingConfig(base_model="tiny:128x4", sft_epochs=30, rl_rounds=6, tasks_per_round=8, group_size=4,
-                               rl_lr=1e-3, max_tokens=48)
+DEMO_TRAINING = TrainingConfig(base_model="tiny:128x4", sft_epochs=20, rl_rounds=6, tasks_per_round=6, group_size=4,
+                               rl_lr=2e-3, max_tokens=48)
 PHASES = ("before", "after_sft", "after_grpo")
 
 
@@ -64,7 +64,7 @@ class LearningDemoConfig:
     train_per_chore: int = 4
     held_out_per_chore: int = 2
     slip_rate: float = 0.5  # share of the operator logs that record a slip instead of the fix
-    logs_per_task: int = 2
+    logs_per_task: int = 1
     eval_samples: int = 4  # held-out samples per task for the sampled pass@1
     registered_model: str = "envforge-learning-demo"
 
