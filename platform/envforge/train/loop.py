@@ -234,6 +234,7 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
                 await asyncio.to_thread(live.reload, path)
                 run.checkpoints.append(str(path))
             elif shared is not None:
+                model.eval()  # the update left it in train mode; the next round samples from it
                 shared.version = version + 1
             run.trainer_busy_s += time.perf_counter() - t0
             batch = results[batch_id].metrics
