@@ -23,10 +23,10 @@ def _registered(settings: Settings, ref: str) -> tuple[Path | None, Any | None]:
     """(checkpoint dir, model version) for `<model>@<alias>`, `<model>/<version>` or a directory."""
     import mlflow
 
-    from envforge.train.registry import _client, local_copy
+    from envforge.train.registry import local_copy, registry_client
 
     path = Path(ref)
-    client = _client(settings)
+    client = registry_client(settings)
     if path.is_dir():
         quoted = str(path.resolve()).replace("'", "\\'")
         found = client.search_model_versions(f"tags.checkpoint_path = '{quoted}'")

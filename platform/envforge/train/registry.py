@@ -24,7 +24,7 @@ def eval_tag(task_set_version: str) -> str:
     return f"eval.pass_at_1.{task_set_version[:12]}"
 
 
-def _client(settings: Settings) -> Any:
+def registry_client(settings: Settings) -> Any:
     import mlflow
 
     track.experiment_id(settings)  # points the client at the configured store
@@ -33,7 +33,7 @@ def _client(settings: Settings) -> Any:
 
 def version_for_checkpoint(settings: Settings, model_name: str, checkpoint: str | Path) -> Any | None:
     """The newest registered version of `model_name` made from the checkpoint directory `checkpoint`."""
-    client = _client(settings)
+    client = registry_client(settings)
     path = str(Path(checkpoint).resolve()).replace("'", "\\'")
     found = client.search_model_versions(f"name = '{model_name}' and tags.checkpoint_path = '{path}'")
     return max(found, key=lambda v: int(v.version)) if found else None
@@ -43,7 +43,7 @@ def aliased_version(settings: Settings, model_name: str, alias: str = BEST) -> A
     import mlflow
 
     try:
-        return _client(settings).get_model_version_by_alias(model_name, alias)
+        return registry_client(settings).get_model_version_by_alias(model_name, alias)
     except mlflow.exceptions.MlflowException:
         return None
 
@@ -60,7 +60,7 @@ def promote_if_better(settings: Settings, model_name: str, checkpoint: str | Pat
     """Tag the checkpoint's registered version with its eval-split `score`, and move `alias` to it if
     it beats the current holder's score on the same split (`measure(checkpoint_dir)` gives that score
     when the holder has no tag for this split). Returns the decision, for the evaluation report."""
-    client = _client(settings)
+    client = registry_client(settings)
     candidate = version_for_checkpoint(settings, model_name, checkpoint)
     if candidate is None:
         return {"promoted": False, "reason": f"{checkpoint} is not a registered version of {model_name}"}
