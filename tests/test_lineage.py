@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -74,11 +72,15 @@ def test_lineage_walks_back_to_the_source_records(tracked, tiny):
     rl, _ = _checkpoint(settings, tiny, "rl-x", {"stage": "rl"}, "pol",
                         {"task_set_version": version, "start_checkpoint": str(sft), "rollout_batches": "rl-round-0"},
                         dagster="dagster-run-1")
-    envforge = os.path.join(os.path.dirname(sys.executable), "envforge")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": ""}
-    proc = subprocess.run([envforge, "lineage", str(rl), "--json", "--data-dir", str(settings.data_dir)],
-                          capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    from typer.testing import CliRunner
+
+    from envforge.cli import app
+
+    def lineage(*args: str):
+        return CliRunner().invoke(app, ["lineage", *args, "--data-dir", str(settings.data_dir)])
+
+    proc = lineage(str(rl), "--json")
+    assert proc.exit_code == 0, proc.output[-2000:]
     node = json.loads(proc.stdout)
     assert node["registered"]["model"] == "pol" and node["dagster_run_id"] == "dagster-run-1" and node["mlflow_run_id"]
     assert node["rollout_batches"][0]["n_trajectories"] == 6
@@ -88,9 +90,7 @@ def test_lineage_walks_back_to_the_source_records(tracked, tiny):
     sft_node = node["from"]
     assert sft_node["registered"]["model"] == "pol-sft" and sft_node["from"] == {"base_model": "tiny:32x1"}
     assert sft_node["rollout_batches"][0]["missing"]  # named, but not in this catalog
-    text = subprocess.run([envforge, "lineage", "pol/1", "--data-dir", str(settings.data_dir)],
-                          capture_output=True, text=True, timeout=300, env=env)
-    assert text.returncode == 0 and "registered pol v1" in text.stdout and "base model tiny:32x1" in text.stdout
-    bad = subprocess.run([envforge, "lineage", "nope", "--data-dir", str(settings.data_dir)],
-                         capture_output=True, text=True, timeout=300, env=env)
-    assert bad.returncode == 1 and "expected a checkpoint directory" in bad.stdout + bad.stderr
+    text = lineage("pol/1")
+    assert text.exit_code == 0 and "registered pol v1" in text.output and "base model tiny:32x1" in text.output
+    bad = lineage("nope")
+    assert bad.exit_code == 1 and "expected a checkpoint directory" in bad.output
