@@ -47,7 +47,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--tasks", type=int, default=8, help="training chores per round")
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--sft-epochs", type=int, default=10)
+    ap.add_argument("--sft-epochs", type=int, default=25)
+    ap.add_argument("--sft-lr", type=float, default=1e-2)
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--epochs-per-batch", type=int, default=1, help="optimizer steps per round (update cost)")
     ap.add_argument("--seed", type=int, default=0)
@@ -57,12 +58,13 @@ def main() -> None:
     data_dir = Path(a.data_dir or tempfile.mkdtemp(prefix="envforge-bench-async-"))
     settings = Settings.from_env().with_data_dir(data_dir)
     settings.ensure_dirs()
-    training = TrainingConfig(base_model=a.model, seed=a.seed, sft_epochs=a.sft_epochs, rl_rounds=a.rounds,
+    training = TrainingConfig(base_model=a.model, seed=a.seed, sft_epochs=a.sft_epochs, sft_lr=a.sft_lr, rl_rounds=a.rounds,
                               tasks_per_round=a.tasks, group_size=a.group_size, rl_lr=1e-3, max_tokens=48)
     train, _ = chore_family(a.seed, train_per_chore=4, held_out_per_chore=0)
     items = ensure_images(settings, train, context=StageContext()).items(train)
     image_of = {t.id: image for t, image in items}
-    logs = [(log, image_of[log.id.rsplit(".log", 1)[0]]) for log in operator_logs([t for t, _ in items], a.seed)]
+    logs = [(log, image_of[log.id.rsplit(".log", 1)[0]])
+            for log in operator_logs([t for t, _ in items], a.seed, per_task=1)]
     model, tok = load_model(a.model, a.seed)
     t0 = time.perf_counter()
     sft_samples = demonstrations(settings, logs, tok, "bench-async-logs", training.concurrency, only_resolved=False)
