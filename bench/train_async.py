@@ -58,8 +58,9 @@ def main() -> None:
     data_dir = Path(a.data_dir or tempfile.mkdtemp(prefix="envforge-bench-async-"))
     settings = Settings.from_env().with_data_dir(data_dir)
     settings.ensure_dirs()
-    training = TrainingConfig(base_model=a.model, seed=a.seed, sft_epochs=a.sft_epochs, sft_lr=a.sft_lr, rl_rounds=a.rounds,
-                              tasks_per_round=a.tasks, group_size=a.group_size, rl_lr=1e-3, max_tokens=48)
+    training = TrainingConfig(base_model=a.model, seed=a.seed, sft_epochs=a.sft_epochs, sft_lr=a.sft_lr,
+                              rl_rounds=a.rounds, tasks_per_round=a.tasks, group_size=a.group_size, rl_lr=2e-3,
+                              max_tokens=48)
     train, _ = chore_family(a.seed, train_per_chore=4, held_out_per_chore=0)
     items = ensure_images(settings, train, context=StageContext()).items(train)
     image_of = {t.id: image for t, image in items}
