@@ -41,7 +41,8 @@ class TeacherEpisode:
         text = to_text(action)
         completion = list(self.tokenizer.encode(text, add_special_tokens=False))
         completion.append(self.tokenizer.convert_tokens_to_ids(IM_END))
-        return PolicyOutput(text=text, prompt_token_ids=render_prompt(self.tokenizer, messages, tools), token_ids=completion)
+        return PolicyOutput(text=text, prompt_token_ids=render_prompt(self.tokenizer, messages, tools),
+                            token_ids=completion)
 
     async def aclose(self) -> None:
         return None

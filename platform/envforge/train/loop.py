@@ -228,7 +228,8 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
             t0 = time.perf_counter()
             groups = rl_groups(t for group in fresh for t in group)
             samples = [s for members in groups.values() for _, turns in members for s in turns]
-            metrics = await asyncio.to_thread(trainer.step, samples) if samples else {"skipped_groups": float(len(groups))}
+            metrics = (await asyncio.to_thread(trainer.step, samples) if samples
+                       else {"skipped_groups": float(len(groups))})
             if live is not None:
                 path = await asyncio.to_thread(trainer.save, ckpt_dir)
                 await asyncio.to_thread(live.reload, path)
