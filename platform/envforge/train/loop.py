@@ -146,7 +146,10 @@ class InProcessPolicy:
 @dataclass
 class ServedPolicy:
     """A policy server (`envforge policy serve`, which loads checkpoints from this machine's disk),
-    rolled out through `OpenAIChatPolicy` and reloaded with `POST /v1/reload`."""
+    rolled out through `OpenAIChatPolicy` and reloaded with `POST /v1/reload`.
+
+    Start the server on the trainer's starting checkpoint, fresh (version 0): its version then
+    counts this run's updates, which is what staleness is measured in."""
 
     policy: Any  # OpenAIChatPolicy
     base_url: str
