@@ -51,6 +51,9 @@ def main() -> None:
     ap.add_argument("--sft-lr", type=float, default=1e-2)
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--epochs-per-batch", type=int, default=1, help="optimizer steps per round (update cost)")
+    ap.add_argument("--keep-equal-groups", action="store_true",
+                    help="train on equal-reward groups too (an untrained start solves nothing, so without this "
+                         "every group is skipped and no update costs anything: the schedule would not be measured)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", default=None)
     a = ap.parse_args()
@@ -68,13 +71,17 @@ def main() -> None:
             for log in operator_logs([t for t, _ in items], a.seed, per_task=1)]
     model, tok = load_model(a.model, a.seed)
     t0 = time.perf_counter()
-    sft_samples = demonstrations(settings, logs, tok, "bench-async-logs", training.concurrency, only_resolved=False)
-    train_sft(model, sft_samples, [], training.sft_config(tok.pad_token_id or 0), tokenizer=tok)
+    sft_samples = []
+    if a.sft_epochs > 0:  # 0: start from the untrained model (measures the schedule, not the learning)
+        sft_samples = demonstrations(settings, logs, tok, "bench-async-logs", training.concurrency,
+                                     only_resolved=False)
+        train_sft(model, sft_samples, [], training.sft_config(tok.pad_token_id or 0), tokenizer=tok)
     sft_s = time.perf_counter() - t0
     runs = {}
     for mode, staleness in (("sync", 0), ("async", a.max_staleness)):
         cfg = replace(training, max_staleness=staleness).grpo_rounds(tok.pad_token_id or 0)
-        cfg = replace(cfg, grpo=replace(cfg.grpo, epochs_per_batch=a.epochs_per_batch))
+        cfg = replace(cfg, grpo=replace(cfg.grpo, epochs_per_batch=a.epochs_per_batch,
+                                        equal_reward_groups="keep" if a.keep_equal_groups else "skip"))
         run = grpo_rounds(settings, copy.deepcopy(model), tok, items, cfg, f"bench-{mode}-{int(time.time())}")
         rewards = [m["rollout_mean_reward"] for m in run.history]
         update_s = [m.get("step_time_s", 0.0) for m in run.history]
