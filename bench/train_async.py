@@ -47,8 +47,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--tasks", type=int, default=8, help="training chores per round")
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--sft-epochs", type=int, default=25)
-    ap.add_argument("--sft-lr", type=float, default=1e-2)
+    ap.add_argument("--sft-epochs", type=int, default=40)
+    ap.add_argument("--sft-lr", type=float, default=3e-3)
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--epochs-per-batch", type=int, default=1, help="optimizer steps per round (update cost)")
     ap.add_argument("--keep-equal-groups", action="store_true",
