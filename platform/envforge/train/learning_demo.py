@@ -51,7 +51,7 @@ FIXES = {c.command for c in CHORES}
 # A model small enough to learn the chores on CPU in minutes: many SFT epochs over few demonstrations,
 # a short GRPO schedule on sampled training tasks, short completions.
 DEMO_TRAINING = TrainingConfig(base_model="tiny:128x4", sft_epochs=40, sft_lr=3e-3, rl_rounds=6, tasks_per_round=6,
-                               group_size=4, rl_lr=5e-4, max_tokens=48)
+                               group_size=4, rl_lr=1e-3, max_tokens=48)
 PHASES = ("before", "after_sft", "after_grpo")
 
 
