@@ -26,10 +26,16 @@ def test_learning_demo_runs_end_to_end(tmp_path, docker_client):
     doc = json.loads(proc.stdout)
     on_disk = json.loads((data / "learning_demo.json").read_text())
     assert on_disk["pass_at_1_before"] == doc["pass_at_1_before"]
-    for key in ("pass_at_1_before", "pass_at_1_after_sft", "pass_at_1_after_grpo"):
-        assert 0.0 <= doc[key] <= 1.0
+    for key in ("pass_at_1_before", "pass_at_1_after_sft", "pass_at_1_after_grpo", "pass_at_1_sampled_before",
+                "pass_at_1_sampled_after_sft", "pass_at_1_sampled_after_grpo"):
+        assert 0.0 <= doc[key] <= 1.0 and doc["spread"][key]["min"] <= doc[key] <= doc["spread"][key]["max"]
+    assert doc["seeds"] == [0] and len(doc["per_seed"]) == 1
+    seed = doc["per_seed"][0]
     assert doc["train_tasks"] == 8 and doc["held_out_tasks"] == 4 and doc["sft_turns"] == 16
+    assert seed["operator_logs"] == 8 and 0 < seed["operator_slips"] < 8  # the logs hold slips, kept as recorded
     assert doc["sft_final_loss"] < doc["sft_first_loss"]
+    assert len(seed["grpo_metrics"]) == 2 and seed["grpo_timing"]["updates"] == 2.0
+    assert seed["promotion"]["promoted"]  # the first registered version takes `best`
     assert os.path.getsize(doc["chart"]) > 10_000
     from envforge.rollout.policies.hf import HFPolicy
     policy = HFPolicy(doc["checkpoint"])  # the final checkpoint serves

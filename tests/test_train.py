@@ -327,3 +327,74 @@ def test_one_training_config_sets_sft_grpo_and_evaluation():
     sft = cfg.sft_config(pad_id=5)
     assert (sft.epochs, sft.lr, sft.seed, sft.pad_id) == (5, 3e-3, 3, 5)
     assert all(f.metadata.get("help") for f in fields(TrainingConfig))
+
+
+# -- GRPO hardening (off-policy batches) ---------------------------------------------------------------
+
+def test_log_ratio_is_clamped_before_exp(tiny):
+    """Behaviour log-probs far below the model's (a very stale sample) would overflow exp: the clamp keeps the
+    loss, its gradient and the ratio finite."""
+    model, _ = fresh(tiny)
+    samples, _ = group_advantages(_rl_groups())
+    stale = _with_behaviour(model, samples, shift=-500.0)
+    m = grpo_update(model, None, build_optimizer(model, lr=0.0, weight_decay=0.0), None, stale,
+                    GRPOConfig(lr=0.0, log_ratio_clamp=20.0))
+    assert all(torch.isfinite(torch.tensor([m["loss"], m["grad_norm"], m["ratio_mean"]])))
+    assert m["ratio_mean"] == pytest.approx(float(torch.exp(torch.tensor(20.0))), rel=1e-3)
+    unclamped = grpo_update(model, None, build_optimizer(model, lr=0.0, weight_decay=0.0), None, stale,
+                            GRPOConfig(lr=0.0, log_ratio_clamp=float("inf")))
+    assert not torch.isfinite(torch.tensor(unclamped["ratio_mean"]))  # what the clamp prevents
+
+
+def test_truncated_completions_are_masked_penalized_or_kept(tiny):
+    from dataclasses import replace
+
+    from envforge.train.grpo import handle_truncated
+
+    model, _ = fresh(tiny)
+    samples, _ = group_advantages(_rl_groups())
+    samples = _with_behaviour(model, samples)
+    cut = [replace(s, truncated=i == 0) for i, s in enumerate(samples)]
+    assert cut[0].advantage > 0
+    masked = grpo_update(copy.deepcopy(model), None, build_optimizer(model, lr=0.0, weight_decay=0.0), None, cut,
+                         GRPOConfig(lr=0.0, truncated="mask"))
+    kept = grpo_update(copy.deepcopy(model), None, build_optimizer(model, lr=0.0, weight_decay=0.0), None, cut,
+                       GRPOConfig(lr=0.0, truncated="keep"))
+    assert masked["truncated_samples"] == kept["truncated_samples"] == 1.0
+    assert masked["tokens"] == kept["tokens"] - len(cut[0].completion_ids)
+    penalized = handle_truncated(cut, GRPOConfig(truncated="penalize", overlong_penalty=0.5))
+    assert penalized[0].advantage == -0.5 and [s.advantage for s in penalized[1:]] == [s.advantage for s in cut[1:]]
+    with pytest.raises(ValueError, match="truncated must be"):
+        handle_truncated(cut, GRPOConfig(truncated="drop"))
+
+
+def test_truncated_flag_comes_from_the_turns_finish_reason():
+    from envforge.rollout.trajectory import Trajectory, Turn
+    from envforge.train.data import turn_samples
+
+    turns = [Turn(i, "", [], None, None, "", None, 0.0, 0.0, [1, 2], [3, 4], [-0.1, -0.2], finish_reason=reason)
+             for i, reason in enumerate(("stop", "length"))]
+    traj = Trajectory("b", "t", "h", "", "p", 0, 0, 0, "", turns=turns)
+    assert [s.truncated for s in turn_samples([traj])] == [False, True]
+
+
+def test_off_policy_refuses_samples_without_behaviour_logprobs(tiny):
+    model, _ = fresh(tiny)
+    samples, _ = group_advantages(_rl_groups())
+    with pytest.raises(ValueError, match="off-policy GRPO needs behaviour log-probs"):
+        grpo_update(model, None, build_optimizer(model, lr=0.0, weight_decay=0.0), None, samples, GRPOConfig(off_policy=True))
+    on_policy = grpo_update(model, None, build_optimizer(model, lr=0.0, weight_decay=0.0), None, samples, GRPOConfig())
+    assert on_policy["ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # on-policy mode still takes them as current
+
+
+def test_training_config_rejects_bad_values_and_drives_off_policy():
+    from envforge.train.config import TrainingConfig
+
+    with pytest.raises(ValueError, match="max_staleness=-1"):
+        TrainingConfig(max_staleness=-1)
+    with pytest.raises(ValueError, match="truncated='cut'"):
+        TrainingConfig(truncated="cut")
+    rounds = TrainingConfig(max_staleness=2, kl_coef=0.01, truncated="penalize").grpo_rounds(pad_id=0)
+    assert rounds.max_staleness == 2 and rounds.grpo.off_policy and rounds.grpo.kl_coef == 0.01
+    assert rounds.grpo.truncated == "penalize"
+    assert not TrainingConfig().grpo_rounds(pad_id=0).grpo.off_policy

@@ -60,7 +60,8 @@ def rl_checkpoint(context: dg.AssetExecutionContext, training: TrainingResource,
     return dg.MaterializeResult(metadata={
         "task_set_version": version, "checkpoint": str(result.checkpoint), "rounds": len(result.history),
         "rollout_mean_reward": dg.MetadataValue.json([m["rollout_mean_reward"] for m in result.history]),
-        "history": dg.MetadataValue.json(result.history), "mlflow_run": mlflow_run(settings, result.mlflow_run_id),
+        "history": dg.MetadataValue.json(result.history), "rollout_batches": dg.MetadataValue.json(result.batch_ids),
+        "timing": dg.MetadataValue.json(result.timing), "mlflow_run": mlflow_run(settings, result.mlflow_run_id),
     })
 
 
@@ -82,5 +83,6 @@ def evaluation_report(context: dg.AssetExecutionContext, training: TrainingResou
         "task_set_version": version, "eval_tasks": result.report["eval_tasks"],
         "pass_at_1": dg.MetadataValue.json(result.pass_at_1()), "report": dg.MetadataValue.json(result.report),
         "by_tier": png(result.charts_by["by_tier"]), "by_source": png(result.charts_by["by_source"]),
+        "promotion": dg.MetadataValue.json(result.report.get("promotion", {})),
         "mlflow_run": mlflow_run(settings, result.mlflow_run_id),
     })

@@ -21,8 +21,12 @@ TaskSet = typer.Option("latest", help="a tiered task-set version (prefix) or 'la
 
 
 @app.command("demo")
-def train_demo(quick: bool = typer.Option(False, help="a shortened run (fewer tasks, steps and rounds)"),
-               seed: int = typer.Option(0), rounds: Optional[int] = typer.Option(None, help="GRPO rounds"),
+def train_demo(quick: bool = typer.Option(False, help="a shortened run (one seed, fewer tasks, steps and rounds)"),
+               seeds: Optional[str] = typer.Option(None, help="comma-separated seeds, run one after the other "
+                                                              "(default 0,1,2; with --quick 0)"),
+               rounds: Optional[int] = typer.Option(None, help="GRPO rounds"),
+               max_staleness: int = typer.Option(0, help="0: synchronous GRPO; >0: asynchronous, rollouts up to "
+                                                         "this many policy versions behind the trainer"),
                as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
     """The CPU learning demo: a small model, SFT on demonstrations, then GRPO rounds, with held-out pass@1
     measured before, after SFT and after GRPO by the sandbox verifier (learning_demo.json, curve PNG, MLflow)."""
@@ -31,8 +35,16 @@ def train_demo(quick: bool = typer.Option(False, help="a shortened run (fewer ta
 
     settings = settings_for(data_dir)
     settings.ensure_dirs()
-    training = replace(DEMO_TRAINING, seed=seed)
-    cfg = LearningDemoConfig.quick(training) if quick else LearningDemoConfig(training)
+    seeds = seeds or ("0" if quick else "0,1,2")
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError:
+        fail(EnvforgeError(f"--seeds {seeds!r}: expected comma-separated integers such as 0,1,2"))
+    if not seed_list:
+        fail(EnvforgeError("--seeds: give at least one seed"))
+    training = replace(DEMO_TRAINING, seed=seed_list[0], max_staleness=max_staleness)
+    cfg = (replace(LearningDemoConfig.quick(training), seeds=seed_list) if quick
+           else LearningDemoConfig(training, seeds=seed_list))
     if rounds is not None:
         cfg = replace(cfg, training=replace(cfg.training, rl_rounds=rounds))
     try:
@@ -43,8 +55,12 @@ def train_demo(quick: bool = typer.Option(False, help="a shortened run (fewer ta
     if as_json:
         sys.stdout.write(json.dumps(doc, default=str) + "\n")
         return
-    out.print(f"held-out pass@1 ({doc['held_out_tasks']} tasks): before {doc['pass_at_1_before']:.2f}, after SFT "
-              f"{doc['pass_at_1_after_sft']:.2f}, after GRPO {doc['pass_at_1_after_grpo']:.2f}")
+    sp = doc["spread"]
+    for kind, label in (("", "greedy"), ("sampled_", "sampled")):
+        out.print(f"held-out {label} pass@1 ({doc['held_out_tasks']} tasks, mean [min, max] over seeds "
+                  f"{doc['seeds']}): " + ", ".join(
+                      f"{phase.replace('_', ' ')} {sp[k]['mean']:.2f} [{sp[k]['min']:.2f}, {sp[k]['max']:.2f}]"
+                      for phase in ("before", "after_sft", "after_grpo") for k in [f"pass_at_1_{kind}{phase}"]))
     out.print(f"learning curve: {doc['chart']}\nfigures: {settings.data_dir / 'learning_demo.json'}\n"
               f"checkpoint: {doc['checkpoint']} (MLflow run {doc['mlflow_run_id']})")
 
@@ -98,3 +114,21 @@ def train_evaluate(task_set: str = TaskSet, config: TrainingConfig = TrainingCon
         return
     out.print(f"eval-split pass@1 ({result.report['eval_tasks']} tasks): "
               + ", ".join(f"{label} {v:.2f}" for label, v in result.pass_at_1().items()))
+
+
+def lineage(checkpoint: str = typer.Argument(..., help="a checkpoint directory, <model>@<alias> (e.g. "
+                                                       "envforge-policy@best) or <model>/<version>"),
+            as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """The chain from a checkpoint back to its sources: registry version, MLflow and Dagster runs, the rollout
+    batches it trained on, its task set and that set's source records, then the checkpoint it started from."""
+    from envforge.train.lineage import checkpoint_lineage, format_lineage
+
+    settings = settings_for(data_dir)
+    try:
+        node = checkpoint_lineage(settings, checkpoint)
+    except ValueError as exc:
+        fail(EnvforgeError(str(exc)))
+    if as_json:
+        sys.stdout.write(json.dumps(node, indent=2, default=str) + "\n")
+        return
+    out.print("\n".join(format_lineage(node)), markup=False, highlight=False)

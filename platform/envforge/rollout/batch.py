@@ -88,10 +88,17 @@ def run_batch(settings: Settings, items: Sequence[tuple[Task, str]], policy: Any
     finally:
         if own_pool:
             pool.close()
+    return record_batch(settings, store, report, policy, config, task_set_version)
+
+
+def record_batch(settings: Settings, store: TrajectoryStore, report: BatchReport, policy: Any, config: RolloutConfig,
+                 task_set_version: str = "") -> BatchResult:
+    """A finished scheduler run's metrics, registered in the catalog (what every rollout batch gets)."""
     metrics = batch_metrics(store, report, k=config.n_samples)
     Catalog(settings.catalog_path).record_rollout_batch({
-        "batch_id": batch_id, "task_set_version": task_set_version, "policy_id": getattr(policy, "policy_id", "?"),
-        "location": f"{store.root}/{batch_id}", "n_tasks": len(items), "n_samples": config.n_samples,
+        "batch_id": store.batch_id, "task_set_version": task_set_version,
+        "policy_id": getattr(policy, "policy_id", "?"), "location": f"{store.root}/{store.batch_id}",
+        "n_tasks": report.n_tasks, "n_samples": config.n_samples,
         "n_trajectories": int(metrics["trajectories"]), "n_dropped_groups": len(store.dropped()),
         "pass_at_1": metrics["pass_at_1"], "metrics_json": json.dumps(metrics, sort_keys=True),
     })

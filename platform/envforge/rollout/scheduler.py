@@ -171,7 +171,8 @@ class RolloutScheduler:
                     index=len(traj.turns), text=out.text, tool_calls=list(out.tool_calls), action=_action_dict(action),
                     parse_error=str(action) if isinstance(action, ActionError) else None, observation=obs.text,
                     exit_code=obs.exit_code, policy_s=round(t1 - t0, 6), env_s=round(t2 - t1, 6),
-                    prompt_token_ids=out.prompt_token_ids, token_ids=out.token_ids, logprobs=out.logprobs))
+                    prompt_token_ids=out.prompt_token_ids, token_ids=out.token_ids, logprobs=out.logprobs,
+                    finish_reason=out.finish_reason))
             traj.end_reason = env.end_reason or "submitted"
             t0 = time.perf_counter()
             with span("rollout.verify"):

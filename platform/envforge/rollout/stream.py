@@ -11,16 +11,27 @@ A group is *stale* when the oldest policy checkpoint that produced it is more th
 `max_staleness` versions behind the trainer's current one; stale groups are not yielded (they
 stay in the store) and are counted in `stream.stale`, so off-policy drift is bounded and
 visible. `max_staleness=0` is strictly on-policy.
+
+A trainer that updates on whole rollout batches (one GRPO round) reads `stream.batches()`
+instead: the producer calls `end_batch(batch_id)` after each scheduler run, and the trainer
+gets (batch id, that batch's fresh groups) once all of them have arrived, so a group the
+scheduler dropped (infrastructure faults) never leaves the trainer waiting for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from envforge.rollout.trajectory import Trajectory
 
 _DONE = object()
+
+
+@dataclass(frozen=True)
+class _BatchEnd:
+    batch_id: str
 
 
 class GroupStream:
@@ -37,6 +48,10 @@ class GroupStream:
         """The scheduler's `on_group` callback; with maxsize > 0 it applies back-pressure."""
         await self._queue.put(group)
 
+    async def end_batch(self, batch_id: str) -> None:
+        """Mark the end of one scheduler run's groups (for `batches()`)."""
+        await self._queue.put(_BatchEnd(batch_id))
+
     async def close(self) -> None:
         await self._queue.put(_DONE)
 
@@ -51,14 +66,35 @@ class GroupStream:
         oldest = min(t.policy_version for t in group)
         return self.current_version() - oldest > self.max_staleness
 
+    def _fresh(self, group: list[Trajectory]) -> bool:
+        if self.is_stale(group):
+            self.stale.append({"task_id": group[0].task_id, "batch_id": group[0].batch_id,
+                               "policy_version": min(t.policy_version for t in group),
+                               "trainer_version": self.current_version()})
+            return False
+        self.yielded += 1
+        return True
+
     async def __aiter__(self) -> AsyncIterator[list[Trajectory]]:
         while True:
             group = await self._queue.get()
             if group is _DONE:
                 return
-            if self.is_stale(group):
-                self.stale.append({"task_id": group[0].task_id, "policy_version": min(t.policy_version for t in group),
-                                   "trainer_version": self.current_version()})
+            if isinstance(group, _BatchEnd) or not self._fresh(group):
                 continue
-            self.yielded += 1
             yield group
+
+    async def batches(self) -> AsyncIterator[tuple[str, list[list[Trajectory]]]]:
+        """(batch id, its groups that are not stale) per `end_batch`, staleness judged when the
+        batch is handed over, i.e. against the trainer version that will train on it."""
+        pending: list[list[Trajectory]] = []
+        while True:
+            item = await self._queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _BatchEnd):
+                fresh = [g for g in pending if self._fresh(g)]
+                pending = []
+                yield item.batch_id, fresh
+            else:
+                pending.append(item)

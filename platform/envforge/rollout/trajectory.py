@@ -31,6 +31,7 @@ class Turn:
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    finish_reason: str = "stop"  # the policy's: "length" when the turn hit max_tokens (truncated)
 
 
 @dataclass

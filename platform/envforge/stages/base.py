@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import asdict, dataclass, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Generic, Mapping, ParamSpec, TypeVar
 
@@ -48,6 +48,7 @@ class CheckpointRecord:
     registered_model: str
     alias: str = "best"
     is_best: bool = False
+    tags: Mapping[str, str] = field(default_factory=dict)  # lineage: task set, rollout batches, start checkpoint
 
 
 @dataclass(kw_only=True)
@@ -161,7 +162,8 @@ def record(result: StageResult) -> None:
     for ckpt in result.checkpoints():
         from envforge.train.checkpoint import log_checkpoint
 
-        log_checkpoint(ckpt.path, dict(ckpt.metrics), ckpt.registered_model, alias=ckpt.alias, is_best=ckpt.is_best)
+        log_checkpoint(ckpt.path, dict(ckpt.metrics), ckpt.registered_model, alias=ckpt.alias, is_best=ckpt.is_best,
+                       tags=ckpt.tags)
 
 
 def counts(values: list[str], keys: tuple[str, ...]) -> dict[str, int]:

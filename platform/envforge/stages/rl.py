@@ -21,13 +21,25 @@ class RLStageResult(StageResult):
     checkpoint: Path
     start: Path
     history: list[dict[str, float]] = field(default_factory=list)
+    batch_ids: list[str] = field(default_factory=list)  # the rollout batches the updates trained on
+    timing: dict[str, float] = field(default_factory=dict)  # wall time, trainer idle fraction, stale groups
 
     def params(self) -> dict[str, Any]:
-        return {"task_set_version": self.version, "from": str(self.start)}
+        return {"task_set_version": self.version, "from": str(self.start), "rollout_batches": self.batch_ids}
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self.timing)
 
     def checkpoints(self) -> list[CheckpointRecord]:
+        """Registered, but `best` is not moved here: the evaluation stage moves it on eval-split evidence."""
         return [CheckpointRecord(self.checkpoint, self.history[-1] if self.history else {}, POLICY_MODEL,
-                                 alias="best", is_best=True)]
+                                 alias="best", is_best=False, tags=lineage_tags(self.version, self.batch_ids,
+                                                                                self.start))]
+
+
+def lineage_tags(version: str, batch_ids: list[str], start: Path | str) -> dict[str, str]:
+    """What a registered checkpoint was made from (read back by `envforge lineage`)."""
+    return {"task_set_version": version, "rollout_batches": ",".join(batch_ids), "start_checkpoint": str(start)}
 
 
 @stage("grpo", tag="rl")
@@ -47,7 +59,9 @@ def rl(settings: Settings, config: TrainingConfig, version: str, start: Path, im
         context.progress("grpo", f"round {r}: rollout reward {metrics['rollout_mean_reward']:.3f}", r + 1,
                          rounds.rounds)
 
-    trainer, history = grpo_rounds(settings, model, tokenizer, train_items, rounds, f"rl-{version[:12]}",
-                                   on_round=on_round, task_set_version=version, progress=context.progress)
-    path = trainer.save(settings.checkpoint_dir("rl", version))
-    return RLStageResult(version, path, Path(start), history)
+    run = grpo_rounds(settings, model, tokenizer, train_items, rounds, f"rl-{version[:12]}", on_round=on_round,
+                      task_set_version=version, progress=context.progress)
+    lineage = {**lineage_tags(version, run.batch_ids, start), "mlflow_run_id": context.mlflow_run_id or "",
+               "dagster_run_id": context.dagster_run_id or "", "stage": "rl"}
+    path = run.trainer.save(settings.checkpoint_dir("rl", version), extra={"lineage": lineage})
+    return RLStageResult(version, path, Path(start), run.history, run.batch_ids, run.timing())

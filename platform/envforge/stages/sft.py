@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from envforge.stages.images import ImageSet, ensure_images
 from envforge.train.config import TrainingConfig
 
 SFT_MODEL = "envforge-policy-sft"  # the registered model SFT checkpoints become versions of
+LINEAGE_TAGS = ("task_set_version", "rollout_batches", "start_checkpoint")
 
 
 @dataclass
@@ -23,6 +24,7 @@ class SFTStageResult(StageResult):
     chart: Path
     train_tasks: int
     eval_tasks: int
+    lineage: dict[str, str] = field(default_factory=dict)
 
     @property
     def eval_loss(self) -> float:
@@ -35,7 +37,8 @@ class SFTStageResult(StageResult):
         return [self.chart]
 
     def checkpoints(self) -> list[CheckpointRecord]:
-        return [CheckpointRecord(self.checkpoint, {"eval_loss": self.eval_loss}, SFT_MODEL)]
+        return [CheckpointRecord(self.checkpoint, {"eval_loss": self.eval_loss}, SFT_MODEL,
+                                 tags={k: v for k, v in self.lineage.items() if k in LINEAGE_TAGS})]
 
 
 @stage("sft")
@@ -54,10 +57,9 @@ def sft(settings: Settings, config: TrainingConfig, version: str, images: ImageS
     train_items, eval_items = images.items(train_tasks), images.items(eval_tasks)
     model, tokenizer = load_model(config.base_model, config.seed)
     sft_config = config.sft_config(tokenizer.pad_token_id or 0)
-    train = demonstrations(settings, train_items, tokenizer, f"sft-{version[:12]}-teacher-train", config.concurrency,
-                           version)
-    evals = demonstrations(settings, eval_items, tokenizer, f"sft-{version[:12]}-teacher-eval", config.concurrency,
-                           version)
+    batches = (f"sft-{version[:12]}-teacher-train", f"sft-{version[:12]}-teacher-eval")
+    train = demonstrations(settings, train_items, tokenizer, batches[0], config.concurrency, version)
+    evals = demonstrations(settings, eval_items, tokenizer, batches[1], config.concurrency, version)
     total_steps = steps_per_epoch(len(train), sft_config, train) * sft_config.epochs
 
     def on_metrics(step: int, metrics: dict) -> None:
@@ -65,8 +67,11 @@ def sft(settings: Settings, config: TrainingConfig, version: str, images: ImageS
         context.progress("sft", f"step {step}: loss {metrics.get('loss', float('nan')):.4f}", step, total_steps)
 
     result = train_sft(model, train, evals, sft_config, tokenizer=tokenizer, on_metrics=on_metrics)
+    lineage = {"task_set_version": version, "rollout_batches": ",".join(batches), "start_checkpoint": config.base_model,
+               "mlflow_run_id": context.mlflow_run_id or "", "dagster_run_id": context.dagster_run_id or "",
+               "stage": "sft"}
     path = save_checkpoint(settings.checkpoint_dir("sft", version), model, tokenizer, step=result.total_steps,
-                           extra={"base_model": config.base_model, "task_set_version": version})
+                           extra={"base_model": config.base_model, "task_set_version": version, "lineage": lineage})
     chart = learning_curve(list(zip(result.steps, result.losses)), result.eval_losses, [], [],
                            settings.charts_dir / f"sft-{version[:12]}.png", title="SFT")
-    return SFTStageResult(version, path, result, chart, len(train_items), len(eval_items))
+    return SFTStageResult(version, path, result, chart, len(train_items), len(eval_items), lineage)

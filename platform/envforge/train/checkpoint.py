@@ -119,7 +119,7 @@ def load_weights(model: PreTrainedModel, path: str | Path) -> None:
 
 def log_checkpoint(path: str | Path, metrics: Mapping[str, float] | None, registered_model_name: str, *,
                    alias: str = "best", is_best: bool = False, artifact_path: str | None = None,
-                   step: int | None = None) -> Any:
+                   step: int | None = None, tags: Mapping[str, str] | None = None) -> Any:
     """Log a checkpoint directory as artifacts of the active MLflow run and register it.
 
     The artifacts go under `checkpoints/<dir name>` (or `artifact_path`); a model version of
@@ -128,7 +128,10 @@ def log_checkpoint(path: str | Path, metrics: Mapping[str, float] | None, regist
     `MlflowClient.create_model_version` on the artifact URI: `mlflow.register_model` with a
     `runs:/` URI needs an MLflow "logged model" in MLflow 3, which a plain Hugging Face
     directory is not, and the flavors (transformers/pyfunc) want to re-save the model. The
-    version's source is a directory `from_pretrained` loads directly. Returns the ModelVersion."""
+    version's source is a directory `from_pretrained` loads directly. The version is tagged
+    with `tags` (its lineage: task set, rollout batches, start checkpoint), its metrics, the
+    checkpoint's path on disk, and the MLflow and Dagster runs it came from, which is what
+    `envforge lineage` walks. Returns the ModelVersion."""
     import mlflow
 
     from envforge import track
@@ -149,9 +152,12 @@ def log_checkpoint(path: str | Path, metrics: Mapping[str, float] | None, regist
             client.create_registered_model(registered_model_name)
         except mlflow.exceptions.MlflowException:  # created concurrently
             pass
-    tags = {f"metric.{k}": str(v) for k, v in (metrics or {}).items()}
+    all_tags = {f"metric.{k}": str(v) for k, v in (metrics or {}).items()}
+    all_tags.update({k: str(v) for k, v in (tags or {}).items()})
+    all_tags.update({"checkpoint_path": str(path.resolve()), "mlflow_run_id": run.info.run_id,
+                     "dagster_run_id": run.data.tags.get(track.DAGSTER_RUN_TAG, "")})
     version = client.create_model_version(registered_model_name, source=mlflow.get_artifact_uri(artifact_path),
-                                          run_id=run.info.run_id, tags=tags)
+                                          run_id=run.info.run_id, tags=all_tags)
     if is_best:
         client.set_registered_model_alias(registered_model_name, alias, version.version)
     return version

@@ -10,7 +10,7 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -40,6 +40,13 @@ class TrainingConfig:
     clip_eps: float = field(default=0.2, metadata={"help": "GRPO lower clip: ratio >= 1 - clip_eps"})
     clip_eps_high: float = field(default=0.28, metadata={"help": "GRPO upper clip: ratio <= 1 + clip_eps_high"})
     loss_agg: str = field(default="token-mean", metadata={"help": "GRPO loss aggregation: token-mean | seq-mean"})
+    kl_coef: float = field(default=0.0, metadata={"help": "GRPO weight of the k3 KL to the starting checkpoint "
+                                                          "(0: no reference model is kept)"})
+    truncated: str = field(default="mask", metadata={"help": "GRPO completions that hit max_tokens: mask (DAPO "
+                                                             "overlong filtering) | penalize | keep"})
+    max_staleness: int = field(default=0, metadata={"help": "policy versions a rollout may lag the trainer: 0 "
+                                                            "synchronous; >0 rollouts of the next rounds run while "
+                                                            "the trainer updates (asynchronous)"})
 
     def sft_config(self, pad_id: int) -> "SFTConfig":
         from envforge.train.sft import SFTConfig
@@ -52,9 +59,24 @@ class TrainingConfig:
 
         return GRPORounds(rounds=self.rl_rounds, group_size=self.group_size, max_tokens=self.max_tokens,
                           concurrency=self.concurrency, seed=self.seed, tasks_per_round=self.tasks_per_round or None,
+                          max_staleness=self.max_staleness,
                           grpo=GRPOConfig(lr=self.rl_lr, seed=self.seed, pad_id=pad_id, temperature=self.temperature,
                                           clip_eps=self.clip_eps, clip_eps_high=self.clip_eps_high,
-                                          loss_agg=self.loss_agg))
+                                          loss_agg=self.loss_agg, kl_coef=self.kl_coef, truncated=self.truncated,
+                                          off_policy=self.max_staleness > 0))
+
+    def __post_init__(self) -> None:
+        checks = {"temperature": self.temperature > 0, "max_tokens": self.max_tokens > 0,
+                  "group_size": self.group_size >= 2, "max_staleness": self.max_staleness >= 0,
+                  "kl_coef": self.kl_coef >= 0, "loss_agg": self.loss_agg in ("token-mean", "seq-mean"),
+                  "truncated": self.truncated in ("mask", "penalize", "keep")}
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError("TrainingConfig: invalid " + ", ".join(f"{n}={getattr(self, n)!r} ({_HELP[n]})"
+                                                                    for n in bad))
 
     def as_params(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_HELP = {f.name: f.metadata.get("help", "") for f in fields(TrainingConfig)}

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 from envforge.rollout.actions import to_text
 from envforge.rollout.policies.base import IM_END, PolicyOutput
+from envforge.rollout.policies.render import render_prompt
 from envforge.rollout.policies.replay import reference_actions
 from envforge.rollout.trajectory import Trajectory
 from envforge.task import Task
@@ -33,11 +34,6 @@ class TeacherEpisode:
         self.policy_id = policy_id
         self.version = 0
 
-    def _encode_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
-        enc = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                                 tokenize=True, sanitize_control_tokens=True, return_dict=True)
-        return list(enc["input_ids"])
-
     async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, seed: int,
                   temperature: float = 1.0, max_tokens: int = 512) -> PolicyOutput:
         turn = sum(1 for m in messages if m.get("role") == "assistant")
@@ -45,7 +41,8 @@ class TeacherEpisode:
         text = to_text(action)
         completion = list(self.tokenizer.encode(text, add_special_tokens=False))
         completion.append(self.tokenizer.convert_tokens_to_ids(IM_END))
-        return PolicyOutput(text=text, prompt_token_ids=self._encode_prompt(messages, tools), token_ids=completion)
+        return PolicyOutput(text=text, prompt_token_ids=render_prompt(self.tokenizer, messages, tools),
+                            token_ids=completion)
 
     async def aclose(self) -> None:
         return None
@@ -80,7 +77,7 @@ def turn_samples(trajectories: Iterable[Trajectory], only_resolved: bool = False
                 out.append(TurnSample(list(turn.prompt_token_ids), list(turn.token_ids),
                                       behaviour_logprobs=list(turn.logprobs) if turn.logprobs else None,
                                       reward=t.reward, group_id=t.group_id, trajectory_id=t.trajectory_id,
-                                      policy_version=t.policy_version))
+                                      policy_version=t.policy_version, truncated=turn.finish_reason == "length"))
     return out
 
 

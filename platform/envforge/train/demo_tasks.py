@@ -6,6 +6,13 @@ wording, distracting details, extra files) while the fix for a chore is always t
 command, so what a policy must learn is to read which chore the runbook asks for and act,
 then submit. Held-out tasks use service names never seen in training.
 
+Demonstrations are *operator logs*: transcripts of people doing the training chores, as
+recorded. Like real shell history they hold slips next to the fixes (`touch ready` for
+`touch ready.flag`, `rm -f app.log` where the runbook says keep the file, `sh run.sh`
+instead of restoring the mode): `operator_logs` draws, per logged session, the chore's fix
+or one of its slips (seeded, at `slip_rate`). SFT imitates the logs, slips included; the
+sandbox verifier tells them apart, which is what GRPO learns from.
+
 Tasks are built in code (no files in task_sources/): they exist for the learning demo and
 its test, and are graded by the same shell checkpoints as any runbook.
 """
@@ -25,27 +32,32 @@ class Chore:
     setup: list[str]
     checks: list[dict]
     phrasings: tuple[str, ...]
+    slips: tuple[str, ...]  # what a hurried operator runs instead; none of them passes the checks
 
 
 CHORES = (
     Chore("ready", "touch ready.flag", [], [{"name": "flag", "run": "test -f ready.flag"}],
           ("The {svc} deploy waits for a marker file. Create `ready.flag` in the workspace so it can proceed.",
            "Runbook ({svc}): before the release window, signal readiness by creating the file ready.flag.",
-           "Mark {svc} as ready to deploy: the pipeline looks for `ready.flag` in /workspace.")),
+           "Mark {svc} as ready to deploy: the pipeline looks for `ready.flag` in /workspace."),
+          ("touch ready", "touch ready.txt")),
     Chore("exec", "chmod +x run.sh", ["printf '#!/bin/sh\\necho {svc} up\\n' > run.sh", "chmod 644 run.sh"],
           [{"name": "executable", "run": "test -x run.sh"}, {"name": "runs", "run": "./run.sh"}],
           ("The {svc} start script `run.sh` lost its executable bit after a checkout. Make it executable again.",
            "Runbook ({svc}): `./run.sh` fails with permission denied. Restore the execute permission on run.sh.",
-           "{svc} will not start: run.sh is not executable. Fix the file mode.")),
+           "{svc} will not start: run.sh is not executable. Fix the file mode."),
+          ("sh run.sh", "chmod 644 run.sh")),
     Chore("lock", "rm -f app.lock", ["echo 4242 > app.lock"], [{"name": "no-lock", "run": "test ! -e app.lock"}],
           ("A crashed {svc} worker left a stale `app.lock`. Remove the lock file so the worker can start.",
            "Runbook ({svc}): the service refuses to start while app.lock exists. Delete the stale lock.",
-           "{svc} is stuck on a leftover lock file (app.lock). Clear it.")),
+           "{svc} is stuck on a leftover lock file (app.lock). Clear it."),
+          ("cat app.lock", "rm -f app.pid")),
     Chore("log", ": > app.log", ["seq 1 500 | sed 's/^/{svc} request /' > app.log"],
           [{"name": "log-empty", "run": "test -f app.log && test ! -s app.log"}],
           ("The {svc} log `app.log` filled the disk. Truncate it to zero bytes but keep the file.",
            "Runbook ({svc}): disk alert. Empty app.log in place (do not delete it).",
-           "Free space for {svc}: truncate the application log app.log, leaving an empty file.")),
+           "Free space for {svc}: truncate the application log app.log, leaving an empty file."),
+          ("rm -f app.log", "tail app.log")),
 )
 TRAIN_SERVICES = ("billing", "search", "auth", "payments", "catalog", "mailer")
 HELD_OUT_SERVICES = ("ledger", "gateway", "reports")
@@ -81,3 +93,26 @@ def chore_family(seed: int = 0, train_per_chore: int = 4, held_out_per_chore: in
             held.append(chore_task(chore, HELD_OUT_SERVICES[i % len(HELD_OUT_SERVICES)],
                                    rng.randrange(len(chore.phrasings)), rng.choice(NOTES), "held_out"))
     return train, held
+
+
+def operator_logs(tasks: list[Task], seed: int = 0, slip_rate: float = 0.5, per_task: int = 2) -> list[Task]:
+    """`per_task` logged sessions of each task: copies whose reference solution is the command the
+    operator ran, the chore's fix or (with probability `slip_rate`, seeded) one of its slips.
+
+    A copy's id is `<task id>.log<n>`; its checks are the task's, so a slip is graded as the
+    failure it is, but the demonstration is kept as recorded."""
+    if not 0.0 <= slip_rate <= 1.0:
+        raise ValueError(f"slip_rate must be in [0, 1], not {slip_rate}")
+    rng = random.Random(seed * 7919 + 17)
+    by_name = {c.name: c for c in CHORES}
+    logs = []
+    for task in tasks:
+        chore = by_name[task.spec.metadata["chore"]]
+        for n in range(per_task):
+            command = rng.choice(chore.slips) if rng.random() < slip_rate else chore.command
+            spec = task.spec.model_copy(update={"id": f"{task.spec.id}.log{n}",
+                                                "reference_solution": task.spec.reference_solution.model_copy(
+                                                    update={"commands": [command]})})
+            log = task.model_copy(update={"spec": spec})
+            logs.append(log.model_copy(update={"content_hash": log.compute_content_hash()}))
+    return logs

@@ -22,6 +22,22 @@ Aggregation `loss_agg`:
 - "seq-mean" (original GRPO): the mean over samples of each sample's mean token loss.
 Behaviour log-probs must come from the same distribution the loss evaluates, i.e. the
 sampler's temperature: `GRPOConfig.temperature` divides the logits the same way.
+
+Hardening, for off-policy (asynchronous) batches:
+- The log-ratio is clamped to +-`log_ratio_clamp` before `exp`: a sample several versions
+  stale, or a token whose behaviour log-prob came from a slightly different kernel, can put
+  the log-ratio far out (exp(89) overflows float32, exp(12) bf16 precision); past the clamp
+  the ratio is outside any clip range anyway, so only the overflow is removed.
+- Truncated completions (the turn hit `max_tokens` and has no stop token) are masked out of
+  the loss by default (`truncated="mask"`, DAPO's overlong filtering): the reward of a
+  trajectory says nothing about what the cut-off tokens would have led to, and training them
+  with the trajectory's full advantage teaches rambling (positive A) or punishes a possibly
+  good prefix (negative A). Masked tokens leave the token-mean denominator too. "keep"
+  trains them like any other turn (the original GRPO); "penalize" keeps them and gives
+  them advantage min(A, -|overlong_penalty|), a flat push away from running out of budget.
+- `off_policy=True` (asynchronous training, max_staleness > 0) refuses samples without
+  behaviour log-probs: taking the current weights' log-probs as "old" would silently make a
+  stale sample look on-policy (ratio 1), i.e. no importance correction at all.
 """
 
 from __future__ import annotations
@@ -71,6 +87,10 @@ class GRPOConfig:
     pad_id: int = 0
     fused_adam: bool | None = None
     seed: int = 0
+    log_ratio_clamp: float = 20.0  # |logp_new - logp_behaviour| is clamped to this before exp
+    truncated: str = "mask"  # "mask" | "penalize" | "keep": completions that hit max_tokens, see the docstring
+    overlong_penalty: float = 1.0  # "penalize": truncated turns get advantage min(A, -overlong_penalty)
+    off_policy: bool = False  # samples may come from older policy versions: behaviour log-probs required
 
 
 @dataclass
@@ -146,7 +166,8 @@ def grpo_loss(new_logprobs: torch.Tensor, batch: Batch, config: GRPOConfig, *, n
     mask = batch.loss_mask
     maskf = mask.float()
     adv = batch.advantages
-    log_ratio = (new_logprobs - batch.behaviour_logprobs) * maskf
+    log_ratio = torch.clamp((new_logprobs - batch.behaviour_logprobs) * maskf, -config.log_ratio_clamp,
+                            config.log_ratio_clamp)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - config.clip_eps, 1.0 + config.clip_eps_high) * adv
@@ -171,6 +192,19 @@ def grpo_loss(new_logprobs: torch.Tensor, batch: Batch, config: GRPOConfig, *, n
     return loss, sums
 
 
+def handle_truncated(samples: Sequence[TurnSample], config: GRPOConfig) -> list[TurnSample]:
+    """Apply `config.truncated` to completions that hit the token budget (see the module docstring):
+    "mask" drops them from the batch, "penalize" caps their advantage at -overlong_penalty."""
+    if config.truncated not in ("mask", "penalize", "keep"):
+        raise ValueError(f"truncated must be 'mask', 'penalize' or 'keep', not {config.truncated!r}")
+    if config.truncated == "mask":
+        return [s for s in samples if not s.truncated]
+    if config.truncated == "penalize":
+        return [replace(s, advantage=min(s.advantage, -abs(config.overlong_penalty))) if s.truncated else s
+                for s in samples]
+    return list(samples)
+
+
 def _reward_stats(samples: Sequence[TurnSample]) -> tuple[float, float]:
     per_traj: dict[tuple[str, str], float] = {}
     for n, s in enumerate(samples):
@@ -187,8 +221,9 @@ def grpo_update(model: PreTrainedModel, ref_model: PreTrainedModel | None, optim
     """`epochs_per_batch` optimizer steps of GRPO on `samples` (advantages already set).
 
     Each step accumulates gradients over all micro-batches, clips them and steps the optimizer
-    and scheduler. Samples without behaviour log-probs are taken as on-policy: their "old"
-    log-probs are the model's own before the first step. The reference model's log-probs
+    and scheduler. Truncated completions are handled per `config.truncated`. Samples without
+    behaviour log-probs are taken as on-policy (their "old" log-probs are the model's own
+    before the first step), unless `config.off_policy`, where they are refused. The reference model's log-probs
     are computed once (and the KL reported) whenever a ref model is given; they enter the
     loss only with kl_coef > 0. Metrics: loss, kl, entropy, clip_fraction, ratio_mean,
     grad_norm, tokens, tokens_per_s, reward_mean/std, skipped_groups (from `group_stats`).
@@ -200,13 +235,20 @@ def grpo_update(model: PreTrainedModel, ref_model: PreTrainedModel | None, optim
     r_mean, r_std = (group_stats.reward_mean, group_stats.reward_std) if group_stats else _reward_stats(samples)
     metrics: dict[str, float] = {"reward_mean": r_mean, "reward_std": r_std,
                                  "skipped_groups": float(group_stats.skipped_groups if group_stats else 0),
-                                 "samples": float(len(samples))}
+                                 "samples": float(len(samples)),
+                                 "truncated_samples": float(sum(s.truncated for s in samples))}
+    samples = handle_truncated(samples, config)
+    have = [s.behaviour_logprobs is not None for s in samples]
+    if config.off_policy and not all(have):
+        missing = next(s for s in samples if s.behaviour_logprobs is None)
+        raise ValueError(f"off-policy GRPO needs behaviour log-probs for every sample: trajectory "
+                         f"{missing.trajectory_id or '?'} (group {missing.group_id or '?'}, policy version "
+                         f"{missing.policy_version}) has none; the policy that sampled it must return log-probs")
+    if any(have) and not all(have):
+        raise ValueError("either every sample has behaviour_logprobs or none has (on-policy)")
     if not samples:
         return {**metrics, "loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0,
                 "grad_norm": 0.0, "tokens": 0.0, "tokens_per_s": 0.0, "step_time_s": 0.0}
-    have = [s.behaviour_logprobs is not None for s in samples]
-    if any(have) and not all(have):
-        raise ValueError("either every sample has behaviour_logprobs or none has (on-policy)")
     batches = [b.to(device) for b in micro_batches(samples, config.micro_batch_size, pack=config.packing,
                                                    pack_len=config.pack_len, pad_id=config.pad_id)]
     total_tokens = sum(b.n_loss_tokens for b in batches)
@@ -270,7 +312,7 @@ class GRPOTrainer:
         self.config = config or GRPOConfig()
         self.model = model
         self.tokenizer = tokenizer
-        if ref_model is None and make_ref:
+        if ref_model is None and (make_ref or self.config.kl_coef > 0):
             ref_model = copy.deepcopy(model)
         if ref_model is not None:
             ref_model.requires_grad_(False).eval()
@@ -301,9 +343,9 @@ class GRPOTrainer:
         live.train_step(metrics, "grpo")
         return metrics
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
         return save_checkpoint(path, self.model, self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
-                               step=self.step_count, extra={"grpo_config": asdict(self.config)})
+                               step=self.step_count, extra={"grpo_config": asdict(self.config), **(extra or {})})
 
     def resume(self, path: str | Path) -> int:
         """Load weights, optimizer, scheduler, step and RNG states from a checkpoint of this trainer."""

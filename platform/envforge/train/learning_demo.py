@@ -1,24 +1,31 @@
-"""The learning demo: a small model gets measurably better at a task family, on CPU, in minutes.
+"""The learning demo: a small model gets measurably better at a task family, on CPU, in minutes,
+and GRPO has something to add over SFT.
 
 1. A small Qwen2-shaped model is built from a config, with the locally built tokenizer.
-2. Its held-out pass@1 is measured *before*: greedy rollouts, graded by the real sandbox
-   verifier.
-3. Demonstrations are rollouts of the teacher (reference solutions through the tools,
-   tokenized as the student sees them). SFT trains on the training tasks' demonstrations; eval
-   loss comes from the held-out tasks' demonstrations.
+2. Its held-out pass@1 is measured *before*: greedy rollouts and sampled rollouts (at the
+   training temperature), graded by the real sandbox verifier.
+3. Demonstrations are *operator logs* of the training chores (`demo_tasks.operator_logs`):
+   recorded sessions that hold slips next to the fixes, imitated as recorded. SFT learns
+   which command each chore takes, slips included, so a sampled rollout after SFT is a
+   fix or a slip about as often as the logs are: headroom that more imitation cannot close.
 4. Held-out pass@1 is measured *after SFT*.
-5. Rounds of GRPO follow: sample `group_size` rollouts per training task at temperature 1,
-   turn complete groups into advantages, update, repeat. Held-out pass@1 is measured
-   *after GRPO*.
+5. GRPO rounds follow (synchronous or asynchronous, `TrainingConfig.max_staleness`): the
+   policy's own samples per training task, graded by the verifier; a slip gets reward 0
+   and the fix 1 within the same group, so the advantage pushes the policy from the slips
+   to the fixes. Held-out pass@1 is measured *after GRPO*.
 
-Everything is logged to one MLflow run: params, per-step SFT and GRPO metrics, the learning
-curve PNG, the final checkpoint registered with the alias `best`. `learning_demo.json` in
-the data directory holds the figures.
+Seeds run one after the other (the task sample, the logs, the model init, the rollouts all
+follow the seed); `learning_demo.json` holds the mean over seeds of every pass@1 figure, its
+spread (min, max, std) and every seed's figures. Everything is logged to MLflow (one run per
+seed, nested in the demo's run): params, per-step SFT and GRPO metrics, the learning curve
+PNG, the final checkpoint registered, with the alias `best` moved only if its held-out pass@1
+beats the current holder's (`train.registry.promote_if_better`).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -34,13 +41,18 @@ from envforge.stages.base import StageContext
 from envforge.stages.images import ensure_images
 from envforge.train.checkpoint import log_checkpoint
 from envforge.train.config import TrainingConfig
-from envforge.train.demo_tasks import chore_family
+from envforge.train.demo_tasks import CHORES, chore_family, operator_logs
 from envforge.train.loop import demonstrations, evaluate, grpo_rounds, load_model
+from envforge.train.registry import promote_if_better
 from envforge.train.sft import train_sft
 
+FIXES = {c.command for c in CHORES}
+
 # A model small enough to learn the chores on CPU in minutes: many SFT epochs over few demonstrations,
-# every training task in every GRPO round, short completions.
-DEMO_TRAINING = TrainingConfig(base_model="tiny:128x4", sft_epochs=40, rl_rounds=3, tasks_per_round=0, max_tokens=48)
+# a short GRPO schedule on sampled training tasks, short completions.
+DEMO_TRAINING = TrainingConfig(base_model="tiny:128x4", sft_epochs=40, sft_lr=3e-3, rl_rounds=6, tasks_per_round=6,
+                               group_size=4, rl_lr=1e-3, max_tokens=48)
+PHASES = ("before", "after_sft", "after_grpo")
 
 
 @dataclass(frozen=True)
@@ -48,27 +60,66 @@ class LearningDemoConfig:
     """The demo's task family and measurements; how it trains is `training` (the pipeline's TrainingConfig)."""
 
     training: TrainingConfig = DEMO_TRAINING
+    seeds: tuple[int, ...] = (0, 1, 2)
     train_per_chore: int = 4
     held_out_per_chore: int = 2
+    slip_rate: float = 0.5  # share of the operator logs that record a slip instead of the fix
+    logs_per_task: int = 1
     eval_samples: int = 4  # held-out samples per task for the sampled pass@1
     registered_model: str = "envforge-learning-demo"
 
     @classmethod
     def quick(cls, training: TrainingConfig = DEMO_TRAINING) -> "LearningDemoConfig":
-        """A shortened run for tests: fewer tasks, SFT epochs, GRPO rounds and samples."""
-        return cls(replace(training, sft_epochs=10, rl_rounds=1, group_size=2), train_per_chore=2,
-                   held_out_per_chore=1, eval_samples=2)
+        """A shortened run for tests: one seed, fewer tasks, SFT epochs, GRPO rounds and samples."""
+        return cls(replace(training, sft_epochs=8, rl_rounds=2, group_size=2, tasks_per_round=4), seeds=(training.seed,),
+                   train_per_chore=2, held_out_per_chore=1, logs_per_task=1, eval_samples=2)
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    mean = statistics.fmean(values)
+    return {"mean": mean, "min": min(values), "max": max(values),
+            "std": statistics.pstdev(values) if len(values) > 1 else 0.0}
 
 
 def run_learning_demo(settings: Settings, config: LearningDemoConfig = LearningDemoConfig(),
                       progress: Progress = no_progress, dagster_run_id: str | None = None) -> dict[str, Any]:
-    out_dir = settings.data_dir / "learning_demo"
+    """Every seed of the demo; writes and returns `learning_demo.json` (means, spreads, per-seed figures)."""
+    started = time.perf_counter()
+    params = {**config.training.as_params(), **{k: v for k, v in asdict(config).items() if k != "training"}}
+    with track.mlflow_run(settings, "learning_demo", "train", params, dagster_run_id) as run:
+        per_seed = []
+        for n, seed in enumerate(config.seeds):
+            progress("demo", f"seed {seed} ({n + 1}/{len(config.seeds)})", n, len(config.seeds))
+            per_seed.append(_one_seed(settings, config, replace(config.training, seed=seed), progress))
+        keys = [f"pass_at_1_{kind}{phase}" for kind in ("", "sampled_") for phase in PHASES]
+        spread = {k: _spread([s[k] for s in per_seed]) for k in keys}
+        gain = _spread([s["pass_at_1_sampled_after_grpo"] - s["pass_at_1_sampled_after_sft"] for s in per_seed])
+        doc = {**{k: v["mean"] for k, v in spread.items()}, "spread": spread, "sampled_gain_grpo_over_sft": gain,
+               "seeds": list(config.seeds), "per_seed": per_seed,
+               **{k: per_seed[-1][k] for k in ("train_tasks", "held_out_tasks", "sft_turns", "sft_eval_turns",
+                                               "sft_first_loss", "sft_final_loss", "checkpoint", "chart")},
+               "eval_samples": config.eval_samples, "mlflow_run_id": run.info.run_id,
+               "seconds": round(time.perf_counter() - started, 1), "config": asdict(config)}
+        track.log_metrics({k: v for k, v in doc.items() if k.startswith("pass_at_1_")}
+                          | {"sampled_gain_grpo_over_sft": gain["mean"]})
+        (settings.data_dir / "learning_demo.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        track.log_json(doc, "learning_demo.json")
+        progress("demo", "done", len(config.seeds), len(config.seeds))
+        return doc
+
+
+def _one_seed(settings: Settings, config: LearningDemoConfig, training: TrainingConfig,
+              progress: Progress) -> dict[str, Any]:
+    out_dir = settings.data_dir / "learning_demo" / f"seed-{training.seed}"
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    training = config.training
     train_tasks, held_out = chore_family(training.seed, config.train_per_chore, config.held_out_per_chore)
     images = ensure_images(settings, train_tasks + held_out, context=StageContext(progress=progress))
     train_items, held_items = images.items(train_tasks), images.items(held_out)
+    image_of = {t.id: image for t, image in train_items + held_items}
+    log_items = [(log, image_of[log.id.rsplit(".log", 1)[0]])
+                 for log in operator_logs([t for t, _ in train_items], training.seed, config.slip_rate,
+                                          config.logs_per_task)]
     model, tokenizer = load_model(training.base_model, training.seed)
     tag = f"demo-s{training.seed}-{int(time.time())}"
     conc, max_tokens = training.concurrency, training.max_tokens
@@ -88,64 +139,70 @@ def run_learning_demo(settings: Settings, config: LearningDemoConfig = LearningD
                            batch_id=f"{tag}-eval-sampled-{label}")
         return float(result.metrics["pass_at_1"])
 
-    params = {**training.as_params(), **{k: v for k, v in asdict(config).items() if k != "training"},
-              "train_tasks": len(train_tasks), "held_out_tasks": len(held_out),
-              "parameters": sum(p.numel() for p in model.parameters())}
-    with track.mlflow_run(settings, "learning_demo", "train", params, dagster_run_id) as run:
-        progress("demo", "held-out pass@1 before training", 0, 5)
-        before = held_out_pass_at_1("before")
-        sampled = {"before": held_out_sampled("before")}
-        track.log_metrics({"pass_at_1_before": before, "pass_at_1_sampled_before": sampled["before"]})
+    params = {**training.as_params(), "train_tasks": len(train_tasks), "held_out_tasks": len(held_out),
+              "operator_logs": len(log_items), "parameters": sum(p.numel() for p in model.parameters())}
+    with track.mlflow_run(settings, f"learning_demo-s{training.seed}", "train", params, nested=True) as run:
+        figures: dict[str, float] = {}
 
-        progress("demo", "teacher demonstrations", 1, 5)
-        sft_train = demonstrations(settings, train_items, tokenizer, f"{tag}-teacher-train", conc)
+        def measure(phase: str) -> None:
+            figures[f"pass_at_1_{phase}"] = held_out_pass_at_1(phase.replace("_", "-"))
+            figures[f"pass_at_1_sampled_{phase}"] = held_out_sampled(phase.replace("_", "-"))
+            track.log_metrics({k: v for k, v in figures.items() if k.endswith(phase)})
+
+        progress("demo", f"seed {training.seed}: held-out pass@1 before training", 0, 5)
+        measure("before")
+        progress("demo", f"seed {training.seed}: {len(log_items)} operator logs", 1, 5)
+        sft_train = demonstrations(settings, log_items, tokenizer, f"{tag}-operator-logs", conc, only_resolved=False)
         sft_eval = demonstrations(settings, held_items, tokenizer, f"{tag}-teacher-eval", conc)
+        slips = sum(1 for log, _ in log_items if log.spec.reference_solution.commands[0] not in FIXES)
 
-        progress("demo", f"SFT on {len(sft_train)} demonstration turns", 2, 5)
+        progress("demo", f"seed {training.seed}: SFT on {len(sft_train)} demonstration turns", 2, 5)
         sft = train_sft(model, sft_train, sft_eval, training.sft_config(tokenizer.pad_token_id or 0),
                         out_dir=out_dir / "sft", tokenizer=tokenizer,
                         on_metrics=lambda step, m: track.log_metrics({f"sft_{k}": v for k, v in m.items()}, step=step))
-        after_sft = held_out_pass_at_1("after-sft")
-        sampled["after_sft"] = held_out_sampled("after-sft")
-        track.log_metrics({"pass_at_1_after_sft": after_sft, "pass_at_1_sampled_after_sft": sampled["after_sft"]})
+        measure("after_sft")
 
-        progress("demo", f"GRPO: {training.rl_rounds} rounds x {training.group_size} samples per task", 3, 5)
-        rounds = training.grpo_rounds(tokenizer.pad_token_id or 0)
-        trainer, grpo_history = grpo_rounds(
-            settings, model, tokenizer, train_items, rounds, f"{tag}-grpo",
-            on_round=lambda r, m: track.log_metrics({f"grpo_{k}": v for k, v in m.items()}, step=r))
-        rewards = [m["rollout_mean_reward"] for m in grpo_history]
-        progress("demo", "held-out pass@1 after GRPO", 4, 5)
-        after_grpo = held_out_pass_at_1("after-grpo")
-        sampled["after_grpo"] = held_out_sampled("after-grpo")
-        track.log_metrics({"pass_at_1_after_grpo": after_grpo, "pass_at_1_sampled_after_grpo": sampled["after_grpo"]})
+        progress("demo", f"seed {training.seed}: GRPO, {training.rl_rounds} rounds x {training.group_size} samples "
+                         f"per task (max_staleness {training.max_staleness})", 3, 5)
+        grpo = grpo_rounds(settings, model, tokenizer, train_items, training.grpo_rounds(tokenizer.pad_token_id or 0),
+                           f"{tag}-grpo",
+                           on_round=lambda r, m: track.log_metrics({f"grpo_{k}": v for k, v in m.items()}, step=r))
+        rewards = [m["rollout_mean_reward"] for m in grpo.history]
+        progress("demo", f"seed {training.seed}: held-out pass@1 after GRPO", 4, 5)
+        measure("after_grpo")
 
-        final = trainer.save(out_dir / "final")
-        log_checkpoint(final, {"pass_at_1": after_grpo}, config.registered_model, alias="best",
-                       is_best=after_grpo >= after_sft)
+        final = grpo.trainer.save(out_dir / "final", extra={"lineage": {
+            "stage": "learning-demo", "task_set_version": "learning-demo", "rollout_batches": ",".join(grpo.batch_ids),
+            "start_checkpoint": training.base_model, "mlflow_run_id": run.info.run_id}})
+        log_checkpoint(final, {"pass_at_1": figures["pass_at_1_after_grpo"]}, config.registered_model,
+                       tags={"task_set_version": "learning-demo", "rollout_batches": ",".join(grpo.batch_ids),
+                             "start_checkpoint": training.base_model})
+        promotion = promote_if_better(settings, config.registered_model, final, figures["pass_at_1_after_grpo"],
+                                      "learning-demo", measure=lambda path: _greedy_pass_at_1(
+                                          settings, path, held_items, f"{tag}-eval-current-best", training))
         chart = learning_curve(list(zip(sft.steps, sft.losses)), sft.eval_losses, rewards,
-                               [("before\ngreedy", before), ("before\nT=1", sampled["before"]),
-                                ("SFT\ngreedy", after_sft), ("SFT\nT=1", sampled["after_sft"]),
-                                ("GRPO\ngreedy", after_grpo), ("GRPO\nT=1", sampled["after_grpo"])],
+                               [(f"{label}\n{kind}", figures[f"pass_at_1_{key}{phase}"])
+                                for phase, label in zip(PHASES, ("before", "SFT", "GRPO"))
+                                for key, kind in (("", "greedy"), ("sampled_", f"T={training.temperature:g}"))],
                                out_dir / "learning_curve.png",
-                               title=f"Learning demo: {len(train_tasks)} train / {len(held_out)} held-out chores")
+                               title=f"Learning demo, seed {training.seed}: {len(train_tasks)} train / "
+                                     f"{len(held_out)} held-out chores")
         track.log_png(chart)
-        doc = {
-            "pass_at_1_before": before, "pass_at_1_after_sft": after_sft, "pass_at_1_after_grpo": after_grpo,
-            "pass_at_1_sampled_before": sampled["before"], "pass_at_1_sampled_after_sft": sampled["after_sft"],
-            "pass_at_1_sampled_after_grpo": sampled["after_grpo"], "eval_samples": config.eval_samples,
-            "train_tasks": len(train_tasks), "held_out_tasks": len(held_out),
+        return {
+            "seed": training.seed, **figures, "train_tasks": len(train_tasks), "held_out_tasks": len(held_out),
+            "operator_logs": len(log_items), "operator_slips": slips,
             "sft_turns": len(sft_train), "sft_eval_turns": len(sft_eval), "sft_steps": sft.total_steps,
             "sft_first_loss": sft.losses[0] if sft.losses else None,
             "sft_final_loss": sft.losses[-1] if sft.losses else None,
             "sft_eval_loss": sft.eval_losses[-1][1] if sft.eval_losses else None,
-            "sft_tokens_per_s": sft.tokens_per_s,
-            "grpo_rounds": training.rl_rounds, "group_size": training.group_size, "grpo_mean_rewards": rewards,
-            "grpo_metrics": grpo_history, "parameters": params["parameters"], "checkpoint": str(final),
-            "chart": str(chart), "mlflow_run_id": run.info.run_id, "seconds": round(time.perf_counter() - started, 1),
-            "config": asdict(config),
-        }
-        (settings.data_dir / "learning_demo.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-        track.log_json(doc, "learning_demo.json")
-        progress("demo", "done", 5, 5)
-        return doc
+            "sft_tokens_per_s": sft.tokens_per_s, "grpo_rounds": training.rl_rounds,
+            "group_size": training.group_size, "grpo_mean_rewards": rewards, "grpo_metrics": grpo.history,
+            "grpo_timing": grpo.timing(), "parameters": params["parameters"], "checkpoint": str(final),
+            "promotion": promotion, "chart": str(chart), "mlflow_run_id": run.info.run_id,
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+def _greedy_pass_at_1(settings: Settings, path: str, items: Any, batch_id: str, training: TrainingConfig) -> float:
+    model, tokenizer = load_model(path, training.seed)
+    return float(evaluate(settings, model, tokenizer, items, batch_id, "current-best", training.concurrency,
+                          training.max_tokens).metrics["pass_at_1"])

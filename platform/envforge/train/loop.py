@@ -6,23 +6,33 @@ with the tokenizer built locally) or a local Hugging Face directory. Nothing is 
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import random
 import re
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envforge.config import Settings
-from envforge.observe import metrics as live
+from envforge.fleet.backend import fleet_pool_from_env
+from envforge.observe import metrics as live_metrics
 from envforge.observe.health import round_health
-from envforge.rollout.batch import BatchResult, run_batch
+from envforge.rollout.batch import BatchResult, record_batch, run_batch
 from envforge.rollout.policies.hf import HFPolicy
 from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model
 from envforge.progress import Progress
 from envforge.rollout.config import RolloutConfig
+from envforge.rollout.scheduler import RolloutScheduler
+from envforge.rollout.store import TrajectoryStore
+from envforge.rollout.stream import GroupStream
+from envforge.sandbox.engine import docker_client
+from envforge.sandbox.pool import SandboxPool
+from envforge.verify.grader import Grader
 from envforge.task import Task
 from envforge.train.data import TeacherPolicy, rl_groups, turn_samples
 from envforge.train.grpo import GRPOConfig, GRPOTrainer
@@ -48,11 +58,12 @@ def load_model(source: str, seed: int = 0) -> tuple[Any, Any]:
 
 
 def demonstrations(settings: Settings, items: Items, tokenizer: Any, batch_id: str, concurrency: int = 4,
-                   task_set_version: str = "") -> list[TurnSample]:
-    """SFT samples: the teacher's rollouts (reference solutions through the tools), resolved ones only."""
+                   task_set_version: str = "", only_resolved: bool = True) -> list[TurnSample]:
+    """SFT samples: the teacher's rollouts (reference solutions through the tools), by default the
+    resolved ones only; `only_resolved=False` keeps every demonstration as recorded (operator logs)."""
     result = run_batch(settings, items, TeacherPolicy(tokenizer), RolloutConfig(n_samples=1, concurrency=concurrency),
                        task_set_version, batch_id=batch_id)
-    return turn_samples(result.store.trajectories(), only_resolved=True)
+    return turn_samples(result.store.trajectories(), only_resolved=only_resolved)
 
 
 def evaluate(settings: Settings, model: Any, tokenizer: Any, items: Items, batch_id: str, label: str,
@@ -67,8 +78,13 @@ def evaluate(settings: Settings, model: Any, tokenizer: Any, items: Items, batch
 
 @dataclass
 class GRPORounds:
-    """Rounds of (rollouts of the current weights, GRPO update). Rollouts sample at `grpo.temperature`,
-    the temperature the update takes behaviour log-probs at: one setting, so they cannot differ."""
+    """Rounds of (rollouts, GRPO update). Rollouts sample at `grpo.temperature`, the temperature the
+    update takes behaviour log-probs at: one setting, so they cannot differ.
+
+    `max_staleness` (policy versions) chooses the schedule: 0 is synchronous (round r is rolled
+    out by the weights after update r-1, the trainer waits for it); s > 0 lets the rollouts of
+    round r start as soon as the trainer has reached version r - s, so they run while the
+    trainer updates on earlier rounds, from a policy that is reloaded with each new checkpoint."""
 
     rounds: int = 3
     group_size: int = 4
@@ -79,6 +95,30 @@ class GRPORounds:
     # Tasks sampled per round (the prompt batch); None: every task every round. Sampling keeps a round's
     # cost fixed as the task set grows, and a different seeded sample per round still covers the split.
     tasks_per_round: int | None = None
+    max_staleness: int = 0
+
+
+@dataclass
+class GRPORun:
+    """What a GRPO run did: the trainer, per-update metrics, and how the trainer spent its time."""
+
+    trainer: GRPOTrainer
+    history: list[dict[str, float]]
+    batch_ids: list[str]  # the rollout batches it trained on, in order
+    checkpoints: list[str]  # checkpoints the rollout policy was reloaded from (asynchronous mode)
+    wall_s: float = 0.0
+    trainer_busy_s: float = 0.0  # updates (+ checkpoint save and policy reload)
+    stale_groups: list[dict[str, Any]] = field(default_factory=list)  # dropped beyond max_staleness
+
+    @property
+    def trainer_idle_fraction(self) -> float:
+        """Share of the run's wall time the trainer spent waiting for rollouts."""
+        return max(0.0, 1.0 - self.trainer_busy_s / self.wall_s) if self.wall_s else 0.0
+
+    def timing(self) -> dict[str, float]:
+        return {"wall_s": round(self.wall_s, 3), "trainer_busy_s": round(self.trainer_busy_s, 3),
+                "trainer_idle_fraction": round(self.trainer_idle_fraction, 4), "updates": float(len(self.history)),
+                "stale_groups": float(len(self.stale_groups))}
 
 
 def round_items(items: Items, cfg: GRPORounds, round_index: int) -> Items:
@@ -88,35 +128,157 @@ def round_items(items: Items, cfg: GRPORounds, round_index: int) -> Items:
     return random.Random(cfg.seed * 1_000_003 + round_index).sample(list(items), cfg.tasks_per_round)
 
 
+class LivePolicy(Protocol):
+    """The rollout side of asynchronous training: a policy and how to give it a new checkpoint."""
+
+    policy: Any
+
+    def reload(self, checkpoint: Path) -> int: ...
+
+
+@dataclass
+class InProcessPolicy:
+    """An `HFPolicy` over its own copy of the weights, reloaded from each checkpoint the trainer saves."""
+
+    policy: HFPolicy
+
+    def reload(self, checkpoint: Path) -> int:
+        return self.policy.reload(checkpoint)
+
+
+@dataclass
+class ServedPolicy:
+    """A policy server (`envforge policy serve`, which loads checkpoints from this machine's disk),
+    rolled out through `OpenAIChatPolicy` and reloaded with `POST /v1/reload`.
+
+    Start the server on the trainer's starting checkpoint, fresh (version 0): its version then
+    counts this run's updates, which is what staleness is measured in."""
+
+    policy: Any  # OpenAIChatPolicy
+    base_url: str
+
+    def reload(self, checkpoint: Path) -> int:
+        import json
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(f"{self.base_url.rstrip('/')}/reload", method="POST",
+                                     data=json.dumps({"path": str(checkpoint)}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=300) as resp:
+                version = int(json.loads(resp.read())["version"])
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"policy server {self.base_url}: reload of {checkpoint} failed: HTTP {exc.code} "
+                               f"{exc.read()[:500].decode(errors='replace')}") from exc
+        self.policy.version = version  # trajectories started from now on record the new version
+        return version
+
+
 def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cfg: GRPORounds, batch_prefix: str,
                 on_round: Callable[[int, dict[str, float]], None] | None = None,
                 task_set_version: str = "", progress: Progress | None = None,
-                ) -> tuple[GRPOTrainer, list[dict[str, float]]]:
-    """Each round rolls out the current weights (on-policy: staleness 0), then updates on complete groups."""
-    trainer = GRPOTrainer(model, cfg.grpo, tokenizer=tokenizer)
-    history = []
-    previous: BatchResult | None = None
-    for r in range(cfg.rounds):
-        policy = HFPolicy((model, tokenizer), policy_id=f"{batch_prefix}@round-{r}", version=r)
-        batch = run_batch(settings, round_items(items, cfg, r), policy,
-                          RolloutConfig(n_samples=cfg.group_size, concurrency=cfg.concurrency,
-                                        temperature=cfg.grpo.temperature, max_tokens=cfg.max_tokens,
-                                        seed=cfg.seed + r),
-                          task_set_version, batch_id=f"{batch_prefix}-round-{r}", progress=progress)
-        groups = rl_groups(batch.store.trajectories())
-        samples = [s for members in groups.values() for _, turns in members for s in turns]
-        metrics = trainer.step(samples) if samples else {"skipped_groups": float(len(groups))}
-        if samples:
-            live.train_staleness(r - min(s.policy_version for s in samples))
-        metrics = {**metrics, "rollout_mean_reward": float(batch.metrics["mean_reward"]),
-                   "rollout_pass_at_1": float(batch.metrics["pass_at_1"]),
-                   "rollout_tokens": float(batch.metrics["tokens"]),
-                   **round_health(batch, previous)}
-        previous = batch
-        history.append(metrics)
-        if on_round:
-            on_round(r, metrics)
-    return trainer, history
+                live: LivePolicy | None = None, checkpoint_dir: Path | None = None) -> GRPORun:
+    """`cfg.rounds` GRPO updates, each on one round's complete groups (see `GRPORounds`).
+
+    Synchronous (max_staleness 0, no `live` policy): rollouts use the training model itself.
+    Otherwise rollouts go through `live` (default: an `HFPolicy` over a copy of the model) and
+    stream into the trainer through a `GroupStream`; after each update the trainer saves a
+    checkpoint (to `checkpoint_dir`, default <data dir>/checkpoints/live-<prefix>) and the
+    live policy reloads it, so its version counts updates. Groups more than max_staleness
+    versions older than the trainer are dropped (reported in `stale_groups`); the others are
+    corrected by the clipped ratio to their stored behaviour log-probs (`GRPOConfig.off_policy`
+    makes missing log-probs an error instead of "on-policy")."""
+    return asyncio.run(_grpo_rounds(settings, model, tokenizer, items, cfg, batch_prefix, on_round,
+                                    task_set_version, progress, live, checkpoint_dir))
+
+
+async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cfg: GRPORounds,
+                       batch_prefix: str, on_round: Callable[[int, dict[str, float]], None] | None,
+                       task_set_version: str, progress: Progress | None, live: LivePolicy | None,
+                       checkpoint_dir: Path | None) -> GRPORun:
+    synchronous = cfg.max_staleness == 0 and live is None
+    grpo = cfg.grpo if synchronous else replace(cfg.grpo, off_policy=True)
+    trainer = GRPOTrainer(model, grpo, tokenizer=tokenizer)
+    if not synchronous and live is None:
+        live = InProcessPolicy(HFPolicy((copy.deepcopy(model), tokenizer), policy_id=f"{batch_prefix}@live"))
+    shared = HFPolicy((model, tokenizer), policy_id=f"{batch_prefix}@sync") if synchronous else None
+    rollout_policy = shared if live is None else live.policy
+    ckpt_dir = Path(checkpoint_dir or settings.data_dir / "checkpoints" / f"live-{batch_prefix}")
+    version = 0  # the trainer's policy version: updates taken
+    changed = asyncio.Condition()
+    stream = GroupStream(cfg.max_staleness, current_version=lambda: version)
+    run = GRPORun(trainer, [], [], [])
+    client = docker_client(settings)
+    first = RolloutConfig(n_samples=cfg.group_size, concurrency=cfg.concurrency)
+    from envforge.fleet.run import rollout_sandboxes_per_task
+
+    fleet = fleet_pool_from_env(list(items), rollout_sandboxes_per_task(first), client, settings)  # one rule
+    pool = fleet or SandboxPool(client, max_idle_per_key=max(2, cfg.concurrency), max_starting=4)
+    results: dict[str, BatchResult] = {}
+    previous: list[BatchResult] = []  # the round before, for the health verdict
+
+    async def produce() -> None:
+        grader = Grader(client, pool)
+        for r in range(cfg.rounds):
+            async with changed:  # round r is rolled out by a version no older than r - max_staleness
+                await changed.wait_for(lambda: version >= r - cfg.max_staleness)
+            rollout = RolloutConfig(n_samples=cfg.group_size, concurrency=cfg.concurrency,
+                                    temperature=cfg.grpo.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed + r)
+            store = TrajectoryStore(settings.artifact_root("rollouts"), f"{batch_prefix}-round-{r}")
+            scheduler = RolloutScheduler(pool, grader, rollout_policy, store, rollout, progress=progress,
+                                         on_group=stream.put)
+            report = await scheduler.run(round_items(items, cfg, r), task_set_version)
+            results[store.batch_id] = await asyncio.to_thread(record_batch, settings, store, report, rollout_policy,
+                                                              rollout, task_set_version)
+            await stream.end_batch(store.batch_id)
+
+    async def train() -> None:
+        nonlocal version
+        async for batch_id, fresh in stream.batches():
+            t0 = time.perf_counter()
+            groups = rl_groups(t for group in fresh for t in group)
+            samples = [s for members in groups.values() for _, turns in members for s in turns]
+            metrics = (await asyncio.to_thread(trainer.step, samples) if samples
+                       else {"skipped_groups": float(len(groups))})
+            if live is not None:
+                path = await asyncio.to_thread(trainer.save, ckpt_dir)
+                await asyncio.to_thread(live.reload, path)
+                run.checkpoints.append(str(path))
+            elif shared is not None:
+                model.eval()  # the update left it in train mode; the next round samples from it
+                shared.version = version + 1
+            run.trainer_busy_s += time.perf_counter() - t0
+            result = results[batch_id]
+            batch = result.metrics
+            lag = [version - t.policy_version for group in fresh for t in group]
+            if lag:
+                live_metrics.train_staleness(max(lag))
+            metrics = {**metrics, "rollout_mean_reward": float(batch["mean_reward"]),
+                       "rollout_pass_at_1": float(batch["pass_at_1"]), "rollout_tokens": float(batch["tokens"]),
+                       "policy_lag_mean": sum(lag) / len(lag) if lag else 0.0,
+                       "stale_groups": float(len(stream.stale)),
+                       **round_health(result, previous[-1] if previous else None)}
+            previous[:] = [result]
+            run.history.append(metrics)
+            run.batch_ids.append(batch_id)
+            if on_round:
+                on_round(len(run.history) - 1, metrics)
+            async with changed:
+                version += 1
+                changed.notify_all()
+
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(stream.run(produce()), train())
+    finally:
+        if fleet is None:  # a fleet pool is the process's, shared with its other stages
+            await asyncio.to_thread(pool.close)
+        if live is not None and hasattr(live.policy, "aclose"):
+            await live.policy.aclose()
+    run.wall_s = time.perf_counter() - started
+    run.stale_groups = list(stream.stale)
+    return run
 
 
 def pass_at_1_by(result: BatchResult, tasks: Sequence[Task], key: Callable[[Task], str]) -> dict[str, float]:

@@ -20,7 +20,8 @@ class TurnSample:
     reward: float = 0.0
     group_id: str = ""  # RL: task group (batch/task)
     trajectory_id: str = ""
-    policy_version: int = 0
+    policy_version: int = 0  # RL: the policy checkpoint version that sampled it
+    truncated: bool = False  # RL: the completion hit the token budget (no stop token): see GRPOConfig.truncated
 
     def __post_init__(self) -> None:
         if not self.completion_ids:

@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 
 from envforge.rollout.actions import TOOL_CALL
 from envforge.rollout.policies.base import IM_END, PolicyOutput
+from envforge.rollout.policies.render import render_prompt
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
@@ -166,12 +167,8 @@ class HFPolicy:
     # -- generation ------------------------------------------------------------------------------
 
     def encode_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """Prompt ids from the chat template. Control tokens inside message text (an observation
-        that prints `<|im_end|>`) are encoded as plain text, so tool output cannot end a turn."""
-        enc = self._tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, tokenize=True,
-            sanitize_control_tokens=True, return_dict=True)
-        return list(enc["input_ids"])
+        """Prompt ids from the chat template, control tokens in message text sanitized (`render_prompt`)."""
+        return render_prompt(self._tokenizer, messages, tools)
 
     def stop_ids(self) -> set[int]:
         """eos, `<|im_end|>` when the vocabulary has it, and the generation config's eos ids."""

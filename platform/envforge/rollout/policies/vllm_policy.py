@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from envforge.rollout.policies.base import IM_END, PolicyOutput
+from envforge.rollout.policies.render import render_prompt
 
 
 class VLLMPolicy:
@@ -51,14 +52,16 @@ class VLLMPolicy:
         vocab = self.tokenizer.get_vocab()
         self._extra_stops = [vocab[IM_END]] if IM_END in vocab else []
 
+    def encode_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        return render_prompt(self.tokenizer, messages, tools)
+
     def generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, seed: int,
                  temperature: float = 1.0, max_tokens: int = 512) -> PolicyOutput:
         """One assistant turn, synchronously (what `act` runs in a worker thread)."""
         from envforge.rollout.policies.hf import parse_tool_calls  # shares the Hermes parser
 
         start = time.perf_counter()
-        prompt_ids = list(self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False))
+        prompt_ids = self.encode_prompt(messages, tools)
         params = self._sampling_params(seed=seed, temperature=temperature, max_tokens=max_tokens, logprobs=0,
                                        stop_token_ids=self._extra_stops)
         with self._lock:
