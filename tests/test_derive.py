@@ -113,3 +113,27 @@ def test_ingest_stores_each_source_as_its_latest_load(calc, tmp_path, settings, 
     assert catalog.tasks().height == 0
     assert catalog.current_rejects().height == 5 and catalog.rejects().height == 10
     assert json.loads(catalog.query("SELECT count(*) AS n FROM source_loads").write_json())[0]["n"] == 2
+
+
+def test_a_derivation_that_timed_out_is_used_but_not_cached(calc, tmp_path, settings, docker_client, monkeypatch):
+    """A test timeout may be the machine's load, not the change: the record is rejected this time
+    (no FAIL_TO_PASS came out) and derived again on the next ingest instead of being rejected for good."""
+    repo, shas = calc
+    candidates = load_ticket_source(write_ticket_source(tmp_path / "t", repo, shas)).candidates[:1]
+    calls = []
+
+    def timed_out(pool, candidate, image):
+        calls.append(candidate.id)
+        slow = derive.Run({"tests/test_calc.py::test_add": "failed"}, ["timeout"])
+        return derive.Derivation([slow], [slow, slow])
+
+    monkeypatch.setattr(derive, "run_derivation", timed_out)
+    cache = settings.data_dir / "derived"
+    cached_before = set(cache.glob("*.json"))
+    for _ in range(2):
+        result = derive_tasks(settings, candidates, client=docker_client)
+        assert not result.tasks and len(result.rejects) == 1
+    assert len(calls) == 2
+    assert set(cache.glob("*.json")) == cached_before
+    unit = derive.Derivation([derive.Run({"a": "passed"})], [derive.Run({"a": "passed"}, ["test_failed:a"])])
+    assert not unit.timed_out()

@@ -195,12 +195,16 @@ class ContainerKiller:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _mine(self) -> list:
+        return self.client.containers.list(sparse=True, filters={
+            "label": f"{OWNER_LABEL}={owner_id()}", "status": "running"})
+
     def _run(self) -> None:
         start = _retries()
         time.sleep(1.0)  # let the batch get going
         while not self._stop.is_set() and len(self.killed) < self.max_kills and _retries() - start < self.faults:
-            running = self.client.containers.list(sparse=True, filters={
-                "label": f"{OWNER_LABEL}={owner_id()}", "status": "running"})
+            # only the batch's: in a whole-suite run this process also holds other tests' idle warm sandboxes
+            running = [c for c in self._mine() if c.id not in self._before]
             if running:
                 victim = self.rng.choice(running)
                 try:
@@ -211,6 +215,7 @@ class ContainerKiller:
             self._stop.wait(0.4)
 
     def __enter__(self) -> "ContainerKiller":
+        self._before = {c.id for c in self._mine()}
         self._thread.start()
         return self
 

@@ -137,8 +137,9 @@ def test_the_gate_policy_for_weak_and_overfittable_verifiers():
         GateConfig(below_strength="train")
     with pytest.raises(ValueError, match="GateConfig.min_strength"):
         GateConfig(min_strength=1.5)
-    assert "min_strength" not in GateConfig().as_params()  # verdicts gated without mutation keep their keys
-    assert GateConfig(mutation=True).as_params()["min_strength"] == GateConfig().min_strength
+    assert GateConfig().mutation  # on by default: every test-verified task the gate accepts is measured
+    assert "min_strength" not in GateConfig(mutation=False).as_params()  # gated without it: the keys of before
+    assert GateConfig().as_params()["min_strength"] == GateConfig().min_strength
 
 
 def test_strength_is_kept_in_the_catalog_listed_and_decides_the_audit_split(settings):

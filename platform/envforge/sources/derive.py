@@ -25,7 +25,9 @@ no FAIL_TO_PASS left is rejected with the reason: the counts, the excluded tests
 first lines of any collection error (`ModuleNotFoundError: No module named 'freezegun'`).
 
 Results are cached by (image, patches, test command) under the data directory, so
-re-ingesting an unchanged source (the sensor, the nightly refresh) costs no sandbox time.
+re-ingesting an unchanged source (the sensor, the nightly refresh) costs no sandbox time. A
+derivation in which any run hit the test timeout is used but not cached: a timeout may be the
+machine's load rather than the change, and a cached one would reject the record for good.
 Infrastructure faults (a sandbox or an image build killed from outside, a fleet node lost
 mid-run) are retried: an image build once, a derivation from its start up to
 DERIVATION_ATTEMPTS times, on a fresh sandbox (on the fleet, a surviving node); nothing of a
@@ -141,6 +143,11 @@ class Derivation:
         return {"before": [asdict(r) for r in self.before], "after": [asdict(r) for r in self.after],
                 "checks": [{k: asdict(v) for k, v in c.items()} for c in self.checks],
                 "alone": asdict(self.alone) if self.alone else None}
+
+    def timed_out(self) -> bool:
+        """Whether any run of it hit the test timeout (then it is not cached: see the module's docstring)."""
+        runs = [*self.before, *self.after, *(r for c in self.checks for r in c.values())]
+        return any("timeout" in r.reasons for r in [*runs, *([self.alone] if self.alone else [])])
 
     @classmethod
     def from_json(cls, doc: dict) -> "Derivation":
@@ -357,9 +364,10 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
             except ValueError as exc:
                 raise SpecError([Problem(candidate.origin, candidate.field,
                                          f"the change does not apply to its own parent: {exc}")]) from None
-            tmp = cached.with_suffix(f".{id(derivation)}.tmp")
-            tmp.write_text(json.dumps(derivation.as_json(), sort_keys=True))
-            tmp.replace(cached)
+            if not derivation.timed_out():
+                tmp = cached.with_suffix(f".{id(derivation)}.tmp")
+                tmp.write_text(json.dumps(derivation.as_json(), sort_keys=True))
+                tmp.replace(cached)
         return task_from_derivation(candidate, derivation, {"images": images})
 
     sandboxes = nullcontext(fleet) if fleet is not None else SandboxPool(client, max_idle_per_key=1,
