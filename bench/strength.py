@@ -117,7 +117,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     load_avg = {"start": round(os.getloadavg()[0], 2)}
-    base = GateConfig(max_mutants=args.max_mutants)
+    base = GateConfig(max_mutants=args.max_mutants, mutation=False)  # the gate without mutation
     with_mutation = replace(base, mutation=True)
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings.from_env().with_data_dir(args.data_dir or Path(tmp))
