@@ -40,7 +40,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "platform"))
+sys.path.insert(0, str(REPO))  # bench.bundled
 
+from bench.bundled import rollout_items  # noqa: E402
 from envforge.config import Settings  # noqa: E402
 from envforge.fleet.config import FleetConfig  # noqa: E402
 from envforge.fleet.dispatcher import FleetDispatcher  # noqa: E402
@@ -53,8 +55,7 @@ from envforge.rollout.policies.replay import ReplayPolicy  # noqa: E402
 from envforge.sandbox.container import Sandbox, SandboxOptions  # noqa: E402
 from envforge.sandbox.engine import docker_client  # noqa: E402
 from envforge.sandbox.envlayer import ENV_REPO_PREFIX  # noqa: E402
-from envforge.sandbox.images import TASK_REPO_PREFIX, build_base_image, build_task_image  # noqa: E402
-from envforge.sources import load_sources  # noqa: E402
+from envforge.sandbox.images import TASK_REPO_PREFIX, build_base_image  # noqa: E402
 from envforge.sources.derive import derive_tasks  # noqa: E402
 from envforge.sources.tickets import load_ticket_source  # noqa: E402
 from envforge.verify.grader import Grader  # noqa: E402
@@ -335,9 +336,7 @@ def main() -> None:
     settings.ensure_dirs()
     client = docker_client(settings)
     base = build_base_image(client, settings).tag
-    tasks = [t for r in load_sources([REPO / "task_sources" / "specs", REPO / "task_sources" / "runbooks"]).values()
-             for t in r.tasks]
-    items = [(t, build_task_image(client, t, base, settings).tag) for t in tasks]
+    items = rollout_items(client, settings)
     inventory = next((t, img) for t, img in items if t.id == "inventory-median-even")
     doc: dict = {"machine": "2 cores, shared; all nodes on this one machine", "tasks": len(items),
                  "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}

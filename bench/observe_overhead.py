@@ -42,14 +42,14 @@ def log(msg: str) -> None:
 def worker(arm: str, samples: int, concurrency: int, data_dir: str) -> None:
     """One batch in this process; prints {"steps_per_s", "wall_s", ...}."""
     sys.path.insert(0, os.environ.get("BENCH_PLATFORM", str(REPO / "platform")))
+    sys.path.insert(0, str(REPO))  # bench.bundled (it imports envforge from the path above)
     import envforge
+    from bench.bundled import rollout_items
     from envforge.config import Settings
     from envforge.rollout.batch import run_batch
     from envforge.rollout.policies.replay import ReplayPolicy
     from envforge.rollout.scheduler import RolloutConfig
     from envforge.sandbox.engine import docker_client
-    from envforge.sandbox.images import build_base_image, build_task_image
-    from envforge.sources import load_sources
 
     exporter = server = None
     if arm == "on":
@@ -64,10 +64,7 @@ def worker(arm: str, samples: int, concurrency: int, data_dir: str) -> None:
     settings = Settings.from_env().with_data_dir(Path(data_dir))
     settings.ensure_dirs()
     client = docker_client(settings)
-    base = build_base_image(client, settings).tag
-    tasks = [t for r in load_sources([REPO / "task_sources" / "specs", REPO / "task_sources" / "runbooks"]).values()
-             for t in r.tasks]
-    items = [(t, build_task_image(client, t, base, settings).tag) for t in tasks]
+    items = rollout_items(client, settings)
     config = RolloutConfig(n_samples=samples, concurrency=concurrency, seed=1)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu0 = usage.ru_utime + usage.ru_stime

@@ -25,15 +25,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "platform"))
+sys.path.insert(0, str(REPO))  # bench.bundled
 
+from bench.bundled import rollout_items  # noqa: E402
 from envforge.config import Settings  # noqa: E402
 from envforge.rollout.batch import run_batch  # noqa: E402
 from envforge.rollout.policies.replay import ReplayPolicy  # noqa: E402
 from envforge.rollout.scheduler import RolloutConfig  # noqa: E402
 from envforge.sandbox.engine import docker_client  # noqa: E402
-from envforge.sandbox.images import build_base_image, build_task_image  # noqa: E402
 from envforge.sandbox.pool import SandboxPool  # noqa: E402
-from envforge.sources import load_sources  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -65,13 +65,10 @@ def main() -> None:
     args = ap.parse_args()
     base_settings = Settings.from_env()
     client = docker_client(base_settings)
-    base = build_base_image(client, base_settings).tag
-    tasks = [t for r in load_sources([REPO / "task_sources" / "specs", REPO / "task_sources" / "runbooks"]).values()
-             for t in r.tasks]
     with tempfile.TemporaryDirectory() as tmp:
         settings = base_settings.with_data_dir(Path(tmp))
         settings.ensure_dirs()
-        items = [(t, build_task_image(client, t, base, settings).tag) for t in tasks]
+        items = rollout_items(client, settings)
         log(f"{len(items)} tasks x {args.samples} samples")
         log("sequential, cold container per trajectory (naive)")
         with SandboxPool(client, max_idle_per_key=0) as cold:
