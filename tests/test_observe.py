@@ -11,12 +11,8 @@ import io
 import json
 import logging
 import random
-import shutil
-import socket
-import subprocess
 import threading
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -36,6 +32,7 @@ from envforge.sandbox.engine import OWNER_LABEL, owner_id
 from envforge.sandbox.images import build_task_image
 from envforge.sources import load_sources
 from tests.conftest import REPO
+from tests.prometheus import query as _query, running_prometheus
 
 pytestmark = pytest.mark.docker
 SOURCES = [REPO / "task_sources" / "specs", REPO / "task_sources" / "runbooks"]
@@ -60,52 +57,19 @@ def batches(items, docker_client, tmp_path_factory):
     return settings, baseline
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _query(base: str, expr: str) -> list[dict]:
-    with urllib.request.urlopen(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}), timeout=10) as r:
-        doc = json.load(r)
-    assert doc["status"] == "success", doc
-    return doc["data"]["result"]
-
-
 @pytest.fixture
 def prometheus(tmp_path):
-    """Start Prometheus on a random loopback port with a generated config; yields (api base, set_target)."""
-    binary = shutil.which("prometheus")
-    assert binary, "prometheus is missing: run platform/deploy/host-packages.sh (Debian's prometheus package)"
+    """Prometheus on a random loopback port scraping this process's registry (a static target)."""
     server = MetricsServer(0)
-    port = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(REPO / "platform" / "deploy" / "observability" / "envforge-alerts.yml")],
-        "scrape_configs": [{"job_name": "envforge-rollout", "static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}]}],
-    }))
-    log = open(tmp_path / "prometheus.log", "w")
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]
-            time.sleep(0.3)
-        yield base
+        with running_prometheus(tmp_path / "prometheus", {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(REPO / "platform" / "deploy" / "observability" / "envforge-alerts.yml")],
+            "scrape_configs": [{"job_name": "envforge-rollout",
+                                "static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}]}],
+        }) as base:
+            yield base
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
         server.close()
 
 
@@ -142,7 +106,7 @@ def test_prometheus_scrapes_a_real_rollout_and_one_trajectory_is_followed_end_to
     assert {r["metric"]["result"] for r in hits} <= {"hit", "miss"}
     assert float(_query(prometheus, "sum(envforge_scheduler_in_flight_trajectories)")[0]["value"][1]) == 0
     rules = json.load(urllib.request.urlopen(f"{prometheus}/api/v1/rules", timeout=10))["data"]["groups"]
-    assert sum(len(g["rules"]) for g in rules) == 11  # the shipped alert rules load into the real server
+    assert sum(len(g["rules"]) for g in rules) == 15  # the shipped alert rules load into the real server
 
     # Traces: every span of one trajectory in one trace, from the scheduler to the grade.
     spans = exporter.get_finished_spans()
