@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import logging
 import random
 import threading
@@ -141,6 +142,65 @@ def test_prometheus_scrapes_a_real_rollout_and_one_trajectory_is_followed_end_to
         "task_id": items[0][0].id, "task_version": items[0][0].content_hash, "batch_id": "prom",
         "container_id": container, "dagster_run_id": "dagster-run-1", "mlflow_run_id": "mlflow-run-1"}
     provider.shutdown()
+
+
+_STAGE_RUN = """
+import sys
+from pathlib import Path
+from envforge.config import Settings
+from envforge.rollout.config import RolloutConfig
+from envforge.sources import load_sources
+from envforge.stages.base import StageContext
+from envforge.stages.rollout import rollout
+
+settings = Settings.from_env()
+settings.ensure_dirs()
+tasks = [t for r in load_sources([Path(sys.argv[1])]).values() for t in r.tasks][:2]
+# a Dagster run's stage: no ENVFORGE_METRICS_PORT, so the default applies (a free port, registered)
+rollout(settings, RolloutConfig(n_samples=2, concurrency=2), tasks, "replay", batch_id=sys.argv[2],
+        context=StageContext(dagster_run_id=sys.argv[2]))
+"""
+
+
+def test_two_overlapping_dagster_stage_runs_on_free_ports_are_both_found_and_scraped(tmp_path, base_image):
+    """Two processes run the rollout stage at once as Dagster run workers do (a Dagster run id, no port
+    set): each serves on a free port and registers in the file_sd directory; the real Prometheus,
+    configured only with that directory, scrapes both at the same time, and both targets go when
+    the runs end."""
+    import os
+    import sys
+
+    from envforge.observe.discovery import prometheus_config
+    from tests.prometheus import active_targets, wait_for
+
+    targets = tmp_path / "targets"
+    targets.mkdir()  # watched from Prometheus' start (as `envforge observe prometheus-config` leaves it)
+    rules = REPO / "platform" / "deploy" / "observability" / "envforge-alerts.yml"
+    with running_prometheus(tmp_path / "prometheus", prometheus_config(targets, rules, scrape_interval_s=1)) as prom:
+        procs = []
+        for run in ("dagster-run-a", "dagster-run-b"):
+            env = {**os.environ, "ENVFORGE_DATA_DIR": str(tmp_path / run), "ENVFORGE_METRICS_TARGETS_DIR": str(targets),
+                   "ENVFORGE_METRICS_LINGER_S": "6"}
+            env.pop("ENVFORGE_METRICS_PORT", None)
+            procs.append(subprocess.Popen([sys.executable, "-c", _STAGE_RUN, str(SOURCES[0]), run], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        try:
+            both_up = wait_for("both runs scraped at once", lambda: [
+                r for r in _query(prom, 'count(up{job="envforge", role="run", stage="rollout"} == 1)')
+                if float(r["value"][1]) == 2], timeout_s=180)
+            assert both_up
+            per_run = wait_for("each run's 4 trajectories", lambda: (lambda got: got if len(got) == 2 and all(
+                float(r["value"][1]) >= 4 for r in got) else None)(_query(
+                    prom, 'sum by (dagster_run_id) (envforge_scheduler_trajectories_total{role="run"})')), timeout_s=180)
+            assert {r["metric"]["dagster_run_id"] for r in per_run} == {"dagster-run-a", "dagster-run-b"}
+            instances = {r["metric"]["instance"] for r in _query(prom, 'up{role="run"}')}
+            assert len(instances) == 2 and all(i.startswith("127.0.0.1:") for i in instances)
+        finally:
+            outputs = [p.communicate(timeout=300)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outputs
+        assert not list(targets.glob("*.json"))  # each run removed its registration on the way out
+        wait_for("the ended runs' targets dropped", lambda: not [t for t in active_targets(prom)
+                                                                if t["labels"].get("role") == "run"], timeout_s=60)
 
 
 def _retries() -> float:

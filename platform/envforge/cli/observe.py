@@ -30,7 +30,9 @@ def prometheus_config(data_dir: Optional[Path] = DataDir,
     from envforge.observe.discovery import prometheus_config as config_for
 
     rules = checkout_root() / "platform" / "deploy" / "observability" / "envforge-alerts.yml"
-    print(json.dumps(config_for(_dir(data_dir), rules, scrape_interval_s), indent=2))  # JSON is YAML
+    directory = _dir(data_dir)
+    directory.mkdir(parents=True, exist_ok=True)  # so Prometheus can watch it from its start
+    print(json.dumps(config_for(directory, rules, scrape_interval_s), indent=2))  # JSON is YAML
 
 
 @app.command("targets")

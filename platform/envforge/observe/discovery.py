@@ -142,13 +142,15 @@ def prune(directory: Path | None = None) -> list[Path]:
 def prometheus_config(targets: str | Path, rules: str | Path | None = None, scrape_interval_s: float = 5.0,
                       job: str = "envforge") -> dict[str, Any]:
     """A Prometheus configuration that scrapes every registered envforge process (and loads the
-    alert rules): what platform/deploy/observability/prometheus.yml is, for another directory."""
+    alert rules): what platform/deploy/observability/prometheus.yml is, for another directory.
+    Prometheus watches the directory for changes if it exists when it starts (else it finds new
+    files at the next refresh, 5 s): `envforge observe prometheus-config` creates it."""
     interval = f"{scrape_interval_s:g}s"
     config: dict[str, Any] = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "scrape_configs": [{
             "job_name": job,
-            "file_sd_configs": [{"files": [f"{str(targets).rstrip('/')}/*.json"], "refresh_interval": "30s"}],
+            "file_sd_configs": [{"files": [f"{str(targets).rstrip('/')}/*.json"], "refresh_interval": "5s"}],
         }],
     }
     if rules is not None:
