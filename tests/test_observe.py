@@ -259,13 +259,13 @@ class SlowEngine:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
-    async def _pump(self, src, dst, delay: float) -> None:
+    async def _pump(self, src, dst, slowed: bool) -> None:
         import asyncio
 
         try:
             while data := await src.read(65536):
-                if delay:
-                    await asyncio.sleep(delay)
+                if slowed and self.delay_s:  # read per chunk: the delay can change under open connections
+                    await asyncio.sleep(self.delay_s)
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):
@@ -277,7 +277,7 @@ class SlowEngine:
         import asyncio
 
         up_reader, up_writer = await asyncio.open_unix_connection(self.upstream)
-        await asyncio.gather(self._pump(reader, up_writer, self.delay_s), self._pump(up_reader, writer, 0.0))
+        await asyncio.gather(self._pump(reader, up_writer, True), self._pump(up_reader, writer, False))
 
     def __enter__(self) -> str:
         import asyncio
@@ -375,3 +375,59 @@ def test_the_run_report_shows_each_batch_verdict(batches):
     verdicts = {b["batch_id"]: b["health"]["verdict"] for b in section["batches"]}
     assert verdicts["baseline"] == HEALTHY
     assert verdicts.get("killed", INFRA) == INFRA  # present when the tests above ran in this session
+
+
+class CheckpointedReplay:
+    """The live policy of a GRPO run whose checkpoints change what it does: after update u the replay
+    skips its solution at `plan[u][0]` and the engine proxy holds each request `plan[u][1]` s, as if a
+    checkpoint had made the policy worse and, later, the engine had slowed down."""
+
+    def __init__(self, engine: SlowEngine, plan: list[tuple[float, float]]):
+        self.policy, self.engine, self.plan, self.reloads = ReplayPolicy(), engine, plan, 0
+
+    def reload(self, checkpoint: Path) -> int:
+        assert checkpoint.is_dir()  # the trainer saved a real checkpoint for it
+        skip, delay = self.plan[min(self.reloads, len(self.plan) - 1)]
+        self.policy.skip_rate, self.engine.delay_s = skip, delay
+        self.reloads += 1
+        return self.reloads
+
+
+def test_grpo_rounds_tell_a_policy_regression_from_an_infrastructure_anomaly_round_by_round(tmp_path):
+    """The training-round verdict through the real GRPO rounds path (`train.loop.grpo_rounds`: tiny model,
+    trainer updates and checkpoints, rollouts graded in real sandboxes): round 0 healthy; round 1 rolled
+    out by a checkpoint that drops the solution -> policy regression; round 2 good again on a slowed
+    engine -> infrastructure anomaly; each round's flags in its history, its verdict in a log line."""
+    import dataclasses
+
+    from envforge.stages.base import StageContext
+    from envforge.stages.images import ensure_images
+    from envforge.train.config import TrainingConfig
+    from envforge.train.demo_tasks import chore_family
+    from envforge.train.loop import grpo_rounds, load_model
+
+    settings = Settings.from_env().with_data_dir(tmp_path / "data")
+    settings.ensure_dirs()
+    train, _ = chore_family(0, train_per_chore=1, held_out_per_chore=0)
+    items = ensure_images(settings, train[:3], context=StageContext()).items(train[:3])
+    cfg = TrainingConfig(base_model="tiny:64x2", rl_rounds=3, group_size=2, tasks_per_round=0, max_tokens=16,
+                         rl_lr=1e-3, max_staleness=0, concurrency=6).grpo_rounds(pad_id=0)
+    model, tok = load_model("tiny:64x2", 0)
+    out = io.StringIO()
+    handler = configure_logging(out)
+    engine = SlowEngine(tmp_path / "docker.sock", delay_s=0.0)
+    try:
+        with engine as url:
+            live_policy = CheckpointedReplay(engine, [(1.0, 0.0), (0.0, 0.25)])
+            run = grpo_rounds(dataclasses.replace(settings, docker_host=url), model, tok, items, cfg, "health-rounds",
+                              live=live_policy)
+    finally:
+        logging.getLogger("envforge").removeHandler(handler)
+    flags = [(m["health_infra_anomaly"], m["health_policy_regression"]) for m in run.history]
+    assert flags == [(0.0, 0.0), (0.0, 1.0), (1.0, 0.0)], run.history
+    verdicts = [json.loads(line)["verdict"] for line in out.getvalue().splitlines()
+                if json.loads(line)["event"] == "round health"]
+    assert verdicts == [HEALTHY, POLICY, INFRA]
+    assert [m["rollout_pass_at_1"] for m in run.history] == [1.0, 0.0, 1.0]
+    assert all(m["health_fault_rate"] == 0.0 and m["health_clean_tasks"] == 3.0 for m in run.history)
+    assert len(run.checkpoints) == 3

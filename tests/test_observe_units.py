@@ -447,3 +447,35 @@ def test_sft_steps_set_the_training_metrics_under_their_own_label():
     assert _value("envforge_train_steps_total", {"algorithm": "grpo"}) == grpo_steps
     with pytest.raises(ValueError, match="training algorithm label 'ppo'"):
         metrics.train_step({}, "ppo")
+
+
+def test_a_stage_in_a_dagster_run_serves_on_a_free_port_registered_in_its_data_dir(settings, monkeypatch):
+    """No ENVFORGE_METRICS_PORT: a real (in-process) Dagster run of a spec source's ingest serves its
+    metrics on a free port, registered under the run's data dir (the resources' settings) with the
+    run id as a label, and the registration is gone when the run ends."""
+    import dagster as dg
+
+    from assets.defs.resources import default_resources
+    from assets.defs.sources.assets import source_assets
+    from envforge.sources import discover_sources
+
+    monkeypatch.delenv("ENVFORGE_METRICS_PORT", raising=False)
+    monkeypatch.delenv("ENVFORGE_METRICS_TARGETS_DIR", raising=False)
+    refs, _ = discover_sources([REPO / "task_sources" / "specs"])
+    ref = refs[0]
+    key = ref.key(REPO / "task_sources")
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("spec_sources", [key])
+    asset = next(a for a in source_assets if a.key.to_user_string() == "spec_tasks")
+    out = io.StringIO()
+    handler = configure_logging(out)
+    try:
+        result = dg.materialize([asset], partition_key=key, instance=instance, resources=default_resources(settings))
+    finally:
+        logging.getLogger("envforge").removeHandler(handler)
+    assert result.success
+    [registered] = [d for d in map(json.loads, out.getvalue().splitlines()) if d["event"].startswith("metrics target")]
+    target = Path(registered["metrics_target"])
+    assert target.parent == settings.data_dir / "observe" / "targets"
+    assert registered["dagster_run_id"] == result.run_id and target.name.startswith("envforge-run-")
+    assert not target.exists()  # removed when the stage ended

@@ -22,7 +22,7 @@ from typing import Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, start_http_server
 
-from envforge.observe.discovery import register
+from envforge.observe.discovery import register, targets_dir
 from envforge.observe.metrics import REGISTRY
 
 log = logging.getLogger("envforge.observe")
@@ -82,11 +82,13 @@ def metrics_port_from_env(default: int | None = None) -> int | None:
 
 @contextmanager
 def metrics_server_from_env(what: str = "run", default_port: int | None = None,
-                            labels: dict[str, str] | None = None) -> Iterator[MetricsServer | None]:
+                            labels: dict[str, str] | None = None,
+                            data_dir: Path | None = None) -> Iterator[MetricsServer | None]:
     """Serve the registry for the duration of a run when ENVFORGE_METRICS_PORT is set (or a
     `default_port` applies: 0 in a Dagster run), registered for Prometheus' file_sd, then linger
     ENVFORGE_METRICS_LINGER_S seconds so the scraper sees the final counts. `labels` become target
-    labels next to role=run and stage=<what> (a Dagster run id: one per target, like its port)."""
+    labels next to role=run and stage=<what> (a Dagster run id: one per target, like its port); the
+    target goes to `data_dir`'s file_sd directory (default: the environment's data dir)."""
     port = metrics_port_from_env(default_port)
     if port is None:
         yield None
@@ -104,7 +106,7 @@ def metrics_server_from_env(what: str = "run", default_port: int | None = None,
         yield None
         return
     try:
-        target = register("run", host, server.port, {"stage": what, **(labels or {})})
+        target = register("run", host, server.port, {"stage": what, **(labels or {})}, targets_dir(data_dir))
     except OSError as exc:  # an unwritable data dir costs the discovery, never the run
         log.warning("cannot register this %s's metrics target: %s", what, exc)
         target = None

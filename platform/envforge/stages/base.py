@@ -119,7 +119,8 @@ class Stage(Generic[P, R]):
         dagster_run_id = getattr(context, "dagster_run_id", None)
         with log_context(dagster_run_id=dagster_run_id, mlflow_run_id=getattr(context, "mlflow_run_id", None)), \
                 metrics_server_from_env(self.name, default_port=0 if dagster_run_id else None,
-                                        labels={"dagster_run_id": dagster_run_id} if dagster_run_id else None):
+                                        labels={"dagster_run_id": dagster_run_id} if dagster_run_id else None,
+                                        data_dir=getattr(bound.arguments.get("settings"), "data_dir", None)):
             return self.fn(*bound.args, **bound.kwargs)
 
     def tracked(self, *args: P.args, **kwargs: P.kwargs) -> R:
