@@ -479,3 +479,42 @@ def test_a_stage_in_a_dagster_run_serves_on_a_free_port_registered_in_its_data_d
     assert target.parent == settings.data_dir / "observe" / "targets"
     assert registered["dagster_run_id"] == result.run_id and target.name.startswith("envforge-run-")
     assert not target.exists()  # removed when the stage ended
+
+
+def test_the_policy_server_on_port_0_is_found_through_its_target_and_unregisters_on_sigterm(tmp_path):
+    """`envforge policy serve --port 0` (the tiny model) picks a free port, registers it (role
+    policy_server), serves /metrics there, and takes the registration away when stopped."""
+    import os
+    import sys
+    import time
+    import urllib.request
+
+    from envforge.rollout.policies.tiny import build_tiny_model
+    from envforge.train.checkpoint import save_checkpoint
+
+    model, tok = build_tiny_model()
+    start = save_checkpoint(tmp_path / "ckpt", model, tok)
+    targets = tmp_path / "targets"
+    env = {**os.environ, "ENVFORGE_METRICS_TARGETS_DIR": str(targets)}
+    envforge = os.path.join(os.path.dirname(sys.executable), "envforge")
+    server = subprocess.Popen([envforge, "policy", "serve", str(start), "--port", "0"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            found = [json.loads(p.read_text())[0] for p in targets.glob("envforge-policy_server-*.json")]
+            body = ""
+            if found:
+                try:
+                    body = urllib.request.urlopen(f"http://{found[0]['targets'][0]}/metrics", timeout=2).read().decode()
+                except OSError:
+                    pass
+            if "envforge_policy_request_seconds" in body:
+                break
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()[-2000:]
+            time.sleep(0.5)
+        assert found[0]["labels"]["role"] == "policy_server" and found[0]["labels"]["pid"] == str(server.pid)
+    finally:
+        server.terminate()
+        server.wait(60)
+    assert not list(targets.glob("*.json"))

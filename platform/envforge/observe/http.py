@@ -125,15 +125,28 @@ def metrics_server_from_env(what: str = "run", default_port: int | None = None,
 @contextmanager
 def registered_target(role: str, host: str, port: int, labels: dict[str, str] | None = None,
                       directory: Path | None = None) -> Iterator[None]:
-    """A long-running server's registration (the policy server, the environment service) while it serves."""
+    """A long-running server's registration (the policy server, the environment service) while it serves.
+
+    SIGTERM becomes SystemExit meanwhile: uvicorn, once it has shut down gracefully, raises the signal
+    again against the handler it found, and the default one would end the process before the
+    registration is removed."""
+    import signal
+    import sys
+    import threading
+
     try:
         target = register(role, host, port, labels, directory)
     except OSError as exc:
         log.warning("cannot register the %s's metrics target: %s", role, exc)
         target = None
+    previous = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         yield
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if target is not None:
             target.remove()
 
