@@ -429,5 +429,6 @@ def test_grpo_rounds_tell_a_policy_regression_from_an_infrastructure_anomaly_rou
                 if json.loads(line)["event"] == "round health"]
     assert verdicts == [HEALTHY, POLICY, INFRA]
     assert [m["rollout_pass_at_1"] for m in run.history] == [1.0, 0.0, 1.0]
-    assert all(m["health_fault_rate"] == 0.0 and m["health_clean_tasks"] == 3.0 for m in run.history)
+    # the regression is judged on clean tasks: none of the first two rounds' was touched by a fault
+    assert all(m["health_fault_rate"] == 0.0 and m["health_clean_tasks"] == 3.0 for m in run.history[:2])
     assert len(run.checkpoints) == 3

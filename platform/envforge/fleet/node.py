@@ -18,7 +18,6 @@ driver, and a ValueError from a patch that does not apply stays a ValueError.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -40,7 +39,6 @@ from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import image_exists
 from envforge.sandbox.pool import SandboxPool
 
-log = logging.getLogger(__name__)
 FULL = "full"
 NODE_LABEL = "envforge.fleet-node"
 # What a driver may ask a leased sandbox to do (no callbacks: output streams are not remoted).
@@ -146,27 +144,12 @@ class NodeAgent:
         self._stop = threading.Event()
         self._maintainer = threading.Thread(target=self._maintain, name="envforge-node-maintain", daemon=True)
         self._maintainer.start()
-        self._metrics, self._target = self._serve_metrics() if serve_metrics else (None, None)
+        self._metrics, self._target = (None, None)
+        if serve_metrics:  # a free port unless the node's ENVFORGE_METRICS_PORT says otherwise
+            from envforge.observe.http import start_registered_server
 
-    def _serve_metrics(self) -> tuple[Any, Any]:
-        """(server, registration), or Nones when ENVFORGE_METRICS_PORT is off or the port/directory fails."""
-        from envforge.observe.discovery import register
-        from envforge.observe.http import MetricsServer, metrics_port_from_env
-
-        port = metrics_port_from_env(default=0)
-        if port is None:
-            return None, None
-        host = os.environ.get("ENVFORGE_METRICS_HOST", "127.0.0.1")
-        try:
-            server = MetricsServer(port, host)
-        except OSError as exc:
-            log.warning("node %s: cannot serve metrics on %s:%s: %s", self.node_name, host, port, exc)
-            return None, None
-        try:
-            return server, register("fleet_node", host, server.port, {"node": self.node_name})
-        except OSError as exc:
-            log.warning("node %s: cannot register the metrics target: %s", self.node_name, exc)
-            return server, None
+            self._metrics, self._target = start_registered_server("fleet_node", f"node {self.node_name}",
+                                                                  {"node": self.node_name}, default_port=0)
 
     # -- what the dispatcher reads ---------------------------------------------------------
 

@@ -22,7 +22,7 @@ from typing import Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, start_http_server
 
-from envforge.observe.discovery import register, targets_dir
+from envforge.observe.discovery import Registration, register, targets_dir
 from envforge.observe.metrics import REGISTRY
 
 log = logging.getLogger("envforge.observe")
@@ -80,6 +80,30 @@ def metrics_port_from_env(default: int | None = None) -> int | None:
     return port
 
 
+def start_registered_server(role: str, what: str, labels: dict[str, str] | None = None,
+                            default_port: int | None = None, directory: Path | None = None
+                            ) -> tuple[MetricsServer | None, Registration | None]:
+    """The registry served on ENVFORGE_METRICS_PORT (or `default_port`; 0: a free port) of
+    ENVFORGE_METRICS_HOST, and its file_sd registration. (None, None) when the port is off; a port
+    another process holds or an unwritable directory costs a warning, never the caller."""
+    port = metrics_port_from_env(default_port)
+    if port is None:
+        return None, None
+    host = os.environ.get("ENVFORGE_METRICS_HOST", "127.0.0.1")
+    try:
+        server = MetricsServer(port, host)
+    except OSError as exc:
+        log.warning("cannot serve the metrics of this %s on %s:%s: %s", what, host, port, exc)
+        return None, None
+    try:
+        target = register(role, host, server.port, labels, directory)
+    except OSError as exc:
+        log.warning("cannot register the metrics target of this %s: %s", what, exc)
+        target = None
+    log.info("metrics of this %s on %s", what, server.url, extra={"metrics_url": server.url})
+    return server, target
+
+
 @contextmanager
 def metrics_server_from_env(what: str = "run", default_port: int | None = None,
                             labels: dict[str, str] | None = None,
@@ -89,28 +113,17 @@ def metrics_server_from_env(what: str = "run", default_port: int | None = None,
     ENVFORGE_METRICS_LINGER_S seconds so the scraper sees the final counts. `labels` become target
     labels next to role=run and stage=<what> (a Dagster run id: one per target, like its port); the
     target goes to `data_dir`'s file_sd directory (default: the environment's data dir)."""
-    port = metrics_port_from_env(default_port)
-    if port is None:
-        yield None
-        return
     global _active
-    if _active is not None:  # a run inside a run (a stage calling another): one server per process
-        yield _active
+    if _active is not None and metrics_port_from_env(default_port) is not None:
+        yield _active  # a run inside a run (a stage calling another): one server per process
         return
-    host = os.environ.get("ENVFORGE_METRICS_HOST", "127.0.0.1")
     linger = _env_float("ENVFORGE_METRICS_LINGER_S", 0.0)
-    try:
-        server = _active = MetricsServer(port, host)
-    except OSError as exc:  # the port is taken (another run on this host): the run goes on unobserved
-        log.warning("cannot serve this %s's metrics on %s:%s: %s", what, host, port, exc)
+    server, target = start_registered_server("run", what, {"stage": what, **(labels or {})}, default_port,
+                                             targets_dir(data_dir))
+    if server is None:
         yield None
         return
-    try:
-        target = register("run", host, server.port, {"stage": what, **(labels or {})}, targets_dir(data_dir))
-    except OSError as exc:  # an unwritable data dir costs the discovery, never the run
-        log.warning("cannot register this %s's metrics target: %s", what, exc)
-        target = None
-    log.info("metrics of this %s on %s", what, server.url, extra={"metrics_url": server.url})
+    _active = server
     try:
         yield server
     finally:
