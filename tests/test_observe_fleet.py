@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from envforge.errors import InfraError
 from envforge.fleet.config import FleetConfig
+from envforge.fleet.node import NODE_LABEL
 from envforge.observe import metrics as live
 from envforge.observe.discovery import prometheus_config
 from tests.conftest import REPO
@@ -60,9 +62,19 @@ def test_a_fleet_node_agents_pool_metrics_reach_prometheus_through_its_target(do
         assert wait_for("one warm sandbox, none leased", lambda: [r for r in query(
             prom, 'envforge_pool_idle_sandboxes{role="fleet_node"} == 1 and on (instance) '
                   'envforge_fleet_leased_sandboxes{role="fleet_node"} == 0')])
+        # a sandbox whose container dies under its lease is tainted and destroyed on its node, by cause
+        sandbox = pool.acquire(task_image)
+        [container] = docker_client.containers.list(filters={"label": f"{NODE_LABEL}={node.name}"})
+        container.kill()
+        with pytest.raises(InfraError):
+            sandbox.exec("true")
+        pool.release(sandbox)
+        destroyed = wait_for("the tainted sandbox's destruction in Prometheus", lambda: _by(
+            prom, 'sum by (node, cause) (envforge_pool_destroyed_total{role="fleet_node"})'))
+        assert {dict(k)["node"] for k in destroyed} == {node.name} and sum(destroyed.values()) == 1, destroyed
         # the driver's side, in this process: the node it sees and its acquires' waits for room
         assert live.REGISTRY.get_sample_value("envforge_fleet_alive_nodes") == 1
-        assert live.REGISTRY.get_sample_value("envforge_fleet_acquire_wait_seconds_count") == waits0 + 2
+        assert live.REGISTRY.get_sample_value("envforge_fleet_acquire_wait_seconds_count") == waits0 + 3
         ray.get(node.handle.close.remote(), timeout=120)  # the agent closes: its warm sandbox and its target go
         assert not target.exists()
         cluster.kill_node("node-a")
