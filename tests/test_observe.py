@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import logging
 import random
-import shutil
-import socket
-import subprocess
 import threading
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -36,6 +33,7 @@ from envforge.sandbox.engine import OWNER_LABEL, owner_id
 from envforge.sandbox.images import build_task_image
 from envforge.sources import load_sources
 from tests.conftest import REPO
+from tests.prometheus import query as _query, running_prometheus
 
 pytestmark = pytest.mark.docker
 SOURCES = [REPO / "task_sources" / "specs", REPO / "task_sources" / "runbooks"]
@@ -60,52 +58,19 @@ def batches(items, docker_client, tmp_path_factory):
     return settings, baseline
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _query(base: str, expr: str) -> list[dict]:
-    with urllib.request.urlopen(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}), timeout=10) as r:
-        doc = json.load(r)
-    assert doc["status"] == "success", doc
-    return doc["data"]["result"]
-
-
 @pytest.fixture
 def prometheus(tmp_path):
-    """Start Prometheus on a random loopback port with a generated config; yields (api base, set_target)."""
-    binary = shutil.which("prometheus")
-    assert binary, "prometheus is missing: run platform/deploy/host-packages.sh (Debian's prometheus package)"
+    """Prometheus on a random loopback port scraping this process's registry (a static target)."""
     server = MetricsServer(0)
-    port = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(REPO / "platform" / "deploy" / "observability" / "envforge-alerts.yml")],
-        "scrape_configs": [{"job_name": "envforge-rollout", "static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}]}],
-    }))
-    log = open(tmp_path / "prometheus.log", "w")
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]
-            time.sleep(0.3)
-        yield base
+        with running_prometheus(tmp_path / "prometheus", {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(REPO / "platform" / "deploy" / "observability" / "envforge-alerts.yml")],
+            "scrape_configs": [{"job_name": "envforge-rollout",
+                                "static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}]}],
+        }) as base:
+            yield base
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
         server.close()
 
 
@@ -142,7 +107,7 @@ def test_prometheus_scrapes_a_real_rollout_and_one_trajectory_is_followed_end_to
     assert {r["metric"]["result"] for r in hits} <= {"hit", "miss"}
     assert float(_query(prometheus, "sum(envforge_scheduler_in_flight_trajectories)")[0]["value"][1]) == 0
     rules = json.load(urllib.request.urlopen(f"{prometheus}/api/v1/rules", timeout=10))["data"]["groups"]
-    assert sum(len(g["rules"]) for g in rules) == 11  # the shipped alert rules load into the real server
+    assert sum(len(g["rules"]) for g in rules) == 15  # the shipped alert rules load into the real server
 
     # Traces: every span of one trajectory in one trace, from the scheduler to the grade.
     spans = exporter.get_finished_spans()
@@ -177,6 +142,65 @@ def test_prometheus_scrapes_a_real_rollout_and_one_trajectory_is_followed_end_to
         "task_id": items[0][0].id, "task_version": items[0][0].content_hash, "batch_id": "prom",
         "container_id": container, "dagster_run_id": "dagster-run-1", "mlflow_run_id": "mlflow-run-1"}
     provider.shutdown()
+
+
+_STAGE_RUN = """
+import sys
+from pathlib import Path
+from envforge.config import Settings
+from envforge.rollout.config import RolloutConfig
+from envforge.sources import load_sources
+from envforge.stages.base import StageContext
+from envforge.stages.rollout import rollout
+
+settings = Settings.from_env()
+settings.ensure_dirs()
+tasks = [t for r in load_sources([Path(sys.argv[1])]).values() for t in r.tasks][:2]
+# a Dagster run's stage: no ENVFORGE_METRICS_PORT, so the default applies (a free port, registered)
+rollout(settings, RolloutConfig(n_samples=2, concurrency=2), tasks, "replay", batch_id=sys.argv[2],
+        context=StageContext(dagster_run_id=sys.argv[2]))
+"""
+
+
+def test_two_overlapping_dagster_stage_runs_on_free_ports_are_both_found_and_scraped(tmp_path, base_image):
+    """Two processes run the rollout stage at once as Dagster run workers do (a Dagster run id, no port
+    set): each serves on a free port and registers in the file_sd directory; the real Prometheus,
+    configured only with that directory, scrapes both at the same time, and both targets go when
+    the runs end."""
+    import os
+    import sys
+
+    from envforge.observe.discovery import prometheus_config
+    from tests.prometheus import active_targets, wait_for
+
+    targets = tmp_path / "targets"
+    targets.mkdir()  # watched from Prometheus' start (as `envforge observe prometheus-config` leaves it)
+    rules = REPO / "platform" / "deploy" / "observability" / "envforge-alerts.yml"
+    with running_prometheus(tmp_path / "prometheus", prometheus_config(targets, rules, scrape_interval_s=1)) as prom:
+        procs = []
+        for run in ("dagster-run-a", "dagster-run-b"):
+            env = {**os.environ, "ENVFORGE_DATA_DIR": str(tmp_path / run), "ENVFORGE_METRICS_TARGETS_DIR": str(targets),
+                   "ENVFORGE_METRICS_LINGER_S": "6"}
+            env.pop("ENVFORGE_METRICS_PORT", None)
+            procs.append(subprocess.Popen([sys.executable, "-c", _STAGE_RUN, str(SOURCES[0]), run], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        try:
+            both_up = wait_for("both runs scraped at once", lambda: [
+                r for r in _query(prom, 'count(up{job="envforge", role="run", stage="rollout"} == 1)')
+                if float(r["value"][1]) == 2], timeout_s=180)
+            assert both_up
+            per_run = wait_for("each run's 4 trajectories", lambda: (lambda got: got if len(got) == 2 and all(
+                float(r["value"][1]) >= 4 for r in got) else None)(_query(
+                    prom, 'sum by (dagster_run_id) (envforge_scheduler_trajectories_total{role="run"})')), timeout_s=180)
+            assert {r["metric"]["dagster_run_id"] for r in per_run} == {"dagster-run-a", "dagster-run-b"}
+            instances = {r["metric"]["instance"] for r in _query(prom, 'up{role="run"}')}
+            assert len(instances) == 2 and all(i.startswith("127.0.0.1:") for i in instances)
+        finally:
+            outputs = [p.communicate(timeout=300)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outputs
+        assert not list(targets.glob("*.json"))  # each run removed its registration on the way out
+        wait_for("the ended runs' targets dropped", lambda: not [t for t in active_targets(prom)
+                                                                if t["labels"].get("role") == "run"], timeout_s=60)
 
 
 def _retries() -> float:
@@ -235,13 +259,13 @@ class SlowEngine:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
-    async def _pump(self, src, dst, delay: float) -> None:
+    async def _pump(self, src, dst, slowed: bool) -> None:
         import asyncio
 
         try:
             while data := await src.read(65536):
-                if delay:
-                    await asyncio.sleep(delay)
+                if slowed and self.delay_s:  # read per chunk: the delay can change under open connections
+                    await asyncio.sleep(self.delay_s)
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):
@@ -253,7 +277,7 @@ class SlowEngine:
         import asyncio
 
         up_reader, up_writer = await asyncio.open_unix_connection(self.upstream)
-        await asyncio.gather(self._pump(reader, up_writer, self.delay_s), self._pump(up_reader, writer, 0.0))
+        await asyncio.gather(self._pump(reader, up_writer, True), self._pump(up_reader, writer, False))
 
     def __enter__(self) -> str:
         import asyncio
@@ -351,3 +375,60 @@ def test_the_run_report_shows_each_batch_verdict(batches):
     verdicts = {b["batch_id"]: b["health"]["verdict"] for b in section["batches"]}
     assert verdicts["baseline"] == HEALTHY
     assert verdicts.get("killed", INFRA) == INFRA  # present when the tests above ran in this session
+
+
+class CheckpointedReplay:
+    """The live policy of a GRPO run whose checkpoints change what it does: after update u the replay
+    skips its solution at `plan[u][0]` and the engine proxy holds each request `plan[u][1]` s, as if a
+    checkpoint had made the policy worse and, later, the engine had slowed down."""
+
+    def __init__(self, engine: SlowEngine, plan: list[tuple[float, float]]):
+        self.policy, self.engine, self.plan, self.reloads = ReplayPolicy(), engine, plan, 0
+
+    def reload(self, checkpoint: Path) -> int:
+        assert checkpoint.is_dir()  # the trainer saved a real checkpoint for it
+        skip, delay = self.plan[min(self.reloads, len(self.plan) - 1)]
+        self.policy.skip_rate, self.engine.delay_s = skip, delay
+        self.reloads += 1
+        return self.reloads
+
+
+def test_grpo_rounds_tell_a_policy_regression_from_an_infrastructure_anomaly_round_by_round(tmp_path):
+    """The training-round verdict through the real GRPO rounds path (`train.loop.grpo_rounds`: tiny model,
+    trainer updates and checkpoints, rollouts graded in real sandboxes): round 0 healthy; round 1 rolled
+    out by a checkpoint that drops the solution -> policy regression; round 2 good again on a slowed
+    engine -> infrastructure anomaly; each round's flags in its history, its verdict in a log line."""
+    import dataclasses
+
+    from envforge.stages.base import StageContext
+    from envforge.stages.images import ensure_images
+    from envforge.train.config import TrainingConfig
+    from envforge.train.demo_tasks import chore_family
+    from envforge.train.loop import grpo_rounds, load_model
+
+    settings = Settings.from_env().with_data_dir(tmp_path / "data")
+    settings.ensure_dirs()
+    train, _ = chore_family(0, train_per_chore=1, held_out_per_chore=0)
+    items = ensure_images(settings, train[:3], context=StageContext()).items(train[:3])
+    cfg = TrainingConfig(base_model="tiny:64x2", rl_rounds=3, group_size=2, tasks_per_round=0, max_tokens=16,
+                         rl_lr=1e-3, max_staleness=0, concurrency=6).grpo_rounds(pad_id=0)
+    model, tok = load_model("tiny:64x2", 0)
+    out = io.StringIO()
+    handler = configure_logging(out)
+    engine = SlowEngine(tmp_path / "docker.sock", delay_s=0.0)
+    try:
+        with engine as url:
+            live_policy = CheckpointedReplay(engine, [(1.0, 0.0), (0.0, 0.25)])
+            run = grpo_rounds(dataclasses.replace(settings, docker_host=url), model, tok, items, cfg, "health-rounds",
+                              live=live_policy)
+    finally:
+        logging.getLogger("envforge").removeHandler(handler)
+    flags = [(m["health_infra_anomaly"], m["health_policy_regression"]) for m in run.history]
+    assert flags == [(0.0, 0.0), (0.0, 1.0), (1.0, 0.0)], run.history
+    verdicts = [json.loads(line)["verdict"] for line in out.getvalue().splitlines()
+                if json.loads(line)["event"] == "round health"]
+    assert verdicts == [HEALTHY, POLICY, INFRA]
+    assert [m["rollout_pass_at_1"] for m in run.history] == [1.0, 0.0, 1.0]
+    # the regression is judged on clean tasks: none of the first two rounds' was touched by a fault
+    assert all(m["health_fault_rate"] == 0.0 and m["health_clean_tasks"] == 3.0 for m in run.history[:2])
+    assert len(run.checkpoints) == 3

@@ -152,7 +152,7 @@ def test_the_dashboard_and_the_alert_rules_only_use_metrics_envforge_exposes():
     known = metrics.metric_names()
     dashboard = json.loads((OBSERVABILITY / "grafana-dashboard.json").read_text())
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
-    assert rows == ["Sandbox pool", "Rollout scheduler", "Verifier and gate", "Training"]
+    assert rows == ["Sandbox pool", "Rollout scheduler", "Verifier and gate", "Training", "Sandbox fleet"]
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
     used = _expr_metric_names(exprs) | _expr_metric_names((OBSERVABILITY / "envforge-alerts.yml").read_text())
     assert used and used <= known, sorted(used - known)
@@ -164,7 +164,7 @@ def test_promtool_accepts_the_alert_rules():
     proc = subprocess.run([promtool, "check", "rules", str(OBSERVABILITY / "envforge-alerts.yml")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 11 rules found" in proc.stdout
+    assert "SUCCESS: 15 rules found" in proc.stdout
 
 
 def test_log_and_trace_settings_from_the_environment_are_checked(monkeypatch):
@@ -295,19 +295,25 @@ def test_the_dagster_check_judges_the_batch_the_run_materialized(settings, tmp_p
     assert evaluation.metadata["figures"].value["clean_pass_at_1"] == round(1 / 3, 4)
 
 
-def test_a_run_serves_its_metrics_while_it_runs_when_a_port_is_set(monkeypatch):
+def test_a_run_serves_its_metrics_while_it_runs_when_a_port_is_set(monkeypatch, tmp_path):
     import urllib.error
     import urllib.request
 
     from envforge.observe.http import metrics_server_from_env
 
+    monkeypatch.setenv("ENVFORGE_METRICS_TARGETS_DIR", str(tmp_path / "targets"))
     monkeypatch.delenv("ENVFORGE_METRICS_PORT", raising=False)
     with metrics_server_from_env() as none:
         assert none is None
     monkeypatch.setenv("ENVFORGE_METRICS_PORT", "0")
-    with metrics_server_from_env("rollout") as server:
+    with metrics_server_from_env("rollout", labels={"dagster_run_id": "r1"}) as server:
         with metrics_server_from_env("a stage inside it") as inner:
             assert inner is server  # one server per process
+        [target] = (tmp_path / "targets").glob("*.json")  # registered for Prometheus' file_sd
+        [group] = json.loads(target.read_text())
+        assert group["targets"] == [f"127.0.0.1:{server.port}"]
+        assert {k: group["labels"][k] for k in ("role", "stage", "dagster_run_id")} == {
+            "role": "run", "stage": "rollout", "dagster_run_id": "r1"}
         metrics.group_dropped()
         with urllib.request.urlopen(server.url, timeout=10) as resp:
             body = resp.read().decode()
@@ -323,7 +329,192 @@ def test_a_run_serves_its_metrics_while_it_runs_when_a_port_is_set(monkeypatch):
             http._active = held
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(server.url, timeout=5)  # gone with the run
+    assert not list((tmp_path / "targets").glob("*.json"))  # and so is its target
     monkeypatch.setenv("ENVFORGE_METRICS_PORT", "ninety")
-    with pytest.raises(ValueError, match="ENVFORGE_METRICS_PORT: expected a port number, got 'ninety'"):
+    with pytest.raises(ValueError, match=r"ENVFORGE_METRICS_PORT: expected a port number \(0: a free one\) or 'off', "
+                                         "got 'ninety'"):
         with metrics_server_from_env():
             pass
+    monkeypatch.setenv("ENVFORGE_METRICS_PORT", "70000")
+    with pytest.raises(ValueError, match="ENVFORGE_METRICS_PORT: 70000 is not a port"):
+        with metrics_server_from_env():
+            pass
+    monkeypatch.setenv("ENVFORGE_METRICS_PORT", "off")
+    with metrics_server_from_env("a Dagster stage", default_port=0) as off:
+        assert off is None  # 'off' beats a Dagster run's default of a free port
+    monkeypatch.delenv("ENVFORGE_METRICS_PORT")
+    with metrics_server_from_env("a Dagster stage", default_port=0) as dagster_default:
+        assert dagster_default is not None and dagster_default.port > 0
+
+
+_REGISTER_AND_DIE = """
+import os, sys
+from pathlib import Path
+from envforge.observe.discovery import register
+register("run", "127.0.0.1", int(sys.argv[2]), {"stage": "x"}, Path(sys.argv[1]))
+if sys.argv[3] == "killed":
+    os._exit(0)  # no atexit: as if SIGKILLed
+"""
+
+
+def test_target_files_are_written_whole_removed_at_exit_and_pruned_when_their_process_died(tmp_path):
+    import os
+    import socket
+    import sys
+
+    from envforge.observe.discovery import prometheus_config, prune, register
+
+    targets = tmp_path / "targets"
+    for how, port in (("exits", "9101"), ("killed", "9102")):
+        subprocess.run([sys.executable, "-c", _REGISTER_AND_DIE, str(targets), port, how], check=True, timeout=120)
+    [left] = [p.name for p in targets.glob("*.json")]  # the clean exit removed its own file
+    assert left.startswith("envforge-run-") and left.endswith("-9102.json")
+    elsewhere = targets / "envforge-run-otherhost-1-9103.json"  # another host's: not ours to judge
+    elsewhere.write_text(json.dumps([{"targets": ["otherhost:9103"], "labels": {"hostname": "otherhost", "pid": "1"}}]))
+    reused = targets / f"envforge-run-{socket.gethostname()}-{os.getpid()}-9104.json"  # our pid, an older process
+    reused.write_text(json.dumps([{"targets": ["127.0.0.1:9104"], "labels": {
+        "hostname": socket.gethostname(), "pid": str(os.getpid()), "__process_started": "1"}}]))
+    (targets / "envforge-garbage.json").write_text("{not json")
+    mine = register("policy_server", "0.0.0.0", 9105, directory=targets)  # registering prunes first
+    names = sorted(p.name for p in targets.glob("*.json"))
+    assert names == sorted([elsewhere.name, "envforge-garbage.json", mine.path.name]), names
+    [group] = json.loads(mine.path.read_text())
+    assert group["targets"] == [f"{socket.getfqdn()}:9105"]  # a wildcard bind is advertised by host name
+    assert not list(targets.glob(".*"))  # the temporary file was renamed into place
+    assert prune(targets) == []  # a live process's file stays
+    mine.remove()
+    mine.remove()  # twice is fine (close, then exit)
+    assert not mine.path.exists()
+    with pytest.raises(ValueError, match="metrics target role 'trainer'"):
+        register("trainer", "127.0.0.1", 1, directory=targets)
+    # the shipped config is the generated one for the repository's default data dir, and promtool takes it
+    import yaml
+
+    shipped = OBSERVABILITY / "prometheus.yml"
+    assert yaml.safe_load(shipped.read_text()) == prometheus_config("../../../.envforge/observe/targets",
+                                                                     "envforge-alerts.yml")
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: run platform/deploy/host-packages.sh (Debian's prometheus package)"
+    proc = subprocess.run([promtool, "check", "config", str(shipped)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "15 rules found" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_cli_writes_a_prometheus_config_for_a_data_dir_and_lists_its_targets(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from envforge.cli import app
+    from envforge.observe.discovery import register
+
+    monkeypatch.delenv("ENVFORGE_METRICS_TARGETS_DIR", raising=False)
+    data = tmp_path / "data"
+    out = CliRunner().invoke(app, ["observe", "prometheus-config", "--data-dir", str(data)])
+    assert out.exit_code == 0, out.output
+    config = json.loads(out.stdout)
+    assert config["scrape_configs"][0]["file_sd_configs"][0]["files"] == [f"{data.resolve()}/observe/targets/*.json"]
+    (tmp_path / "p.yml").write_text(out.stdout)
+    proc = subprocess.run([shutil.which("promtool"), "check", "config", str(tmp_path / "p.yml")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    target = register("env_service", "127.0.0.1", 9106, directory=data.resolve() / "observe" / "targets")
+    try:
+        out = CliRunner().invoke(app, ["observe", "targets", "--data-dir", str(data)])
+        assert out.exit_code == 0 and "127.0.0.1:9106" in out.stdout and "'env_service'" in out.stdout, out.output
+    finally:
+        target.remove()
+
+
+def test_sft_steps_set_the_training_metrics_under_their_own_label():
+    """train_sft on a tiny model: every step lands in the registry as algorithm=sft (GRPO's stay apart)."""
+    from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model
+    from envforge.train.samples import TurnSample
+    from envforge.train.sft import SFTConfig, train_sft
+
+    model, tokenizer = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, heads=2, kv_heads=1,
+                                                        intermediate=64, seed=0))
+    samples = [TurnSample(prompt_ids=tokenizer.encode(f"say {w}"), completion_ids=tokenizer.encode(f" {w}"))
+               for w in ("yes", "no", "maybe")]
+    before = {k: _value(f"envforge_train_{k}", {"algorithm": "sft"}) for k in ("steps_total", "tokens_total",
+                                                                              "step_seconds_count")}
+    grpo_steps = _value("envforge_train_steps_total", {"algorithm": "grpo"})
+    result = train_sft(model, samples, samples[:1], SFTConfig(lr=1e-3, epochs=2, micro_batch_size=3, eval_every=2))
+    assert _value("envforge_train_steps_total", {"algorithm": "sft"}) == before["steps_total"] + len(result.losses) == \
+        before["steps_total"] + 2
+    assert _value("envforge_train_tokens_total", {"algorithm": "sft"}) == before["tokens_total"] + result.train_tokens
+    assert _value("envforge_train_step_seconds_count", {"algorithm": "sft"}) == before["step_seconds_count"] + 2
+    assert _value("envforge_train_loss", {"algorithm": "sft"}) == result.losses[-1]
+    assert _value("envforge_train_eval_loss", {"algorithm": "sft"}) == result.eval_losses[-1][1]
+    assert _value("envforge_train_tokens_per_second", {"algorithm": "sft"}) > 0
+    assert _value("envforge_train_steps_total", {"algorithm": "grpo"}) == grpo_steps
+    with pytest.raises(ValueError, match="training algorithm label 'ppo'"):
+        metrics.train_step({}, "ppo")
+
+
+def test_a_stage_in_a_dagster_run_serves_on_a_free_port_registered_in_its_data_dir(settings, monkeypatch):
+    """No ENVFORGE_METRICS_PORT: a real (in-process) Dagster run of a spec source's ingest serves its
+    metrics on a free port, registered under the run's data dir (the resources' settings) with the
+    run id as a label, and the registration is gone when the run ends."""
+    import dagster as dg
+
+    from assets.defs.resources import default_resources
+    from assets.defs.sources.assets import source_assets
+    from envforge.sources import discover_sources
+
+    monkeypatch.delenv("ENVFORGE_METRICS_PORT", raising=False)
+    monkeypatch.delenv("ENVFORGE_METRICS_TARGETS_DIR", raising=False)
+    refs, _ = discover_sources([REPO / "task_sources" / "specs"])
+    ref = refs[0]
+    key = ref.key(REPO / "task_sources")
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("spec_sources", [key])
+    asset = next(a for a in source_assets if a.key.to_user_string() == "spec_tasks")
+    out = io.StringIO()
+    handler = configure_logging(out)
+    try:
+        result = dg.materialize([asset], partition_key=key, instance=instance, resources=default_resources(settings))
+    finally:
+        logging.getLogger("envforge").removeHandler(handler)
+    assert result.success
+    [registered] = [d for d in map(json.loads, out.getvalue().splitlines()) if d["event"].startswith("metrics target")]
+    target = Path(registered["metrics_target"])
+    assert target.parent == settings.data_dir / "observe" / "targets"
+    assert registered["dagster_run_id"] == result.run_id and target.name.startswith("envforge-run-")
+    assert not target.exists()  # removed when the stage ended
+
+
+def test_the_policy_server_on_port_0_is_found_through_its_target_and_unregisters_on_sigterm(tmp_path):
+    """`envforge policy serve --port 0` (the tiny model) picks a free port, registers it (role
+    policy_server), serves /metrics there, and takes the registration away when stopped."""
+    import os
+    import sys
+    import time
+    import urllib.request
+
+    from envforge.rollout.policies.tiny import build_tiny_model
+    from envforge.train.checkpoint import save_checkpoint
+
+    model, tok = build_tiny_model()
+    start = save_checkpoint(tmp_path / "ckpt", model, tok)
+    targets = tmp_path / "targets"
+    env = {**os.environ, "ENVFORGE_METRICS_TARGETS_DIR": str(targets)}
+    envforge = os.path.join(os.path.dirname(sys.executable), "envforge")
+    server = subprocess.Popen([envforge, "policy", "serve", str(start), "--port", "0"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            found = [json.loads(p.read_text())[0] for p in targets.glob("envforge-policy_server-*.json")]
+            body = ""
+            if found:
+                try:
+                    body = urllib.request.urlopen(f"http://{found[0]['targets'][0]}/metrics", timeout=2).read().decode()
+                except OSError:
+                    pass
+            if "envforge_policy_request_seconds" in body:
+                break
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()[-2000:]
+            time.sleep(0.5)
+        assert found[0]["labels"]["role"] == "policy_server" and found[0]["labels"]["pid"] == str(server.pid)
+    finally:
+        server.terminate()
+        server.wait(60)
+    assert not list(targets.glob("*.json"))

@@ -245,3 +245,12 @@ def test_a_task_version_without_an_image_is_built_by_the_images_stage_and_record
     finally:
         backend.close()
     assert cat.latest_images()[task.content_hash] == image and docker_client.images.get(image).tags
+
+
+def test_the_service_registers_its_metrics_for_prometheus_while_it_serves(live_server, service_data):
+    """`envforge service serve` writes its file_sd target (role env_service) under its data dir."""
+    directory = service_data.settings.data_dir / "observe" / "targets"
+    [target] = [json.loads(p.read_text())[0] for p in directory.glob("envforge-env_service-*.json")
+                if json.loads(p.read_text())[0]["labels"]["pid"] == str(live_server.proc.pid)]
+    assert target["targets"] == [f"127.0.0.1:{live_server.port}"]
+    assert "envforge_service" in httpx.get(f"http://{target['targets'][0]}/metrics").text

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import typer
 
-from envforge.cli import (catalog, dedup, demo, fleet, gate, images, ingest, policy, report, rollout, service,
-                          sources, taskset, train)
+from envforge.cli import (catalog, dedup, demo, fleet, gate, images, ingest, observe, policy, report, rollout,
+                          service, sources, taskset, train)
 
 app = typer.Typer(help="Turn workflows into verifiable RL environments.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -48,5 +48,6 @@ app.add_typer(train.app, name="train")
 app.add_typer(sources.app, name="sources")
 app.add_typer(service.app, name="service")
 app.add_typer(fleet.app, name="fleet")
+app.add_typer(observe.app, name="observe")
 
 __all__ = ["app"]

@@ -60,9 +60,14 @@ def serve(host: Optional[str] = _setting("host"), port: Optional[int] = _setting
         config = ServiceConfig.from_env().with_overrides(host=host, port=port, idle_timeout_s=idle_timeout_s)
     except (DeploymentError, EnvforgeError) as exc:
         fail(exc)
-    console.print(f"envforge service on http://{config.host}:{config.port} (data {settings.data_dir})")
-    uvicorn.run(create_app(settings, config), host=config.host, port=config.port, log_level="warning",
-                access_log=False, timeout_graceful_shutdown=30, ws_max_size=config.max_request_bytes)
+    from envforge.observe.discovery import targets_dir
+    from envforge.observe.http import free_port, registered_target
+
+    port = config.port or free_port(config.host)
+    console.print(f"envforge service on http://{config.host}:{port} (data {settings.data_dir})")
+    with registered_target("env_service", config.host, port, directory=targets_dir(settings.data_dir)):  # /metrics, found by Prometheus' file_sd
+        uvicorn.run(create_app(settings, config), host=config.host, port=port, log_level="warning",
+                    access_log=False, timeout_graceful_shutdown=30, ws_max_size=config.max_request_bytes)
 
 
 @app.command("openapi")

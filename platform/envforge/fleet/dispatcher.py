@@ -29,6 +29,7 @@ from envforge.errors import InfraError
 from envforge.fleet.config import ADDRESS_ENV, FleetConfig, FleetConfigError
 from envforge.fleet.images import ImageRecipe
 from envforge.fleet.node import FULL, Fault, NodeAgent
+from envforge.observe import metrics as live
 from envforge.sandbox.container import SandboxOptions
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,7 @@ class FleetDispatcher:
                 name=AGENT_PREFIX + node_id, namespace=self.config.namespace, lifetime="detached",
                 get_if_exists=True, num_cpus=0, max_concurrency=1024, max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(self.config.model_dump(), capacity, label)
+            ).remote(self.config.model_dump(), capacity, label, True)  # True: serve and register its metrics
             try:
                 info = ray.get(handle.info.remote(), timeout=180)
             except Exception as exc:  # noqa: BLE001 - the agent's constructor failed: say why, naming the node
@@ -212,6 +213,7 @@ class FleetDispatcher:
             with self._cond:
                 self.nodes[node_id] = state
                 self._cond.notify_all()
+            live.fleet_nodes(len(self.alive_nodes()))
             if self.stats.acquires:
                 self.stats.nodes_joined.append(label)
                 self.on_event(f"node {label} joined ({state.capacity} sandboxes, engine {info['engine_version']})")
@@ -226,6 +228,8 @@ class FleetDispatcher:
             node.alive = False
             self.stats.nodes_lost.append(node.name)
             self._cond.notify_all()
+            alive = sum(n.alive for n in self.nodes.values())
+        live.fleet_nodes(alive, lost=1)
         self.on_event(f"node {node.name} lost: {why}")
 
     def alive_nodes(self) -> list[NodeState]:
@@ -273,6 +277,7 @@ class FleetDispatcher:
         """(node, lease, warm): a sandbox of `image` on the best node with room; waits when all are full."""
         deadline = time.monotonic() + self.config.acquire_timeout_s
         waited_from: float | None = None
+        waited = 0.0
         while True:
             if time.monotonic() - self._last_discovery > self.config.discovery_interval_s:
                 self.discover()
@@ -289,6 +294,7 @@ class FleetDispatcher:
                 continue
             if waited_from is not None:
                 self.stats.wait_s += time.monotonic() - waited_from
+                waited += time.monotonic() - waited_from
                 waited_from = None
             try:
                 self.ensure_image(node, image)
@@ -315,6 +321,7 @@ class FleetDispatcher:
                 self.stats.placements[node.name] = self.stats.placements.get(node.name, 0) + 1
                 if warm and node.idle.get(image):
                     node.idle[image] -= 1
+            live.fleet_acquire_waited(waited)
             return node, lease, warm
 
     def _reserve(self, image: str) -> NodeState | None:

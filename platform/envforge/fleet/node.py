@@ -33,6 +33,7 @@ from envforge.config import Settings
 from envforge.errors import InfraError
 from envforge.fleet.config import FleetConfig
 from envforge.fleet.images import ImageRecipe, build_image, export_image, import_image
+from envforge.observe import metrics as live
 from envforge.sandbox.container import Sandbox, SandboxOptions
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import image_exists
@@ -109,9 +110,16 @@ def engine_check(client, min_version: str) -> str:
 
 
 class NodeAgent:
-    """Leases sandboxes of this node's engine to drivers. Thread-safe (a threaded Ray actor)."""
+    """Leases sandboxes of this node's engine to drivers. Thread-safe (a threaded Ray actor).
 
-    def __init__(self, config: dict[str, Any] | FleetConfig, capacity: int, node_name: str = ""):
+    With `serve_metrics` (how the dispatcher starts it) the agent serves its process's metrics (its
+    pool's: warm, hits, misses, start and reset latency, destroyed by cause; its leases and images)
+    on a free port and registers them in Prometheus' file_sd directory of the node's environment,
+    labelled with the node: the agent is detached and shared by every driver, so its counters are
+    the node's, scraped from the node, never summed into one driver's."""
+
+    def __init__(self, config: dict[str, Any] | FleetConfig, capacity: int, node_name: str = "",
+                 serve_metrics: bool = False):
         self.config = config if isinstance(config, FleetConfig) else FleetConfig(**config)
         self.capacity = max(0, int(capacity))
         self.node_name = node_name or socket.gethostname()
@@ -136,6 +144,12 @@ class NodeAgent:
         self._stop = threading.Event()
         self._maintainer = threading.Thread(target=self._maintain, name="envforge-node-maintain", daemon=True)
         self._maintainer.start()
+        self._metrics, self._target = (None, None)
+        if serve_metrics:  # a free port unless the node's ENVFORGE_METRICS_PORT says otherwise
+            from envforge.observe.http import start_registered_server
+
+            self._metrics, self._target = start_registered_server("fleet_node", f"node {self.node_name}",
+                                                                  {"node": self.node_name}, default_port=0)
 
     # -- what the dispatcher reads ---------------------------------------------------------
 
@@ -148,7 +162,7 @@ class NodeAgent:
         return {"node": self.node_name, "pid": os.getpid(), "docker_host": self.docker_host,
                 "engine_version": self.engine_version, "capacity": self.capacity, "leased": leased,
                 "idle": self.pool.idle_by_image(), "images": images, "pool": self.pool.stats.as_dict(),
-                "stats": dict(self.stats.__dict__)}
+                "stats": dict(self.stats.__dict__), "metrics_url": self._metrics.url if self._metrics else None}
 
     # -- leases ----------------------------------------------------------------------------
 
@@ -172,6 +186,7 @@ class NodeAgent:
             self._leases.pop(placeholder, None)
             self._leases[lease] = _Lease(sandbox, client_id, time.monotonic())
             self.stats.leases += 1
+        live.fleet_leases(+1)
         self._touch(image, options)
         return lease, self.pool.stats.hits > hits
 
@@ -205,6 +220,7 @@ class NodeAgent:
         with self._lock:
             held = self._leases.pop(lease, None)
         if held is not None and held.sandbox is not None:
+            live.fleet_leases(-1)
             self.pool.release(held.sandbox)
             self._touch(held.sandbox.image, held.sandbox.options)
 
@@ -242,6 +258,7 @@ class NodeAgent:
                 return _fault(exc)
             took = time.perf_counter() - started
             setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+            live.fleet_image(counter.removeprefix("images_"))
             self.stats.image_seconds.append(round(took, 3))
             return took
 
@@ -279,6 +296,8 @@ class NodeAgent:
                      and (v.last_used < idle_cutoff or self._heard.get(v.client_id, now) < dead_cutoff)]
             doomed = [self._leases.pop(k) for k in stale]
             self.stats.reclaimed += len(doomed)  # counted as they stop being leases, before their removal
+            if doomed:
+                live.fleet_leases(-len(doomed), reclaimed=len(doomed))
             holders = {v.client_id for v in self._leases.values()}
             for client_id in [c for c, t in self._heard.items() if c not in holders and t < dead_cutoff]:
                 del self._heard[client_id]
@@ -323,7 +342,12 @@ class NodeAgent:
         with self._lock:
             held = list(self._leases.values())
             self._leases.clear()
+        live.fleet_leases(-sum(h.sandbox is not None for h in held))
         for h in held:
             if h.sandbox is not None:
                 h.sandbox.close()
         self.pool.close()
+        if self._target is not None:
+            self._target.remove()
+        if self._metrics is not None:
+            self._metrics.close()

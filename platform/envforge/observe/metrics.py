@@ -62,6 +62,19 @@ POOL_DESTROYED = Counter("envforge_pool_destroyed_total", "sandboxes destroyed, 
 SANDBOX_COMMAND_SECONDS = _h("envforge_sandbox_command_seconds", "command latency seen by the host (agent "
                              "channel, or docker exec when the agent is unavailable)", ("path",))
 
+# -- sandbox fleet (the pool metrics above come from each node agent's own pool; these are the fleet's) --
+FLEET_ALIVE_NODES = Gauge("envforge_fleet_alive_nodes", "sandbox nodes this driver can place on", registry=REGISTRY)
+FLEET_NODES_LOST = Counter("envforge_fleet_nodes_lost_total", "sandbox nodes this driver saw die or leave",
+                           registry=REGISTRY)
+FLEET_ACQUIRE_WAIT_SECONDS = _h("envforge_fleet_acquire_wait_seconds", "time an acquire waited for a node with "
+                                "room (backpressure); 0 when one had room at once")
+FLEET_LEASES = Gauge("envforge_fleet_leased_sandboxes", "sandboxes a node agent has leased to drivers now",
+                     registry=REGISTRY)
+FLEET_LEASES_RECLAIMED = Counter("envforge_fleet_leases_reclaimed_total", "leases a node agent took back from silent "
+                                 "or idle drivers", registry=REGISTRY)
+FLEET_IMAGES = Counter("envforge_fleet_images_total", "task images a node agent got, by how", ["how"],
+                       registry=REGISTRY)  # how: built | loaded
+
 # -- rollout scheduler -------------------------------------------------------------------------
 SCHED_QUEUED = Gauge("envforge_scheduler_queued_trajectories", "trajectories waiting for a concurrency slot",
                      registry=REGISTRY)
@@ -89,9 +102,14 @@ GATE_TASKS = Counter("envforge_gate_tasks_total", "tasks judged by the flakiness
 TRAIN_STEPS = Counter("envforge_train_steps_total", "optimizer updates", ["algorithm"], registry=REGISTRY)
 TRAIN_TOKENS = Counter("envforge_train_tokens_total", "completion tokens trained on", ["algorithm"],
                        registry=REGISTRY)
-TRAIN_TOKENS_PER_SECOND = Gauge("envforge_train_tokens_per_second", "throughput of the last update",
+TRAIN_TOKENS_PER_SECOND = Gauge("envforge_train_tokens_per_second", "throughput of the last update: tokens "
+                                "(prompt and completion) through the model per second of the update itself",
                                 ["algorithm"], registry=REGISTRY)
+TRAIN_STEP_SECONDS = _h("envforge_train_step_seconds", "wall time of one optimizer update (all its micro-batches)",
+                        ("algorithm",))
 TRAIN_LOSS = Gauge("envforge_train_loss", "loss of the last update", ["algorithm"], registry=REGISTRY)
+TRAIN_EVAL_LOSS = Gauge("envforge_train_eval_loss", "held-out loss at the last evaluation step (SFT)",
+                        ["algorithm"], registry=REGISTRY)
 TRAIN_REWARD_MEAN = Gauge("envforge_train_reward_mean", "mean reward of the last update's samples",
                           ["algorithm"], registry=REGISTRY)
 TRAIN_STALENESS = Gauge("envforge_train_policy_staleness_versions", "trainer version minus the oldest behaviour "
@@ -141,6 +159,30 @@ def pool_destroyed(cause: str) -> None:
         POOL_DESTROYED.labels(reason_kind(cause)).inc()
 
 
+def fleet_nodes(alive: int, lost: int = 0) -> None:
+    if _enabled:
+        FLEET_ALIVE_NODES.set(alive)
+        if lost:
+            FLEET_NODES_LOST.inc(lost)
+
+
+def fleet_acquire_waited(seconds: float) -> None:
+    if _enabled:
+        FLEET_ACQUIRE_WAIT_SECONDS.observe(seconds)
+
+
+def fleet_leases(delta: int, reclaimed: int = 0) -> None:
+    if _enabled:
+        FLEET_LEASES.inc(delta)
+        if reclaimed:
+            FLEET_LEASES_RECLAIMED.inc(reclaimed)
+
+
+def fleet_image(how: str) -> None:
+    if _enabled:
+        FLEET_IMAGES.labels(how).inc()
+
+
 def sandbox_command(seconds: float, path: str) -> None:
     if _enabled:
         SANDBOX_COMMAND_SECONDS.labels(path).observe(seconds)
@@ -188,14 +230,22 @@ def gate_judged(accepted: bool, disagreements: list[str]) -> None:
                           reason_kind(disagreements[0]) if disagreements else "none").inc()
 
 
+ALGORITHMS = frozenset({"grpo", "sft"})
+
+
 def train_step(metrics: Mapping[str, float], algorithm: str = "grpo") -> None:
-    """One optimizer update's figures (the dict GRPOTrainer.step returns)."""
+    """One optimizer update's figures (the dict GRPOTrainer.step and train_sft's steps make:
+    tokens = completion tokens trained on, tokens_per_s, loss, step_time_s, reward_mean, eval_loss)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"training algorithm label {algorithm!r}: expected one of {sorted(ALGORITHMS)}")
     if not _enabled:
         return
     TRAIN_STEPS.labels(algorithm).inc()
     TRAIN_TOKENS.labels(algorithm).inc(float(metrics.get("tokens", 0.0)))
+    if "step_time_s" in metrics:
+        TRAIN_STEP_SECONDS.labels(algorithm).observe(float(metrics["step_time_s"]))
     for gauge, key in ((TRAIN_TOKENS_PER_SECOND, "tokens_per_s"), (TRAIN_LOSS, "loss"),
-                       (TRAIN_REWARD_MEAN, "reward_mean")):
+                       (TRAIN_REWARD_MEAN, "reward_mean"), (TRAIN_EVAL_LOSS, "eval_loss")):
         if key in metrics:
             gauge.labels(algorithm).set(float(metrics[key]))
 

@@ -109,13 +109,18 @@ class Stage(Generic[P, R]):
 
     def _observed(self, bound: inspect.BoundArguments) -> R:
         """The stage with its run ids on every log line and, when ENVFORGE_METRICS_PORT is set, its
-        metrics on /metrics while it runs (envforge.observe): the same for the CLI, Python and Dagster."""
+        metrics on /metrics while it runs (envforge.observe): the same for the CLI, Python and Dagster.
+        In a Dagster run the default is a free port registered for Prometheus' file_sd: run workers
+        overlap, so no fixed port fits them all."""
         from envforge.observe.http import metrics_server_from_env
         from envforge.observe.logs import log_context
 
         context = bound.arguments.get("context")
-        with log_context(dagster_run_id=getattr(context, "dagster_run_id", None),
-                         mlflow_run_id=getattr(context, "mlflow_run_id", None)), metrics_server_from_env(self.name):
+        dagster_run_id = getattr(context, "dagster_run_id", None)
+        with log_context(dagster_run_id=dagster_run_id, mlflow_run_id=getattr(context, "mlflow_run_id", None)), \
+                metrics_server_from_env(self.name, default_port=0 if dagster_run_id else None,
+                                        labels={"dagster_run_id": dagster_run_id} if dagster_run_id else None,
+                                        data_dir=getattr(bound.arguments.get("settings"), "data_dir", None)):
             return self.fn(*bound.args, **bound.kwargs)
 
     def tracked(self, *args: P.args, **kwargs: P.kwargs) -> R:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from envforge.observe import metrics as live
 from envforge.train.batching import Batch, collate, collate_rows, pack_rows, token_logprobs, truncate
 from envforge.train.checkpoint import load_trainer_state, load_weights, save_checkpoint
 from envforge.train.samples import TurnSample
@@ -262,6 +263,7 @@ def train_sft(model: PreTrainedModel, train: list[TurnSample], eval: list[TurnSa
         if eval and (step % max(1, config.eval_every) == 0 or step == total):
             metrics["eval_loss"] = eval_loss(model, eval, config)
             result.eval_losses.append((step, metrics["eval_loss"]))
+        live.train_step(metrics, "sft")
         if out is not None and ((config.save_every and step % config.save_every == 0) or step == total):
             result.final_checkpoint = save_checkpoint(out / f"step-{step}", model, tokenizer, optimizer=optimizer,
                                                       scheduler=scheduler, step=step,

@@ -206,11 +206,16 @@ def make_app(policy: HFPolicy, model_name: str | None = None) -> FastAPI:
 
 def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, *, device: str = "cpu",
           dtype: str | None = None, model_name: str | None = None) -> None:
-    """Load a local checkpoint and serve it until interrupted (blocking)."""
+    """Load a local checkpoint and serve it until interrupted (blocking); its /metrics is registered
+    for Prometheus' file_sd while it serves (port 0: a free port)."""
     import uvicorn
 
+    from envforge.observe.http import free_port, registered_target
+
     policy = HFPolicy(model_path, device=device, dtype=dtype)
-    uvicorn.run(make_app(policy, model_name), host=host, port=port, log_level="info")
+    port = port or free_port(host)
+    with registered_target("policy_server", host, port):
+        uvicorn.run(make_app(policy, model_name), host=host, port=port, log_level="info")
 
 
 if __name__ == "__main__":  # python -m envforge.rollout.policies.serve /ckpt --port 8000
