@@ -27,7 +27,9 @@ over total default wall time) and the median per-task ratio; `verdict_agreement`
 per hour by the pipeline (2 tasks at a time, default gate, measured) and serially (both
 gates); and the wall time to re-gate the unchanged tasks (`regate_unchanged_s`; `--no-pipeline`
 leaves out these last two, which gate every task once more). Per task, `grading_s` says where the
-time went: seconds of graded copies by kind (reference and empty runs, the order check, probes).
+time went: seconds of graded copies by kind (reference and empty runs, the order check, probes);
+`timeline` when each grading ran (start and end, seconds on the batch's clock) and `idle_worker_s`
+the worker-seconds with nothing to grade between the first start and the last end.
 """
 
 from __future__ import annotations
