@@ -2,10 +2,10 @@
 
 For each task: grade the empty and the reference solution N times each on pristine copies,
 one of the reference's on the whole suite in reversed order (the order check; the full-suite
-gate grades it once more, N + 1), and every hack probe that applies to the task. Accept only if the reference passes every time, the
-empty solution fails every FAIL_TO_PASS test (or, for checkpoint-only tasks, fails) every
-time while PASS_TO_PASS passes every time, and every probe scores 0. Otherwise quarantine,
-with the disagreement.
+gate grades it once more, N + 1), and every hack probe that applies to the task. Accept only
+if the reference passes every time, the empty solution fails every FAIL_TO_PASS test (or, for
+checkpoint-only tasks, fails) every time while PASS_TO_PASS passes every time, and every probe
+scores 0. Otherwise quarantine, with the disagreement.
 
 The default gate spends runs where they tell something: gradings run only the test files
 that decide the verdict (selection.py), in parallel on the pool's warm sandboxes, the first
