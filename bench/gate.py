@@ -27,7 +27,9 @@ over total default wall time) and the median per-task ratio; `verdict_agreement`
 per hour by the pipeline (2 tasks at a time, default gate, measured) and serially (both
 gates); and the wall time to re-gate the unchanged tasks (`regate_unchanged_s`; `--no-pipeline`
 leaves out these last two, which gate every task once more). Per task, `grading_s` says where the
-time went: seconds of graded copies by kind (reference and empty runs, the order check, probes).
+time went: seconds of graded copies by kind (reference and empty runs, the order check, probes);
+`timeline` when each grading ran (start and end, seconds on the batch's clock) and `idle_worker_s`
+the worker-seconds with nothing to grade between the first start and the last end.
 """
 
 from __future__ import annotations
@@ -180,13 +182,25 @@ def time_by_kind(report: GateReport) -> dict:
     return {k: round(v, 2) for k, v in sorted(kinds.items())}
 
 
-def describe(report: GateReport, wall: float, load_before: float, cpu_s: float | None) -> dict:
+def idle_worker_s(report: GateReport, workers: int) -> float:
+    """Worker-seconds with nothing to grade between the batch's first start and its last end: the
+    tail a better order could fill (0 when every worker was busy throughout)."""
+    if not report.timeline:
+        return 0.0
+    span = max(e for _, e in report.timeline.values()) - min(s for s, _ in report.timeline.values())
+    return round(max(0.0, workers * span - sum(e - s for s, e in report.timeline.values())), 2)
+
+
+def describe(report: GateReport, wall: float, load_before: float, cpu_s: float | None,
+             workers: int = 1) -> dict:
     return {"verdict": report.verdict, "wall_s": round(wall, 2), "sandbox_s": round(report.sandbox_s, 2),
             "sandbox_cpu_s": None if cpu_s is None else round(cpu_s, 2),
             "gradings": report.gradings, "stopped_early": report.stopped_early,
             "probes": len(report.probe_results), "probes_skipped": len(report.probes_skipped),
             "per_grading_s": round(report.median_verifier_s, 2), "grading_s": time_by_kind(report),
-            "load_avg_1m": [load_before, round(os.getloadavg()[0], 2)], "disagreements": report.disagreements[:3]}
+            "load_avg_1m": [load_before, round(os.getloadavg()[0], 2)], "disagreements": report.disagreements[:3],
+            "idle_worker_s": idle_worker_s(report, workers),
+            "timeline": {name: list(span) for name, span in report.timeline.items()}}
 
 
 def measure_pair(grader: Grader, task, image: str, default_first: bool, cpu: SandboxCpu,
@@ -201,7 +215,7 @@ def measure_pair(grader: Grader, task, image: str, default_first: bool, cpu: San
         cpu_after = cpu.total_s()
         used = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
         gradings = 2 * FULL.runs + 1 + len(report.probe_results)
-        return {"full": None, "default": describe(report, wall, load_before, used), "agree": None,
+        return {"full": None, "default": describe(report, wall, load_before, used, DEFAULT.workers), "agree": None,
                 "full_estimate_s": round(gradings * report.grading_s.get("reference:order", 0.0), 1),
                 "full_estimate_gradings": gradings}
     for name in (("default", "full") if default_first else ("full", "default")):
@@ -209,7 +223,8 @@ def measure_pair(grader: Grader, task, image: str, default_first: bool, cpu: San
         report, wall = gate(grader, task, image, DEFAULT if name == "default" else FULL)
         cpu_after = cpu.total_s()
         used = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
-        measured[name] = (report, describe(report, wall, load_before, used))
+        config = DEFAULT if name == "default" else FULL
+        measured[name] = (report, describe(report, wall, load_before, used, config.workers))
     return {"full": measured["full"][1], "default": measured["default"][1],
             "agree": measured["full"][0].accepted == measured["default"][0].accepted, "default_first": default_first}
 

@@ -14,7 +14,7 @@ from envforge.sources.runbooks import load_runbook
 from envforge.sources.specs import load_spec_file
 from envforge.verify.batch import Grading, grade_batch
 from envforge.verify.config import GateConfig
-from envforge.verify.gate import gate_key
+from envforge.verify.gate import GateReport, _plan, gate_key, order_check_is_a_run
 from envforge.verify.grader import GradedCopy, PreparedDiff
 from envforge.verify.matching_text import matching_text
 from envforge.verify.probes import STANDARD_PROBES, scripts_run, verifier_inputs, applicable_probes
@@ -92,6 +92,28 @@ def test_the_gate_key_changes_with_content_image_and_parameters():
     assert key != gate_key(other, "sha256:aaa", GateConfig())
 
 
+def test_the_order_check_is_one_of_the_reference_runs_in_the_default_gate():
+    task = _spec("inventory-median-even")
+
+    def plan(config):
+        return [(g.name, g.run.scope) for g in _plan(task, "fix", config, None, "img", GateReport("t", "h", False))]
+
+    # Default: 4 targeted reference runs and the order check (5 gradings of every required test, as
+    # many as the empty solution's), the first reference and empty runs and the order check first.
+    default = plan(GateConfig(probes=False))
+    assert default[:3] == [("reference:run1", "targeted"), ("empty:run1", "targeted"), ("reference:order", "suite")]
+    assert sum(n.startswith("reference:run") for n, _ in default) == 4 and order_check_is_a_run(GateConfig())
+    assert sum(n.startswith("empty:run") for n, _ in default) == 5 and default[-1] == ("empty:run5", "targeted")
+    # The full-suite gate (the gate as it was) grades it once more; so does a gate of one run (the
+    # reference stays graded once the way rollouts grade it); without the order check, N runs.
+    full = plan(GateConfig(probes=False, full_suite=True))
+    assert sum(n.startswith("reference:run") for n, _ in full) == 5 and {s for _, s in full} == {"suite"}
+    assert not order_check_is_a_run(GateConfig(full_suite=True))
+    assert plan(GateConfig(runs=1, probes=False)) == [("reference:run1", "targeted"), ("empty:run1", "targeted"),
+                                                      ("reference:order", "suite")]
+    assert sum(n.startswith("reference:run") for n, _ in plan(GateConfig(runs=3, shuffle=False, probes=False))) == 3
+
+
 class FakeGrader:
     """Grades a diff as resolved when it contains 'fix'; counts copies; can fail once with an infra fault."""
 
@@ -144,6 +166,9 @@ def test_batch_shares_copies_runs_in_parallel_and_stops_early():
     assert out.shared_with == {"probe:a": "empty:run1", "probe:b": "empty:run1", "probe:d": "probe:c"}
     assert out.copies == len(grader.copies) == 5 and grader.max_in_flight > 1
     assert out.diffs["probe:a"] == "protected x"
+    # when each ran, on the batch's clock (the bench's timeline and idle worker-seconds)
+    assert set(out.timeline) == set(out.results) and all(0 <= s <= e for s, e in out.timeline.values())
+    assert out.timeline["reference:run1"][1] >= 0.05 and out.timeline["probe:e"][0] > 0
 
     # A fail-fast grading takes a full run's copy of the same diff (never the other way round), or
     # another fail-fast one's.

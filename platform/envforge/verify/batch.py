@@ -55,6 +55,9 @@ class BatchOutcome:
     copies: int = 0  # graded copies actually run
     sandbox_s: float = 0.0  # sandbox time spent: diffs produced plus copies graded
     infra_retries: int = 0
+    # grading -> (start, end) in seconds since the batch started: when each ran (a diff produced, a
+    # copy graded or waited for), which shows where a batch's time went and whether its workers idled
+    timeline: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def with_retries(fn: Callable[[], T], on_retry: Callable[[], None] = lambda: None) -> T:
@@ -106,6 +109,7 @@ def grade_batch(grader: Grader, task: Task, image: str, gradings: Sequence[Gradi
     """Grade every solution, `workers` at a time, in the given order; once `stop(name, result)` is
     true for a finished grading, start no more (those in flight finish and are kept)."""
     outcome = BatchOutcome()
+    batch_started = time.perf_counter()
     copies = _Copies()
     lock = threading.Lock()
 
@@ -118,6 +122,15 @@ def grade_batch(grader: Grader, task: Task, image: str, gradings: Sequence[Gradi
             outcome.sandbox_s += seconds
 
     def one(g: Grading) -> VerificationResult:
+        started = time.perf_counter()
+        try:
+            return graded(g)
+        finally:
+            with lock:
+                outcome.timeline[g.name] = (round(started - batch_started, 3),
+                                            round(time.perf_counter() - batch_started, 3))
+
+    def graded(g: Grading) -> VerificationResult:
         if callable(g.diff):
             started = time.perf_counter()
             try:

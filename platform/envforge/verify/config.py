@@ -23,9 +23,10 @@ class GateConfig:
 
     runs: int = field(default_factory=_default_runs,
                       metadata={"help": "gradings of the empty and of the reference solution, each "
-                                        "(default: $ENVFORGE_GATE_RUNS or 5)"})
+                                        "(default: $ENVFORGE_GATE_RUNS or 5; the order check is one of the "
+                                        "reference's, or one more with full_suite)"})
     shuffle: bool = field(default=True, metadata={
-        "help": "the order check: the reference once more, on the whole suite, in reversed order"})
+        "help": "the order check: one of the reference's runs on the whole suite, in reversed order"})
     probes: bool = field(default=True, metadata={"help": "run the reward-hacking probes that apply to each task"})
     full_suite: bool = field(default=False, metadata={
         "help": "the exhaustive gate: the whole suite on every grading, every run and probe graded even after a "

@@ -1,11 +1,11 @@
 """The flakiness gate: a task enters a task set only when its verifier has proven itself.
 
 For each task: grade the empty and the reference solution N times each on pristine copies,
-once more the reference on the whole suite in reversed order (the order check), and every
-hack probe that applies to the task. Accept only if the reference passes every time, the
-empty solution fails every FAIL_TO_PASS test (or, for checkpoint-only tasks, fails) every
-time while PASS_TO_PASS passes every time, and every probe scores 0. Otherwise quarantine,
-with the disagreement.
+one of the reference's on the whole suite in reversed order (the order check; the full-suite
+gate grades it once more, N + 1), and every hack probe that applies to the task. Accept only
+if the reference passes every time, the empty solution fails every FAIL_TO_PASS test (or, for
+checkpoint-only tasks, fails) every time while PASS_TO_PASS passes every time, and every probe
+scores 0. Otherwise quarantine, with the disagreement.
 
 The default gate spends runs where they tell something: gradings run only the test files
 that decide the verdict (selection.py), in parallel on the pool's warm sandboxes, the first
@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
+from itertools import zip_longest
 from pathlib import Path
 
 from envforge.errors import PolicyOutcome
@@ -41,7 +42,7 @@ from envforge.verify.result import VerificationResult
 from envforge.verify.selection import SUITE, TARGETED, TestRun
 from envforge.verify.strength import StrengthReport, measure_strength
 
-__all__ = ["INFRA_RETRIES", "GateReport", "gate_key", "probe_diff", "validate_task"]
+__all__ = ["INFRA_RETRIES", "GateReport", "gate_key", "order_check_is_a_run", "probe_diff", "validate_task"]
 
 ORDER_CHECK = TestRun("suite", "reverse")
 # A mutant's tests may run this many times the slowest reference/empty grading (at least the minimum)
@@ -58,7 +59,7 @@ class GateReport:
     disagreements: list[str] = field(default_factory=list)
     reference_passes: int = 0
     empty_fails: int = 0
-    runs: int = 0  # reference runs graded (fewer than configured when the gate stopped early)
+    runs: int = 0  # reference runs graded, the order check among them in the default gate (fewer when stopped early)
     probe_results: dict[str, dict] = field(default_factory=dict)
     verifier_seconds: list[float] = field(default_factory=list)
     infra_retries: int = 0
@@ -69,6 +70,7 @@ class GateReport:
     grading_s: dict[str, float] = field(default_factory=dict)  # seconds of each graded copy run, by grading
     sandbox_s: float = 0.0
     wall_s: float = 0.0
+    timeline: dict[str, tuple[float, float]] = field(default_factory=dict)  # grading -> (start, end) s, batch's clock
     image_digest: str = ""
     gate_key: str = ""
     reused_from: datetime | None = None  # set when an unchanged task kept an earlier verdict
@@ -163,21 +165,31 @@ def _judge(task: Task, name: str, result: VerificationResult) -> list[str]:
     return [f"probe_scored:{which}:{result.reward}"] if result.reward > 0 else []
 
 
+def order_check_is_a_run(config: GateConfig) -> bool:
+    """Whether the order check is one of the reference's `runs` (the default gate) rather than one more.
+
+    The order check grades the reference on every required test (on the whole suite, reversed), so it
+    is a reference run as much as a targeted one is: the default gate grades the reference `runs - 1`
+    times on its files and once in the order check, `runs` gradings of every required test in all, as
+    many as the empty solution gets. At least one reference run stays targeted, the way rollouts are
+    graded. The full-suite gate (the gate as it was) grades the order check once more.
+    """
+    return config.shuffle and not config.full_suite and config.runs > 1
+
+
 def _plan(task: Task, ref_diff: str, config: GateConfig, grader: Grader, image: str,
           report: GateReport) -> list[Grading]:
     """The gradings of one task, most telling first: the first reference and empty runs, the order
     check, the remaining runs, then the probes."""
     run = SUITE if config.full_suite else TARGETED
     share = not config.full_suite
-    ref, empty = [], []
-    for i in range(1, config.runs + 1):
-        ref.append(Grading(f"reference:run{i}", ref_diff, run, share=False))
-        empty.append(Grading(f"empty:run{i}", "", run, share=False))
+    ref_runs = config.runs - 1 if order_check_is_a_run(config) else config.runs
+    ref = [Grading(f"reference:run{i}", ref_diff, run, share=False) for i in range(1, ref_runs + 1)]
+    empty = [Grading(f"empty:run{i}", "", run, share=False) for i in range(1, config.runs + 1)]
     plan = [ref[0], empty[0]]
     if config.shuffle:
         plan.append(Grading("reference:order", ref_diff, ORDER_CHECK, share=False))
-    for r, e in zip(ref[1:], empty[1:]):
-        plan += [r, e]
+    plan += [g for pair in zip_longest(ref[1:], empty[1:]) for g in pair if g is not None]
     if config.probes:
         probes, report.probes_skipped = applicable_probes(task)
         ref_paths = tuple(p for section in split_diff(ref_diff) for p in section.paths)
@@ -217,7 +229,7 @@ def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = G
         kind, _, which = name.partition(":")
         if kind in ("reference", "empty") and which != "order":
             report.verifier_seconds.append(result.duration_s)
-        if kind == "reference" and which != "order":
+        if kind == "reference" and (which != "order" or order_check_is_a_run(config)):
             report.runs += 1
             report.reference_passes += int(result.resolved)
         elif kind == "empty":
@@ -230,6 +242,7 @@ def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = G
                 entry["graded_as"] = outcome.shared_with[name]
             report.probe_results[which] = entry
     report.not_run = outcome.not_run
+    report.timeline = outcome.timeline
     report.gradings = outcome.copies
     report.sandbox_s += outcome.sandbox_s
     report.infra_retries += outcome.infra_retries
