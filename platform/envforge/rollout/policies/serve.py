@@ -205,9 +205,15 @@ def make_app(policy: HFPolicy, model_name: str | None = None) -> FastAPI:
 
 
 def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, *, device: str = "cpu",
-          dtype: str | None = None, model_name: str | None = None) -> None:
-    """Load a local checkpoint and serve it until interrupted (blocking)."""
+          dtype: str | None = None, model_name: str | None = None, threads: int = 0) -> None:
+    """Load a local checkpoint and serve it until interrupted (blocking). `threads` > 0 sets the
+    process's torch intra-op threads: a server beside a trainer on the same CPUs gets its own
+    budget instead of both oversubscribing every core (torch's budget is per process)."""
+    import torch
     import uvicorn
+
+    if threads > 0:
+        torch.set_num_threads(threads)
 
     policy = HFPolicy(model_path, device=device, dtype=dtype)
     uvicorn.run(make_app(policy, model_name), host=host, port=port, log_level="info")
@@ -223,5 +229,6 @@ if __name__ == "__main__":  # python -m envforge.rollout.policies.serve /ckpt --
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--model-name", default=None)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     a = parser.parse_args()
-    serve(a.model_path, a.host, a.port, device=a.device, dtype=a.dtype, model_name=a.model_name)
+    serve(a.model_path, a.host, a.port, device=a.device, dtype=a.dtype, model_name=a.model_name, threads=a.threads)
