@@ -218,6 +218,35 @@ def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cf
 ROLLOUT_POLICIES = ("in-process", "served")
 
 
+class PolicyVersions:
+    """The trainer's version (updates taken) and the rollout policy's (checkpoints it has loaded),
+    and the staleness gate between them: round r may start once the policy is at r - max_staleness,
+    since that is the version its samples will carry and the trainer will be at r when it trains
+    on them. Synchronous runs sample from the training weights, so the two move together."""
+
+    def __init__(self, max_staleness: int, synchronous: bool) -> None:
+        self.max_staleness, self.synchronous = max_staleness, synchronous
+        self.trainer = 0
+        self.policy = 0
+        self._changed = asyncio.Condition()
+
+    async def wait_for_round(self, r: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.policy >= r - self.max_staleness)
+
+    async def trainer_updated(self) -> None:
+        async with self._changed:
+            self.trainer += 1
+            if self.synchronous:
+                self.policy = self.trainer
+            self._changed.notify_all()
+
+    async def policy_loaded(self, version: int) -> None:
+        async with self._changed:
+            self.policy = version
+            self._changed.notify_all()
+
+
 def _start_live_policy(model: Any, tokenizer: Any, cfg: GRPORounds, batch_prefix: str,
                        ckpt_dir: Path) -> tuple[LivePolicy, PolicyServerProcess | None]:
     """The rollout side of an asynchronous run, per `cfg.rollout_policy`, at version 0."""
@@ -249,10 +278,8 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
         live, server = await asyncio.to_thread(_start_live_policy, model, tokenizer, cfg, batch_prefix, ckpt_dir)
     shared = HFPolicy((model, tokenizer), policy_id=f"{batch_prefix}@sync") if synchronous else None
     rollout_policy = shared if live is None else live.policy
-    version = 0  # the trainer's policy version: updates taken
-    published = 0  # the rollout policy's version (synchronous: the training weights themselves)
-    changed = asyncio.Condition()
-    stream = GroupStream(cfg.max_staleness, current_version=lambda: version)
+    versions = PolicyVersions(cfg.max_staleness, synchronous=live is None)
+    stream = GroupStream(cfg.max_staleness, current_version=lambda: versions.trainer)
     run = GRPORun(trainer, [], [], [])
     client = docker_client(settings)
     first = RolloutConfig(n_samples=cfg.group_size, concurrency=cfg.concurrency)
@@ -272,8 +299,7 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
         grader = Grader(client, pool)
         last: asyncio.Task | None = None
         for r in range(cfg.rounds):
-            async with changed:  # round r is rolled out by a policy version no older than r - max_staleness
-                await changed.wait_for(lambda: published >= r - cfg.max_staleness)
+            await versions.wait_for_round(r)
             rollout = RolloutConfig(n_samples=cfg.group_size, concurrency=cfg.concurrency,
                                     temperature=cfg.grpo.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed + r)
             store = TrajectoryStore(settings.artifact_root("rollouts"), f"{batch_prefix}-round-{r}")
@@ -285,7 +311,7 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
 
             scheduler = RolloutScheduler(pool, grader, rollout_policy, store, rollout, progress=progress,
                                          on_group=on_group)
-            mark("producer", "round_start", round=r, policy_version=published)
+            mark("producer", "round_start", round=r, policy_version=versions.policy)
             report = await scheduler.run(round_items(items, cfg, r), task_set_version)
             mark("producer", "round_end", round=r)
 
@@ -301,7 +327,6 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
 
     async def publish() -> None:
         """Save each update's snapshot and reload the live policy from it, in order, off the trainer's path."""
-        nonlocal published
         while (item := await publish_queue.get()) is not None:
             step, snapshot = item
             t0 = time.perf_counter()
@@ -312,12 +337,9 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
             run.checkpoints.append(str(path))
             run.publish_s += time.perf_counter() - t0
             mark("publisher", "published", policy_version=policy_version)
-            async with changed:
-                published = policy_version
-                changed.notify_all()
+            await versions.policy_loaded(policy_version)
 
     async def train() -> None:
-        nonlocal version, published
         batches = stream.batches().__aiter__()
         try:
             while True:
@@ -339,15 +361,11 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
                     snapshot = await asyncio.to_thread(weights_snapshot, model)
                 elif shared is not None:
                     model.eval()  # the update left it in train mode; the next round samples from it
-                    shared.version = version + 1
+                    shared.version = versions.trainer + 1
                 run.trainer_busy_s += time.perf_counter() - t0
                 mark("trainer", "update_end", update=len(run.history))
-                lag = [version - t.policy_version for group in fresh for t in group]
-                async with changed:
-                    version += 1
-                    if live is None:
-                        published = version
-                    changed.notify_all()
+                lag = [versions.trainer - t.policy_version for group in fresh for t in group]
+                await versions.trainer_updated()
                 if snapshot is not None:
                     await publish_queue.put((trainer.step_count, snapshot))
                 w1 = time.perf_counter()
