@@ -48,7 +48,7 @@ from envforge.stages.base import StageContext  # noqa: E402
 from envforge.stages.images import ensure_images  # noqa: E402
 from envforge.train.config import TrainingConfig  # noqa: E402
 from envforge.train.demo_tasks import chore_family, operator_logs  # noqa: E402
-from envforge.train.loop import demonstrations, grpo_rounds, load_model  # noqa: E402
+from envforge.train.loop import demonstrations, grpo_rounds, load_model, thread_budgets  # noqa: E402
 from envforge.train.sft import train_sft  # noqa: E402
 
 
@@ -90,9 +90,10 @@ def main() -> None:
                          "every group is skipped and no update costs anything: the schedule would not be measured)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--modes", default="sync,async,async-served", help="comma-separated: sync, async, async-served")
-    ap.add_argument("--policy-threads", type=int, default=1, help="torch threads of the served policy (async-served)")
-    ap.add_argument("--trainer-threads", type=int, default=0,
-                    help="torch threads of the trainer in async-served (0: cpus - policy threads, at least 1)")
+    ap.add_argument("--policy-threads", type=int, default=0,
+                    help="torch threads of the served policy (async-served; 0 with --trainer-threads 0: the loop's "
+                         "split, half the cores each)")
+    ap.add_argument("--trainer-threads", type=int, default=0, help="torch threads of the trainer in async-served")
     ap.add_argument("--out", default=None, help="also write the JSON document here")
     ap.add_argument("--data-dir", default=None)
     a = ap.parse_args()
@@ -121,21 +122,22 @@ def main() -> None:
     unknown = sorted(set(modes) - {"sync", "async", "async-served"})
     if unknown or "sync" not in modes:
         ap.error(f"--modes {a.modes!r}: give sync (the baseline) and any of async, async-served; unknown {unknown}")
-    trainer_threads = a.trainer_threads or max(1, (os.cpu_count() or 2) - a.policy_threads)
     for mode in modes:
         served = mode == "async-served"
         mode_training = replace(training, max_staleness=0 if mode == "sync" else a.max_staleness,
                                 rollout_policy="served" if served else "in-process",
                                 policy_threads=a.policy_threads if served else 0,
-                                trainer_threads=trainer_threads if served else 0)
+                                trainer_threads=a.trainer_threads if served else 0)
         cfg = mode_training.grpo_rounds(tok.pad_token_id or 0)
         cfg = replace(cfg, grpo=replace(cfg.grpo, epochs_per_batch=a.epochs_per_batch,
                                         equal_reward_groups="keep" if a.keep_equal_groups else "skip"))
         run = grpo_rounds(settings, copy.deepcopy(model), tok, items, cfg, f"bench-{mode}-{int(time.time())}")
         rewards = [m["rollout_mean_reward"] for m in run.history]
         update_s = [m.get("step_time_s", 0.0) for m in run.history]
+        served_threads = thread_budgets(cfg) if served else cfg
         runs[mode] = {**run.timing(), "max_staleness": cfg.max_staleness, "rollout_policy": cfg.rollout_policy,
-                      "policy_threads": cfg.policy_threads, "trainer_threads": cfg.trainer_threads,
+                      "policy_threads": served_threads.policy_threads,
+                      "trainer_threads": served_threads.trainer_threads,
                       "rollout_mean_reward": rewards, "final_reward": statistics.fmean(rewards[-2:]),
                       "median_update_s": statistics.median(update_s),
                       "policy_lag_mean": [m.get("policy_lag_mean", 0.0) for m in run.history],

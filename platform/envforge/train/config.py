@@ -51,11 +51,11 @@ class TrainingConfig:
         "help": "asynchronous rollouts sample from: in-process (a copy of the weights in the trainer's process, "
                 "reloaded per update) | served (an `envforge policy serve` process the loop starts on the start "
                 "weights and reloads through /v1/reload: its own interpreter and torch threads)"})
-    policy_threads: int = field(default=0, metadata={"help": "torch threads of the served policy process (0: torch's "
-                                                             "default, every core)"})
+    policy_threads: int = field(default=0, metadata={"help": "torch threads of the served policy process; with "
+                                                             "trainer_threads also 0, the cores are split: half "
+                                                             "(at least 1) to the policy, the rest to the trainer"})
     trainer_threads: int = field(default=0, metadata={"help": "torch threads of the trainer's process during GRPO "
-                                                              "(0: unchanged); with a served policy on the same "
-                                                              "CPUs, split the cores between the two"})
+                                                              "(0: unchanged, or the served split above)"})
 
     def sft_config(self, pad_id: int) -> "SFTConfig":
         from envforge.train.sft import SFTConfig

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import random
 import re
 import time
@@ -247,6 +248,17 @@ class PolicyVersions:
             self._changed.notify_all()
 
 
+def thread_budgets(cfg: GRPORounds) -> GRPORounds:
+    """A served policy beside the trainer on this machine's CPUs, neither budget given: half the cores
+    (at least one) to the policy process, the rest to the trainer, instead of both taking every core
+    and oversubscribing them. Given budgets, and in-process rollouts, are left as they are."""
+    if cfg.rollout_policy != "served" or cfg.policy_threads or cfg.trainer_threads:
+        return cfg
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    policy = max(1, cpus // 2)
+    return replace(cfg, policy_threads=policy, trainer_threads=max(1, cpus - policy))
+
+
 def _start_live_policy(model: Any, tokenizer: Any, cfg: GRPORounds, batch_prefix: str,
                        ckpt_dir: Path) -> tuple[LivePolicy, PolicyServerProcess | None]:
     """The rollout side of an asynchronous run, per `cfg.rollout_policy`, at version 0."""
@@ -270,7 +282,9 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
     grpo = cfg.grpo if synchronous else replace(cfg.grpo, off_policy=True)
     trainer = GRPOTrainer(model, grpo, tokenizer=tokenizer)
     ckpt_dir = Path(checkpoint_dir or settings.data_dir / "checkpoints" / f"live-{batch_prefix}")
+    started = time.perf_counter()  # the clock includes starting the live policy (a served one takes seconds)
     threads_before = torch.get_num_threads()
+    cfg = thread_budgets(cfg) if not synchronous and live is None else cfg
     if cfg.trainer_threads > 0:  # before any worker thread runs a torch op: they take it at their first
         torch.set_num_threads(cfg.trainer_threads)
     server: PolicyServerProcess | None = None
@@ -290,7 +304,6 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
     recorded: dict[str, asyncio.Task] = {}  # batch id -> its record_batch, run beside the next round
     publish_queue: asyncio.Queue = asyncio.Queue()
     previous: list[BatchResult] = []  # the round before, for the health verdict
-    started = time.perf_counter()
 
     def mark(side: str, event: str, **what: Any) -> None:
         run.timeline.append({"t": round(time.perf_counter() - started, 3), "side": side, "event": event, **what})
