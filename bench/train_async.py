@@ -71,8 +71,13 @@ def profile(run, settings: Settings) -> dict:
                        "update_s": round(at[("update_end", r)] - at[("update_start", r)], 3),
                        "trajectory_policy_s": round(policy_s, 3), "trajectory_sandbox_s": round(env_s, 3)})
     med = lambda k: round(statistics.median(x[k] for x in rounds), 3) if rounds else 0.0  # noqa: E731
+    first_wait = at.get(("update_start", 0), 0.0)  # nothing can overlap the first round
+    # which side is the bottleneck: a work-conserving schedule never holds the slower side
     return {"rounds": rounds, "median_rollout_s": med("rollout_s"), "median_update_s": med("update_s"),
-            "update_over_rollout": round(med("update_s") / med("rollout_s"), 3) if med("rollout_s") else None}
+            "update_over_rollout": round(med("update_s") / med("rollout_s"), 3) if med("rollout_s") else None,
+            "trainer_wait_first_round_s": round(first_wait, 3),
+            "trainer_wait_after_first_round_s": round(run.trainer_wait_s - first_wait, 3),
+            "producer_gate_after_first_round_s": round(sum(x["producer_gate_s"] for x in rounds[1:]), 3)}
 
 
 def main() -> None:
