@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from envforge.train.sft import SFTConfig
 
 
+ROLLOUT_POLICIES = ("in-process", "served")  # where asynchronous rollouts sample (train.loop)
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     base_model: str = field(default="tiny", metadata={"help": "tiny, tiny:<hidden>x<layers>, or a local Hugging "
@@ -80,7 +83,7 @@ class TrainingConfig:
                   "group_size": self.group_size >= 2, "max_staleness": self.max_staleness >= 0,
                   "kl_coef": self.kl_coef >= 0, "loss_agg": self.loss_agg in ("token-mean", "seq-mean"),
                   "truncated": self.truncated in ("mask", "penalize", "keep"),
-                  "rollout_policy": self.rollout_policy in ("in-process", "served"),
+                  "rollout_policy": self.rollout_policy in ROLLOUT_POLICIES,
                   "policy_threads": self.policy_threads >= 0, "trainer_threads": self.trainer_threads >= 0}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

@@ -38,6 +38,7 @@ from envforge.verify.grader import Grader
 from envforge.task import Task
 from envforge.train.data import TeacherPolicy, rl_groups, turn_samples
 from envforge.train.checkpoint import save_checkpoint, weights_snapshot
+from envforge.train.config import ROLLOUT_POLICIES
 from envforge.train.grpo import GRPOConfig, GRPOTrainer
 from envforge.train.samples import TurnSample
 
@@ -216,9 +217,6 @@ def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cf
                                     task_set_version, progress, live, checkpoint_dir))
 
 
-ROLLOUT_POLICIES = ("in-process", "served")
-
-
 class PolicyVersions:
     """The trainer's version (updates taken) and the rollout policy's (checkpoints it has loaded),
     and the staleness gate between them: round r may start once the policy is at r - max_staleness,
@@ -285,14 +283,9 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
     started = time.perf_counter()  # the clock includes starting the live policy (a served one takes seconds)
     threads_before = torch.get_num_threads()
     cfg = thread_budgets(cfg) if not synchronous and live is None else cfg
-    if cfg.trainer_threads > 0:  # before any worker thread runs a torch op: they take it at their first
-        torch.set_num_threads(cfg.trainer_threads)
     server: PolicyServerProcess | None = None
-    if not synchronous and live is None:
-        live, server = await asyncio.to_thread(_start_live_policy, model, tokenizer, cfg, batch_prefix, ckpt_dir)
     shared = HFPolicy((model, tokenizer), policy_id=f"{batch_prefix}@sync") if synchronous else None
-    rollout_policy = shared if live is None else live.policy
-    versions = PolicyVersions(cfg.max_staleness, synchronous=live is None)
+    versions = PolicyVersions(cfg.max_staleness, synchronous=synchronous)
     stream = GroupStream(cfg.max_staleness, current_version=lambda: versions.trainer)
     run = GRPORun(trainer, [], [], [])
     client = docker_client(settings)
@@ -402,6 +395,11 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
             await publish_queue.put(None)
 
     try:
+        if cfg.trainer_threads > 0:  # before any worker thread runs a torch op: they take it at their first
+            torch.set_num_threads(cfg.trainer_threads)
+        if not synchronous and live is None:
+            live, server = await asyncio.to_thread(_start_live_policy, model, tokenizer, cfg, batch_prefix, ckpt_dir)
+        rollout_policy = shared if live is None else live.policy
         await asyncio.gather(stream.run(produce()), train(), publish())
     finally:
         if fleet is None:  # a fleet pool is the process's, shared with its other stages
