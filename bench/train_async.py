@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--sft-epochs", type=int, default=40)
     ap.add_argument("--sft-lr", type=float, default=3e-3)
     ap.add_argument("--max-staleness", type=int, default=1)
+    ap.add_argument("--rl-lr", type=float, default=2e-3)
     ap.add_argument("--epochs-per-batch", type=int, default=1, help="optimizer steps per round (update cost)")
     ap.add_argument("--keep-equal-groups", action="store_true",
                     help="train on equal-reward groups too (an untrained start solves nothing, so without this "
@@ -107,7 +108,7 @@ def main() -> None:
     settings = Settings.from_env().with_data_dir(data_dir)
     settings.ensure_dirs()
     training = TrainingConfig(base_model=a.model, seed=a.seed, sft_epochs=a.sft_epochs, sft_lr=a.sft_lr,
-                              rl_rounds=a.rounds, tasks_per_round=a.tasks, group_size=a.group_size, rl_lr=2e-3,
+                              rl_rounds=a.rounds, tasks_per_round=a.tasks, group_size=a.group_size, rl_lr=a.rl_lr,
                               max_tokens=48)
     train, _ = chore_family(a.seed, train_per_chore=4, held_out_per_chore=0)
     items = ensure_images(settings, train, context=StageContext()).items(train)
