@@ -62,6 +62,25 @@ def test_async_grpo_reloads_the_policy_per_update_and_bounds_staleness(settings)
     assert len(published) == 3 and all(p >= u for p, u in zip(published, ends)) and run.publish_s > 0
 
 
+def test_sync_grpo_samples_from_the_training_weights_and_waits_for_each_round(settings):
+    """The naive schedule stays available and unchanged: every round is sampled by the current weights
+    (policy version = update index), nothing is published, and each update starts after its round ended."""
+    from dataclasses import replace
+
+    from envforge.train.loop import grpo_rounds, load_model
+
+    items = _items(settings, n_tasks=1)
+    model, tok = load_model("tiny:64x2", 0)
+    run = grpo_rounds(settings, model, tok, items, replace(_rounds(0), rounds=2), "sync-test")
+    _check_versions(run, settings, 2, 0)
+    assert not run.checkpoints and not [e for e in run.timeline if e["side"] == "publisher"]
+    ends = {e["round"]: e["t"] for e in run.timeline if e["event"] == "round_end"}
+    starts = {e["round"]: e["t"] for e in run.timeline if e["event"] == "round_start"}
+    updates = {e["update"]: e["t"] for e in run.timeline if e["event"] == "update_start"}
+    updated = {e["update"]: e["t"] for e in run.timeline if e["event"] == "update_end"}
+    assert updates[0] >= ends[0] and starts[1] >= updated[0] and run.trainer_wait_s > 0
+
+
 def test_async_grpo_through_a_served_policy_from_the_training_config(settings):
     """`TrainingConfig(rollout_policy="served")`, what `envforge train rl --rollout-policy served` and the
     Dagster training resource set: the loop starts an `envforge policy serve` process on the start weights
