@@ -398,3 +398,87 @@ def test_training_config_rejects_bad_values_and_drives_off_policy():
     assert rounds.max_staleness == 2 and rounds.grpo.off_policy and rounds.grpo.kl_coef == 0.01
     assert rounds.grpo.truncated == "penalize"
     assert not TrainingConfig().grpo_rounds(pad_id=0).grpo.off_policy
+
+
+# -- asynchronous schedule and the one training configuration --------------------------------------------
+
+def test_policy_versions_gate_rounds_on_the_rollout_policy_not_the_trainer():
+    """Round r waits until the rollout policy (not the trainer) is at r - max_staleness: with saves and
+    reloads off the trainer's path the trainer can be ahead of the policy, and gating on the trainer would
+    let a round sample from a policy more than max_staleness behind the update that trains on it."""
+    import asyncio
+
+    from envforge.train.loop import PolicyVersions
+
+    async def go() -> list[str]:
+        v = PolicyVersions(max_staleness=1, synchronous=False)
+        events: list[str] = []
+
+        async def producer() -> None:
+            for r in range(3):
+                await v.wait_for_round(r)
+                events.append(f"round {r} (policy {v.policy}, trainer {v.trainer})")
+
+        task = asyncio.create_task(producer())
+        await asyncio.sleep(0.01)
+        assert events == ["round 0 (policy 0, trainer 0)", "round 1 (policy 0, trainer 0)"]
+        await v.trainer_updated()
+        await v.trainer_updated()
+        await asyncio.sleep(0.01)
+        assert len(events) == 2  # the trainer is at 2 but the policy still at 0: round 2 waits
+        await v.policy_loaded(1)
+        await task
+        return events
+
+    assert asyncio.run(go())[-1] == "round 2 (policy 1, trainer 2)"
+
+    async def sync() -> tuple[int, int]:
+        v = PolicyVersions(max_staleness=0, synchronous=True)
+        await v.wait_for_round(0)
+        waiting = asyncio.create_task(v.wait_for_round(1))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()  # synchronous: round 1 waits for update 0
+        await v.trainer_updated()
+        await waiting
+        return v.trainer, v.policy
+
+    assert asyncio.run(sync()) == (1, 1)
+
+
+def test_training_config_reaches_the_async_loop_dagster_and_mlflow():
+    """The rollout policy and thread budgets are TrainingConfig fields (so `envforge train rl` options and the
+    Dagster `training` resource), carried into GRPORounds; MLflow params are the whole config."""
+    from dataclasses import fields
+
+    from assets.defs.config import TrainingResource, training_config
+    from envforge.train.config import TrainingConfig
+
+    cfg = TrainingConfig(max_staleness=1, rollout_policy="served", policy_threads=1, trainer_threads=1)
+    rounds = cfg.grpo_rounds(pad_id=0)
+    assert (rounds.rollout_policy, rounds.policy_threads, rounds.trainer_threads) == ("served", 1, 1)
+    assert set(cfg.as_params()) == {f.name for f in fields(TrainingConfig)}
+    assert set(TrainingResource.model_fields) == {f.name for f in fields(TrainingConfig)}
+    assert training_config(TrainingResource(rollout_policy="served", max_staleness=2)) == TrainingConfig(
+        rollout_policy="served", max_staleness=2)
+    with pytest.raises(ValueError, match="rollout_policy='vllm'"):
+        TrainingConfig(rollout_policy="vllm")
+
+
+def test_weights_snapshot_saves_what_the_model_was_when_taken(tmp_path):
+    """The publisher saves a snapshot while the trainer goes on: later changes to the model do not leak into
+    it, tied embeddings stay tied, and the checkpoint loads back to the snapshot's weights."""
+    import torch
+
+    from envforge.train.checkpoint import save_checkpoint, weights_snapshot
+    from envforge.train.loop import load_model
+
+    model, tok = load_model("tiny:64x2", 0)
+    snap = weights_snapshot(model)
+    before = {k: v.clone() for k, v in snap.items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    path = save_checkpoint(tmp_path / "snap", model, tok, state_dict=snap)
+    loaded, _ = load_model(str(path))
+    for k, v in loaded.state_dict().items():
+        assert torch.equal(v, before[k]), k

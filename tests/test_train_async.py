@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
@@ -60,43 +56,53 @@ def test_async_grpo_reloads_the_policy_per_update_and_bounds_staleness(settings)
     assert not run.stale_groups  # the producer's gate keeps every round within the bound
     assert any(m["policy_lag_mean"] > 0 for m in run.history[1:])  # some groups were sampled one version back
     assert all("ratio_mean" in m for m in run.history if m.get("samples", 0))
+    # saving and reloading ran beside the trainer: update u's checkpoint is published after the update ended
+    ends = [e["t"] for e in run.timeline if e["event"] == "update_end"]
+    published = [e["t"] for e in run.timeline if e["event"] == "published"]
+    assert len(published) == 3 and all(p >= u for p, u in zip(published, ends)) and run.publish_s > 0
 
 
-def test_async_grpo_through_envforge_policy_serve(settings, tmp_path):
-    """The rollout policy is an `envforge policy serve` process; each update's checkpoint is pushed to it
-    with /v1/reload and the versions it reports are the ones the trajectories record."""
-    from envforge.rollout.policies.openai_client import OpenAIChatPolicy
-    from envforge.train.checkpoint import save_checkpoint
-    from envforge.train.loop import ServedPolicy, grpo_rounds, load_model
-    from tests.serving import free_port
+def test_sync_grpo_samples_from_the_training_weights_and_waits_for_each_round(settings):
+    """The naive schedule stays available and unchanged: every round is sampled by the current weights
+    (policy version = update index), nothing is published, and each update starts after its round ended."""
+    from dataclasses import replace
+
+    from envforge.train.loop import grpo_rounds, load_model
+
+    items = _items(settings, n_tasks=1)
+    model, tok = load_model("tiny:64x2", 0)
+    run = grpo_rounds(settings, model, tok, items, replace(_rounds(0), rounds=2), "sync-test")
+    _check_versions(run, settings, 2, 0)
+    assert not run.checkpoints and not [e for e in run.timeline if e["side"] == "publisher"]
+    ends = {e["round"]: e["t"] for e in run.timeline if e["event"] == "round_end"}
+    starts = {e["round"]: e["t"] for e in run.timeline if e["event"] == "round_start"}
+    updates = {e["update"]: e["t"] for e in run.timeline if e["event"] == "update_start"}
+    updated = {e["update"]: e["t"] for e in run.timeline if e["event"] == "update_end"}
+    assert updates[0] >= ends[0] and starts[1] >= updated[0] and run.trainer_wait_s > 0
+
+
+def test_async_grpo_through_a_served_policy_from_the_training_config(settings):
+    """`TrainingConfig(rollout_policy="served")`, what `envforge train rl --rollout-policy served` and the
+    Dagster training resource set: the loop starts an `envforge policy serve` process on the start weights
+    (its own torch threads), pushes each update's checkpoint with /v1/reload, and the versions the server
+    reports are the ones the trajectories record; the process is gone afterwards."""
+    from dataclasses import replace
+
+    from envforge.train.loop import grpo_rounds, load_model
 
     items = _items(settings)
     model, tok = load_model("tiny:64x2", 0)
-    start = save_checkpoint(tmp_path / "start", model, tok)
-    port = free_port()
-    envforge = os.path.join(os.path.dirname(sys.executable), "envforge")
-    server = subprocess.Popen([envforge, "policy", "serve", str(start), "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2).read()
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()[-2000:]
-                time.sleep(0.5)
-        policy = OpenAIChatPolicy(f"{base}/v1", "envforge", policy_id="served")
-        run = grpo_rounds(settings, model, tok, items, _rounds(1), "served-test",
-                          live=ServedPolicy(policy, f"{base}/v1"))
-        _check_versions(run, settings, 3, 1)
-        import json
-        health = json.loads(urllib.request.urlopen(f"{base}/health", timeout=5).read())
-        assert health["version"] == 3  # one reload per update
-    finally:
-        server.terminate()
-        server.wait(30)
+    cfg = replace(_rounds(1), rollout_policy="served")
+    run = grpo_rounds(settings, model, tok, items, cfg, "served-test")
+    _check_versions(run, settings, 3, 1)
+    published = [e["policy_version"] for e in run.timeline if e["event"] == "published"]
+    assert published == [1, 2, 3]  # one /v1/reload per update, versions as the server counts them
+    from envforge.rollout.store import TrajectoryStore
+
+    trajs = TrajectoryStore(settings.artifact_root("rollouts"), run.batch_ids[-1]).trajectories()
+    assert trajs and all(t.policy_id == "served-test@served" for t in trajs)
+    log = settings.data_dir / "checkpoints" / "live-served-test-start.server.log"
+    assert "POST /v1/reload" in log.read_text()
 
 
 def test_stream_hands_over_each_rounds_fresh_groups():

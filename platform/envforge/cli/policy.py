@@ -11,7 +11,10 @@ app = typer.Typer(help="Policies: serve a local model over an OpenAI-compatible 
 
 @app.command("serve")
 def policy_serve(model: Path = typer.Argument(..., help="a local Hugging Face model directory"),
-                 host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000)) -> None:
+                 host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
+                 threads: int = typer.Option(0, help="torch intra-op threads of the server process (0: torch's "
+                                                     "default, every core); give it its own share beside a "
+                                                     "trainer on the same CPUs")) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/models, /v1/reload) over a local model.
 
     The stand-in for `vllm serve` on machines without a GPU: rollouts use it with
@@ -19,4 +22,4 @@ def policy_serve(model: Path = typer.Argument(..., help="a local Hugging Face mo
     """
     from envforge.rollout.policies.serve import serve
 
-    serve(str(model), host, port)
+    serve(str(model), host, port, threads=threads)

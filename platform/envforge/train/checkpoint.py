@@ -42,17 +42,19 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 
 def save_checkpoint(path: str | Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, *,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any | None = None, step: int = 0,
-                    extra: Mapping[str, Any] | None = None) -> Path:
+                    extra: Mapping[str, Any] | None = None,
+                    state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
     """Write a servable Hugging Face checkpoint (and `trainer_state.pt`) to `path`, atomically.
 
     An existing directory at `path` is replaced only once the new one is complete. The
     trainer state is written even without an optimizer (step, RNG, extra), so a checkpoint
-    always says where it came from."""
+    always says where it came from. `state_dict` (a `weights_snapshot`) writes those weights
+    instead of the model's current ones, so a background thread can save while training goes on."""
     path = Path(path).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=dict(state_dict) if state_dict else None)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         state: dict[str, Any] = {"step": int(step), "rng": rng_state(), "extra": dict(extra or {})}
@@ -72,6 +74,15 @@ def save_checkpoint(path: str | Path, model: PreTrainedModel, tokenizer: PreTrai
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def weights_snapshot(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """A CPU copy of the model's weights (tensors shared in the model, tied embeddings, stay shared),
+    taken in the training thread between updates so saving can happen elsewhere meanwhile."""
+    copies: dict[tuple[int, torch.device], torch.Tensor] = {}
+    with torch.no_grad():
+        return {k: copies.setdefault((v.data_ptr(), v.device), v.detach().to("cpu", copy=True))
+                for k, v in model.state_dict().items()}
 
 
 def read_trainer_state(path: str | Path) -> dict[str, Any]:

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from envforge.train.sft import SFTConfig
 
 
+ROLLOUT_POLICIES = ("in-process", "served")  # where asynchronous rollouts sample (train.loop)
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     base_model: str = field(default="tiny", metadata={"help": "tiny, tiny:<hidden>x<layers>, or a local Hugging "
@@ -47,6 +50,15 @@ class TrainingConfig:
     max_staleness: int = field(default=0, metadata={"help": "policy versions a rollout may lag the trainer: 0 "
                                                             "synchronous; >0 rollouts of the next rounds run while "
                                                             "the trainer updates (asynchronous)"})
+    rollout_policy: str = field(default="in-process", metadata={
+        "help": "asynchronous rollouts sample from: in-process (a copy of the weights in the trainer's process, "
+                "reloaded per update) | served (an `envforge policy serve` process the loop starts on the start "
+                "weights and reloads through /v1/reload: its own interpreter and torch threads)"})
+    policy_threads: int = field(default=0, metadata={"help": "torch threads of the served policy process; with "
+                                                             "trainer_threads also 0, the cores are split: half "
+                                                             "(at least 1) to the policy, the rest to the trainer"})
+    trainer_threads: int = field(default=0, metadata={"help": "torch threads of the trainer's process during GRPO "
+                                                              "(0: unchanged, or the served split above)"})
 
     def sft_config(self, pad_id: int) -> "SFTConfig":
         from envforge.train.sft import SFTConfig
@@ -59,7 +71,8 @@ class TrainingConfig:
 
         return GRPORounds(rounds=self.rl_rounds, group_size=self.group_size, max_tokens=self.max_tokens,
                           concurrency=self.concurrency, seed=self.seed, tasks_per_round=self.tasks_per_round or None,
-                          max_staleness=self.max_staleness,
+                          max_staleness=self.max_staleness, rollout_policy=self.rollout_policy,
+                          policy_threads=self.policy_threads, trainer_threads=self.trainer_threads,
                           grpo=GRPOConfig(lr=self.rl_lr, seed=self.seed, pad_id=pad_id, temperature=self.temperature,
                                           clip_eps=self.clip_eps, clip_eps_high=self.clip_eps_high,
                                           loss_agg=self.loss_agg, kl_coef=self.kl_coef, truncated=self.truncated,
@@ -69,7 +82,9 @@ class TrainingConfig:
         checks = {"temperature": self.temperature > 0, "max_tokens": self.max_tokens > 0,
                   "group_size": self.group_size >= 2, "max_staleness": self.max_staleness >= 0,
                   "kl_coef": self.kl_coef >= 0, "loss_agg": self.loss_agg in ("token-mean", "seq-mean"),
-                  "truncated": self.truncated in ("mask", "penalize", "keep")}
+                  "truncated": self.truncated in ("mask", "penalize", "keep"),
+                  "rollout_policy": self.rollout_policy in ROLLOUT_POLICIES,
+                  "policy_threads": self.policy_threads >= 0, "trainer_threads": self.trainer_threads >= 0}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError("TrainingConfig: invalid " + ", ".join(f"{n}={getattr(self, n)!r} ({_HELP[n]})"

@@ -205,12 +205,18 @@ def make_app(policy: HFPolicy, model_name: str | None = None) -> FastAPI:
 
 
 def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, *, device: str = "cpu",
-          dtype: str | None = None, model_name: str | None = None) -> None:
+          dtype: str | None = None, model_name: str | None = None, threads: int = 0) -> None:
     """Load a local checkpoint and serve it until interrupted (blocking); its /metrics is registered
-    for Prometheus' file_sd while it serves (port 0: a free port)."""
+    for Prometheus' file_sd while it serves (port 0: a free port). `threads` > 0 sets the
+    process's torch intra-op threads: a server beside a trainer on the same CPUs gets its own
+    budget instead of both oversubscribing every core (torch's budget is per process)."""
+    import torch
     import uvicorn
 
     from envforge.observe.http import free_port, registered_target
+
+    if threads > 0:
+        torch.set_num_threads(threads)
 
     policy = HFPolicy(model_path, device=device, dtype=dtype)
     port = port or free_port(host)
@@ -228,5 +234,6 @@ if __name__ == "__main__":  # python -m envforge.rollout.policies.serve /ckpt --
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--model-name", default=None)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     a = parser.parse_args()
-    serve(a.model_path, a.host, a.port, device=a.device, dtype=a.dtype, model_name=a.model_name)
+    serve(a.model_path, a.host, a.port, device=a.device, dtype=a.dtype, model_name=a.model_name, threads=a.threads)
