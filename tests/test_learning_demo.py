@@ -35,6 +35,12 @@ def test_learning_demo_runs_end_to_end(tmp_path, docker_client):
     assert seed["operator_logs"] == 8 and 0 < seed["operator_slips"] < 8  # the logs hold slips, kept as recorded
     assert doc["sft_final_loss"] < doc["sft_first_loss"]
     assert len(seed["grpo_metrics"]) == 2 and seed["grpo_timing"]["updates"] == 2.0
+    assert doc["complete"] and len(seed["grpo_mixed_group_fraction"]) == 2
+    assert all(0.0 <= f <= 1.0 for f in seed["grpo_mixed_group_fraction"])
+    # the diagnosis: what every sampled held-out rollout's first command was, per phase
+    for phase in ("before", "after_sft", "after_grpo"):
+        assert sum(seed["sampled_outcomes"][phase].values()) == doc["held_out_tasks"] * doc["eval_samples"]
+    assert {"sft", "grpo", "eval_before"} <= set(seed["phase_seconds"])
     assert seed["promotion"]["promoted"]  # the first registered version takes `best`
     assert os.path.getsize(doc["chart"]) > 10_000
     from envforge.rollout.policies.hf import HFPolicy

@@ -394,6 +394,9 @@ def test_training_config_rejects_bad_values_and_drives_off_policy():
         TrainingConfig(max_staleness=-1)
     with pytest.raises(ValueError, match="truncated='cut'"):
         TrainingConfig(truncated="cut")
+    with pytest.raises(ValueError, match="rl_epochs_per_batch=0"):
+        TrainingConfig(rl_epochs_per_batch=0)
+    assert TrainingConfig(rl_epochs_per_batch=3).grpo_rounds(pad_id=0).grpo.epochs_per_batch == 3
     rounds = TrainingConfig(max_staleness=2, kl_coef=0.01, truncated="penalize").grpo_rounds(pad_id=0)
     assert rounds.max_staleness == 2 and rounds.grpo.off_policy and rounds.grpo.kl_coef == 0.01
     assert rounds.grpo.truncated == "penalize"

@@ -61,6 +61,9 @@ def train_demo(quick: bool = typer.Option(False, help="a shortened run (one seed
                   f"{doc['seeds']}): " + ", ".join(
                       f"{phase.replace('_', ' ')} {sp[k]['mean']:.2f} [{sp[k]['min']:.2f}, {sp[k]['max']:.2f}]"
                       for phase in ("before", "after_sft", "after_grpo") for k in [f"pass_at_1_{kind}{phase}"]))
+    gain = doc["sampled_gain_grpo_over_sft"]
+    out.print(f"sampled gain of GRPO over SFT: {gain['mean']:+.2f} [{gain['min']:+.2f}, {gain['max']:+.2f}], std "
+              f"{gain['std']:.2f}")
     out.print(f"learning curve: {doc['chart']}\nfigures: {settings.data_dir / 'learning_demo.json'}\n"
               f"checkpoint: {doc['checkpoint']} (MLflow run {doc['mlflow_run_id']})")
 

@@ -40,6 +40,9 @@ class TrainingConfig:
     tasks_per_round: int = field(default=4, metadata={"help": "train-split tasks sampled (seeded) per GRPO round; "
                                                               "0: every task every round"})
     rl_lr: float = field(default=1e-4, metadata={"help": "GRPO learning rate"})
+    rl_epochs_per_batch: int = field(default=1, metadata={"help": "GRPO optimizer steps per rollout batch (PPO "
+                                                                  "epochs; the clip range bounds how far they move "
+                                                                  "from the policy that sampled it)"})
     clip_eps: float = field(default=0.2, metadata={"help": "GRPO lower clip: ratio >= 1 - clip_eps"})
     clip_eps_high: float = field(default=0.28, metadata={"help": "GRPO upper clip: ratio <= 1 + clip_eps_high"})
     loss_agg: str = field(default="token-mean", metadata={"help": "GRPO loss aggregation: token-mean | seq-mean"})
@@ -74,13 +77,15 @@ class TrainingConfig:
                           max_staleness=self.max_staleness, rollout_policy=self.rollout_policy,
                           policy_threads=self.policy_threads, trainer_threads=self.trainer_threads,
                           grpo=GRPOConfig(lr=self.rl_lr, seed=self.seed, pad_id=pad_id, temperature=self.temperature,
-                                          clip_eps=self.clip_eps, clip_eps_high=self.clip_eps_high,
+                                          epochs_per_batch=self.rl_epochs_per_batch, clip_eps=self.clip_eps,
+                                          clip_eps_high=self.clip_eps_high,
                                           loss_agg=self.loss_agg, kl_coef=self.kl_coef, truncated=self.truncated,
                                           off_policy=self.max_staleness > 0))
 
     def __post_init__(self) -> None:
         checks = {"temperature": self.temperature > 0, "max_tokens": self.max_tokens > 0,
-                  "group_size": self.group_size >= 2, "max_staleness": self.max_staleness >= 0,
+                  "group_size": self.group_size >= 2, "rl_epochs_per_batch": self.rl_epochs_per_batch >= 1,
+                  "max_staleness": self.max_staleness >= 0,
                   "kl_coef": self.kl_coef >= 0, "loss_agg": self.loss_agg in ("token-mean", "seq-mean"),
                   "truncated": self.truncated in ("mask", "penalize", "keep"),
                   "rollout_policy": self.rollout_policy in ROLLOUT_POLICIES,

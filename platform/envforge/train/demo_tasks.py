@@ -116,3 +116,30 @@ def operator_logs(tasks: list[Task], seed: int = 0, slip_rate: float = 0.5, per_
             log = task.model_copy(update={"spec": spec})
             logs.append(log.model_copy(update={"content_hash": log.compute_content_hash()}))
     return logs
+
+
+OUTCOMES = ("fix", "slip", "other_chore", "other_command", "malformed", "no_command")
+
+
+def first_command_outcome(chore_name: str, turns: list) -> str:
+    """What a chore rollout's first action was, for the demo's diagnosis: the chore's `fix`, one of
+    its `slip`s, another chore's command (`other_chore`), some `other_command`, a `malformed` turn
+    (no parsable tool call), or a well-formed action that is not `run` (`no_command`).
+
+    It is why a rollout failed, not whether: the reward stays the sandbox verifier's."""
+    if not turns:
+        return "no_command"
+    first = turns[0]
+    if first.parse_error or first.action is None:
+        return "malformed"
+    if first.action.get("name") != "run":
+        return "no_command"
+    command = str(first.action.get("command", "")).strip()
+    chore = next(c for c in CHORES if c.name == chore_name)
+    if command == chore.command:
+        return "fix"
+    if command in chore.slips:
+        return "slip"
+    if any(command == c.command or command in c.slips for c in CHORES):
+        return "other_chore"
+    return "other_command"

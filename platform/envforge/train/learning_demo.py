@@ -24,11 +24,12 @@ beats the current holder's (`train.registry.promote_if_better`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Iterator
 
 from envforge import track
 from envforge.charts import learning_curve
@@ -41,7 +42,7 @@ from envforge.stages.base import StageContext
 from envforge.stages.images import ensure_images
 from envforge.train.checkpoint import log_checkpoint
 from envforge.train.config import TrainingConfig
-from envforge.train.demo_tasks import CHORES, chore_family, operator_logs
+from envforge.train.demo_tasks import CHORES, OUTCOMES, chore_family, first_command_outcome, operator_logs
 from envforge.train.loop import demonstrations, evaluate, grpo_rounds, load_model
 from envforge.train.registry import promote_if_better
 from envforge.train.sft import train_sft
@@ -50,8 +51,10 @@ FIXES = {c.command for c in CHORES}
 
 # A model small enough to learn the chores on CPU in minutes: many SFT epochs over few demonstrations,
 # a short GRPO schedule on sampled training tasks, short completions.
-DEMO_TRAINING = TrainingConfig(base_model="tiny:128x4", sft_epochs=40, sft_lr=3e-3, rl_rounds=6, tasks_per_round=6,
-                               group_size=4, rl_lr=1e-3, max_tokens=48)
+# T=0.6: at T=1 the tiny model's tail (blended, malformed commands) buries the slip choice GRPO can fix
+# (docs/training.md, the learning demo's diagnosis); the sampled pass@1 is measured at this temperature too.
+DEMO_TRAINING = TrainingConfig(base_model="tiny:128x4", sft_epochs=16, sft_lr=3e-3, rl_rounds=10, tasks_per_round=4,
+                               group_size=8, rl_lr=5e-4, max_tokens=48, temperature=0.6)
 PHASES = ("before", "after_sft", "after_grpo")
 
 
@@ -64,7 +67,7 @@ class LearningDemoConfig:
     train_per_chore: int = 4
     held_out_per_chore: int = 2
     slip_rate: float = 0.5  # share of the operator logs that record a slip instead of the fix
-    logs_per_task: int = 1
+    logs_per_task: int = 3  # logged sessions per training task, each a fix or a slip (drawn independently)
     eval_samples: int = 4  # held-out samples per task for the sampled pass@1
     registered_model: str = "envforge-learning-demo"
 
@@ -75,10 +78,43 @@ class LearningDemoConfig:
                    train_per_chore=2, held_out_per_chore=1, logs_per_task=1, eval_samples=2)
 
 
+class PhaseClock:
+    """Wall and CPU seconds per phase of a seed. The CPU seconds (this process, every thread) barely
+    depend on how loaded the machine is, so they say what a quiet run would take when the wall
+    seconds were measured on a shared one; sandbox work in the Docker engine is not in them."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, dict[str, float]] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = {"wall": round(time.perf_counter() - wall, 1),
+                                   "cpu": round(time.process_time() - cpu, 1)}
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     mean = statistics.fmean(values)
     return {"mean": mean, "min": min(values), "max": max(values),
             "std": statistics.pstdev(values) if len(values) > 1 else 0.0}
+
+
+def _summary(config: LearningDemoConfig, per_seed: list[dict[str, Any]], mlflow_run_id: str,
+             seconds: float) -> dict[str, Any]:
+    """`learning_demo.json` over the seeds run so far: means, spreads, the gain, every seed's figures."""
+    keys = [f"pass_at_1_{kind}{phase}" for kind in ("", "sampled_") for phase in PHASES]
+    spread = {k: _spread([s[k] for s in per_seed]) for k in keys}
+    gain = _spread([s["pass_at_1_sampled_after_grpo"] - s["pass_at_1_sampled_after_sft"] for s in per_seed])
+    return {**{k: v["mean"] for k, v in spread.items()}, "spread": spread, "sampled_gain_grpo_over_sft": gain,
+            "seeds": [s["seed"] for s in per_seed], "complete": len(per_seed) == len(config.seeds),
+            "per_seed": per_seed,
+            **{k: per_seed[-1][k] for k in ("train_tasks", "held_out_tasks", "sft_turns", "sft_eval_turns",
+                                            "sft_first_loss", "sft_final_loss", "checkpoint", "chart")},
+            "eval_samples": config.eval_samples, "mlflow_run_id": mlflow_run_id, "seconds": round(seconds, 1),
+            "config": asdict(config)}
 
 
 def run_learning_demo(settings: Settings, config: LearningDemoConfig = LearningDemoConfig(),
@@ -87,22 +123,16 @@ def run_learning_demo(settings: Settings, config: LearningDemoConfig = LearningD
     started = time.perf_counter()
     params = {**config.training.as_params(), **{k: v for k, v in asdict(config).items() if k != "training"}}
     with track.mlflow_run(settings, "learning_demo", "train", params, dagster_run_id) as run:
-        per_seed = []
+        per_seed: list[dict[str, Any]] = []
         for n, seed in enumerate(config.seeds):
             progress("demo", f"seed {seed} ({n + 1}/{len(config.seeds)})", n, len(config.seeds))
             per_seed.append(_one_seed(settings, config, replace(config.training, seed=seed), progress))
-        keys = [f"pass_at_1_{kind}{phase}" for kind in ("", "sampled_") for phase in PHASES]
-        spread = {k: _spread([s[k] for s in per_seed]) for k in keys}
-        gain = _spread([s["pass_at_1_sampled_after_grpo"] - s["pass_at_1_sampled_after_sft"] for s in per_seed])
-        doc = {**{k: v["mean"] for k, v in spread.items()}, "spread": spread, "sampled_gain_grpo_over_sft": gain,
-               "seeds": list(config.seeds), "per_seed": per_seed,
-               **{k: per_seed[-1][k] for k in ("train_tasks", "held_out_tasks", "sft_turns", "sft_eval_turns",
-                                               "sft_first_loss", "sft_final_loss", "checkpoint", "chart")},
-               "eval_samples": config.eval_samples, "mlflow_run_id": run.info.run_id,
-               "seconds": round(time.perf_counter() - started, 1), "config": asdict(config)}
+            doc = _summary(config, per_seed, run.info.run_id, time.perf_counter() - started)
+            # Written after every seed, so a run stopped midway keeps the seeds it finished (`complete` false).
+            (settings.data_dir / "learning_demo.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        gain = doc["sampled_gain_grpo_over_sft"]
         track.log_metrics({k: v for k, v in doc.items() if k.startswith("pass_at_1_")}
                           | {"sampled_gain_grpo_over_sft": gain["mean"]})
-        (settings.data_dir / "learning_demo.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
         track.log_json(doc, "learning_demo.json")
         progress("demo", "done", len(config.seeds), len(config.seeds))
         return doc
@@ -117,6 +147,7 @@ def _one_seed(settings: Settings, config: LearningDemoConfig, training: Training
     images = ensure_images(settings, train_tasks + held_out, context=StageContext(progress=progress))
     train_items, held_items = images.items(train_tasks), images.items(held_out)
     image_of = {t.id: image for t, image in train_items + held_items}
+    chore_of = {t.id: t.spec.metadata["chore"] for t in train_tasks + held_out}
     log_items = [(log, image_of[log.id.rsplit(".log", 1)[0]])
                  for log in operator_logs([t for t, _ in train_items], training.seed, config.slip_rate,
                                           config.logs_per_task)]
@@ -129,45 +160,63 @@ def _one_seed(settings: Settings, config: LearningDemoConfig, training: Training
         result = evaluate(settings, model, tokenizer, held_items, f"{tag}-eval-{label}", label, conc, max_tokens)
         return float(result.metrics["pass_at_1"])
 
-    def held_out_sampled(label: str) -> float:
-        """pass@1 sampled at the training temperature (the policy GRPO trains), averaged over samples per task."""
+    def held_out_sampled(label: str) -> tuple[float, dict[str, int]]:
+        """pass@1 sampled at the training temperature (the policy GRPO trains), averaged over samples per task,
+        and what the sampled rollouts' first commands were (`demo_tasks.first_command_outcome`)."""
         policy = HFPolicy((model, tokenizer), policy_id=f"eval-sampled@{label}")
         result = run_batch(settings, held_items, policy,
                            RolloutConfig(n_samples=config.eval_samples, concurrency=conc,
                                          temperature=training.temperature, max_tokens=max_tokens,
                                          seed=10_000 + training.seed), "learning-demo",
                            batch_id=f"{tag}-eval-sampled-{label}")
-        return float(result.metrics["pass_at_1"])
+        return float(result.metrics["pass_at_1"]), outcome_counts(result.store.trajectories())
+
+    def outcome_counts(trajectories: Any) -> dict[str, int]:
+        counts = dict.fromkeys(OUTCOMES, 0)
+        for t in trajectories:
+            counts[first_command_outcome(chore_of[t.task_id], t.turns)] += 1
+        return counts
 
     params = {**training.as_params(), "train_tasks": len(train_tasks), "held_out_tasks": len(held_out),
               "operator_logs": len(log_items), "parameters": sum(p.numel() for p in model.parameters())}
     with track.mlflow_run(settings, f"learning_demo-s{training.seed}", "train", params, nested=True) as run:
         figures: dict[str, float] = {}
+        outcomes: dict[str, dict[str, int]] = {}
+        clock = PhaseClock()
 
         def measure(phase: str) -> None:
-            figures[f"pass_at_1_{phase}"] = held_out_pass_at_1(phase.replace("_", "-"))
-            figures[f"pass_at_1_sampled_{phase}"] = held_out_sampled(phase.replace("_", "-"))
+            with clock(f"eval_{phase}"):
+                figures[f"pass_at_1_{phase}"] = held_out_pass_at_1(phase.replace("_", "-"))
+                figures[f"pass_at_1_sampled_{phase}"], outcomes[phase] = held_out_sampled(phase.replace("_", "-"))
             track.log_metrics({k: v for k, v in figures.items() if k.endswith(phase)})
 
         progress("demo", f"seed {training.seed}: held-out pass@1 before training", 0, 5)
         measure("before")
         progress("demo", f"seed {training.seed}: {len(log_items)} operator logs", 1, 5)
-        sft_train = demonstrations(settings, log_items, tokenizer, f"{tag}-operator-logs", conc, only_resolved=False)
-        sft_eval = demonstrations(settings, held_items, tokenizer, f"{tag}-teacher-eval", conc)
+        with clock("demonstrations"):
+            sft_train = demonstrations(settings, log_items, tokenizer, f"{tag}-operator-logs", conc,
+                                       only_resolved=False)
+            sft_eval = demonstrations(settings, held_items, tokenizer, f"{tag}-teacher-eval", conc)
         slips = sum(1 for log, _ in log_items if log.spec.reference_solution.commands[0] not in FIXES)
 
         progress("demo", f"seed {training.seed}: SFT on {len(sft_train)} demonstration turns", 2, 5)
-        sft = train_sft(model, sft_train, sft_eval, training.sft_config(tokenizer.pad_token_id or 0),
-                        out_dir=out_dir / "sft", tokenizer=tokenizer,
-                        on_metrics=lambda step, m: track.log_metrics({f"sft_{k}": v for k, v in m.items()}, step=step))
+        with clock("sft"):
+            sft = train_sft(model, sft_train, sft_eval, training.sft_config(tokenizer.pad_token_id or 0),
+                            out_dir=out_dir / "sft", tokenizer=tokenizer,
+                            on_metrics=lambda step, m: track.log_metrics({f"sft_{k}": v for k, v in m.items()},
+                                                                         step=step))
         measure("after_sft")
 
         progress("demo", f"seed {training.seed}: GRPO, {training.rl_rounds} rounds x {training.group_size} samples "
                          f"per task (max_staleness {training.max_staleness})", 3, 5)
-        grpo = grpo_rounds(settings, model, tokenizer, train_items, training.grpo_rounds(tokenizer.pad_token_id or 0),
-                           f"{tag}-grpo",
-                           on_round=lambda r, m: track.log_metrics({f"grpo_{k}": v for k, v in m.items()}, step=r))
+        with clock("grpo"):
+            grpo = grpo_rounds(settings, model, tokenizer, train_items,
+                               training.grpo_rounds(tokenizer.pad_token_id or 0), f"{tag}-grpo",
+                               on_round=lambda r, m: track.log_metrics({f"grpo_{k}": v for k, v in m.items()},
+                                                                       step=r))
         rewards = [m["rollout_mean_reward"] for m in grpo.history]
+        # Only groups whose rewards differ carry a policy gradient (the others are skipped).
+        mixed = [1.0 - m.get("skipped_groups", 0.0) / m["groups"] if m.get("groups") else 0.0 for m in grpo.history]
         progress("demo", f"seed {training.seed}: held-out pass@1 after GRPO", 4, 5)
         measure("after_grpo")
 
@@ -196,7 +245,9 @@ def _one_seed(settings: Settings, config: LearningDemoConfig, training: Training
             "sft_final_loss": sft.losses[-1] if sft.losses else None,
             "sft_eval_loss": sft.eval_losses[-1][1] if sft.eval_losses else None,
             "sft_tokens_per_s": sft.tokens_per_s, "grpo_rounds": training.rl_rounds,
-            "group_size": training.group_size, "grpo_mean_rewards": rewards, "grpo_metrics": grpo.history,
+            "group_size": training.group_size, "grpo_mean_rewards": rewards, "grpo_mixed_group_fraction": mixed,
+            "grpo_entropy": [m.get("entropy", 0.0) for m in grpo.history], "grpo_metrics": grpo.history,
+            "sampled_outcomes": outcomes, "phase_seconds": clock.seconds,
             "grpo_timing": grpo.timing(), "parameters": params["parameters"], "checkpoint": str(final),
             "promotion": promotion, "chart": str(chart), "mlflow_run_id": run.info.run_id,
             "seconds": round(time.perf_counter() - started, 1)}
