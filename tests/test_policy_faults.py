@@ -80,6 +80,22 @@ def test_a_full_tmp_is_the_policys_own_business(settings, docker_client, invento
     assert traj.resolved and traj.reward == 1.0 and traj.infra_retries == 0  # a full /tmp does not stop its diff
 
 
+def test_files_the_policy_locked_from_itself_are_graded_not_an_infrastructure_fault(settings, docker_client,
+                                                                                    inventory):
+    """`chmod 000` on a file or a directory used to make `git add` fail: diff_failed, an
+    "infrastructure fault" retried and then a dropped group (seen in the learning demo, where a
+    sampled `chmod 0 run.sh` dropped 2 of 40 GRPO groups), a way for a failing policy to hide."""
+    task, _ = inventory
+    lock = Run("mkdir -p notes/deep && echo kept > notes/deep/todo.txt && chmod 000 notes/deep notes "
+               "&& chmod 000 inventory/stats.py && ls -ld notes inventory/stats.py")
+    traj = _one(settings, docker_client, inventory, [WriteFile("inventory/stats.py", _fixed_stats(task)), lock],
+                "locked-files")
+    assert "d---------" in traj.turns[1].observation and "----------" in traj.turns[1].observation
+    assert traj.infra_retries == 0 and traj.resolved and traj.reward == 1.0, traj.failure_reasons
+    assert "notes/deep/todo.txt" in traj.final_diff and "+kept" in traj.final_diff
+    assert "inventory/stats.py" in traj.final_diff and "new mode" not in traj.final_diff  # no mode change to grade
+
+
 def test_a_huge_file_scores_zero_with_the_reason(settings, docker_client, inventory):
     traj = _one(settings, docker_client, inventory,
                 [Run("head -c 200M /dev/zero > blob.bin; ls -l blob.bin")], "huge-1")

@@ -86,6 +86,25 @@ _CHANGED_BYTES_AT_MOST = (
 _READ_OOM_KILLS = ("cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null "
                    "| sed -n 's/^oom_kill //p' | head -n 1")
 _CLEAR_TMP = "chmod -R u+rwX /tmp 2>/dev/null; find /tmp -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + ; true"
+# Before git reads the workspace: what the policy made unreadable to its own user (`chmod 000
+# run.sh`, a directory without r or x) would fail `git add` and turn the policy's act into an
+# "infrastructure fault", retried and then dropped: a failing policy could hide its failures that
+# way. Directories get u+rwx (git keeps no directory modes) and files u+r (git keeps only the
+# executable bit, which is left alone), top-down so a locked directory is opened before its
+# entries are read; symlinks are not followed, and what the user does not own is left as it is.
+_WORKSPACE_READABLE = (
+    "python3 -c 'import os,stat\n"
+    "todo=[\"%s\"]\n"
+    "while todo:\n"
+    " p=todo.pop()\n"
+    " try:\n"
+    "  m=os.lstat(p).st_mode\n"
+    "  if stat.S_ISDIR(m):\n"
+    "   if m&0o700!=0o700: os.chmod(p,m|0o700)\n"
+    "   todo.extend(e.path for e in os.scandir(p))\n"
+    "  elif stat.S_ISREG(m) and not m&0o400: os.chmod(p,m|0o400)\n"
+    " except OSError: pass'" % WORKSPACE
+)
 
 # apply_patch in one command: the patch arrives on stdin; each method's complaint goes to stderr
 # after a `@method` marker line; the method that worked is the last line of stdout.
@@ -537,6 +556,7 @@ class Sandbox:
             # /tmp holds the diff's private index and objects: what a policy left there (a full
             # tmpfs included) must not stop its diff, and only /workspace is graded.
             self.exec(_CLEAR_TMP, timeout_s=120, workdir="/")
+        self.exec(_WORKSPACE_READABLE, timeout_s=120, workdir="/")
         limit = self.diff_input_limit()
         res = self.exec(_PRIVATE_GIT + _CHANGED_BYTES_AT_MOST.format(limit=limit, code=_DIFF_TOO_LARGE_EXIT)
                         + "git add -A && git diff --cached --binary --no-ext-diff --no-textconv HEAD",
@@ -559,6 +579,7 @@ class Sandbox:
 
     def changed_paths(self) -> list[str]:
         """Workspace paths that differ from the task's initial state (added, modified, deleted, type-changed)."""
+        self.exec(_WORKSPACE_READABLE, timeout_s=120, workdir="/")
         res = self.exec(_PRIVATE_GIT + "git add -A && git diff --cached --no-renames --name-only -z HEAD",
                         timeout_s=120, output_cap=DIFF_CAP)
         if res.exit_code != 0:
