@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BUNDLED_SPECS
+from envforge.train.config import DEMO_TRAINING, TrainingConfig
 
 ENVFORGE = str(Path(sys.executable).with_name("envforge"))
 
@@ -133,3 +134,31 @@ def test_command_options_are_the_stage_configs_fields():
     # a config's own check of its values is a usage error naming the field, not a traceback
     bad = runner.invoke(app, ["validate", "--workers", "0"], terminal_width=240)
     assert bad.exit_code == 2 and "GateConfig.workers: must be at least 1, got 0" in bad.output
+
+
+def test_command_options_default_to_the_config_the_command_declares():
+    """`config: TrainingConfig = DEMO_TRAINING`: every option defaults to the demo's value, and the options
+    given override only their own fields (the learning demo's command is built this way)."""
+    from dataclasses import replace
+
+    import typer
+    from typer.testing import CliRunner
+
+    from envforge.cli import app
+    from envforge.cli.options import config_options
+
+    got: list[TrainingConfig] = []
+    probe = typer.Typer()
+
+    @probe.command()
+    @config_options
+    def run(config: TrainingConfig = DEMO_TRAINING) -> None:
+        got.append(config)
+
+    runner = CliRunner()
+    assert runner.invoke(probe, [], catch_exceptions=False).exit_code == 0
+    assert got[-1] == DEMO_TRAINING
+    assert runner.invoke(probe, ["--rl-lr", "0.0002", "--rl-epochs-per-batch", "3"], catch_exceptions=False).exit_code == 0
+    assert got[-1] == replace(DEMO_TRAINING, rl_lr=2e-4, rl_epochs_per_batch=3)
+    text = runner.invoke(app, ["train", "demo", "--help"], terminal_width=240, env={"COLUMNS": "240"}).output
+    assert "--rl-epochs-per-batch" in text and "--max-staleness" in text and "[default: 0.0005]" in text

@@ -6,7 +6,9 @@ Dagster run config and MLflow params.
 from the field), and calls the command with the built config object. A field that is itself a
 config dataclass contributes its fields prefixed with its name (`semantic.url` is `--semantic-url`);
 a field with `option: False` metadata is set in code, not on the command line; `tuple[X, ...]`
-fields are repeatable options. A parameter annotated `Config | None` (default None) gets options
+fields are repeatable options. The options' defaults are the fields' values in the parameter's default
+(`config: TrainingConfig = DEMO_TRAINING` defaults every option to the demo's setting), or the
+fields' own defaults when the parameter has none. A parameter annotated `Config | None` (default None) gets options
 that default to None: none given, the command gets None; some given, a config with those fields
 set and the rest at their defaults.
 """
@@ -74,11 +76,13 @@ def config_fields(cls: type, prefix: str = "") -> list[ConfigOption]:
     return out
 
 
-def field_option(cls: type, f: Field, optional: bool = False) -> tuple[Any, Any]:
-    """(annotation, typer.Option) for one config field; `optional`: defaults to None (not given)."""
+def field_option(cls: type, f: Field, optional: bool = False, default: Any = MISSING) -> tuple[Any, Any]:
+    """(annotation, typer.Option) for one config field; `optional`: defaults to None (not given);
+    `default`: the option's default instead of the field's."""
     hints = typing.get_type_hints(cls)
     flags = f.metadata.get("cli", ())  # else typer's: from the parameter's name
-    annotation, default, help_text = _annotation(hints[f.name]), _default(f), f.metadata.get("help", "")
+    annotation, help_text = _annotation(hints[f.name]), f.metadata.get("help", "")
+    default = _default(f) if default is MISSING else default
     if isinstance(default, tuple):
         default = list(default)
     if optional:
@@ -86,6 +90,12 @@ def field_option(cls: type, f: Field, optional: bool = False) -> tuple[Any, Any]
         help_text = f"{help_text} [default: {default}]" if help_text else f"[default: {default}]"
         default = None
     return annotation, typer.Option(default, *flags, help=help_text)
+
+
+def _value_at(config: Any, path: tuple[str, ...]) -> Any:
+    for name in path:
+        config = getattr(config, name)
+    return config
 
 
 def build_config(cls: type, values: dict[str, Any], options: list[ConfigOption] | None = None) -> Any:
@@ -114,8 +124,10 @@ def config_options(command: Callable[..., Any]) -> Callable[..., Any]:
         if cls is not None:
             options = config_fields(cls)
             configs[name] = (cls, options, optional is not None)
+            base = p.default if is_dataclass(p.default) and not isinstance(p.default, type) else None
             for o in options:
-                annotation, option = field_option(o.owner, o.field, optional=optional is not None)
+                annotation, option = field_option(o.owner, o.field, optional=optional is not None,
+                                                  default=_value_at(base, o.path) if base is not None else MISSING)
                 params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                                 annotation=annotation))
         else:

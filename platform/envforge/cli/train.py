@@ -13,7 +13,7 @@ import typer
 from envforge.cli.common import DataDir, console, fail, out, resolve_version, run_stage, settings_for
 from envforge.cli.options import config_options
 from envforge.errors import EnvforgeError
-from envforge.train.config import TrainingConfig
+from envforge.train.config import DEMO_TRAINING, TrainingConfig
 
 app = typer.Typer(help="Training: SFT and GRPO, and the CPU learning demo.", no_args_is_help=True)
 
@@ -21,32 +21,34 @@ TaskSet = typer.Option("latest", help="a tiered task-set version (prefix) or 'la
 
 
 @app.command("demo")
-def train_demo(quick: bool = typer.Option(False, help="a shortened run (one seed, fewer tasks, steps and rounds)"),
+@config_options
+def train_demo(quick: bool = typer.Option(False, help="a shortened run (one seed, fewer tasks and samples; it sets "
+                                                      "its own SFT epochs, GRPO rounds and group size)"),
                seeds: Optional[str] = typer.Option(None, help="comma-separated seeds, run one after the other "
-                                                              "(default 0,1,2; with --quick 0)"),
-               rounds: Optional[int] = typer.Option(None, help="GRPO rounds"),
-               max_staleness: int = typer.Option(0, help="0: synchronous GRPO; >0: asynchronous, rollouts up to "
-                                                         "this many policy versions behind the trainer"),
+                                                              "(default: --seed and the two after it; with --quick "
+                                                              "--seed alone)"),
+               config: TrainingConfig = DEMO_TRAINING,
                as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
     """The CPU learning demo: a small model, SFT on demonstrations, then GRPO rounds, with held-out pass@1
-    measured before, after SFT and after GRPO by the sandbox verifier (learning_demo.json, curve PNG, MLflow)."""
+    measured before, after SFT and after GRPO by the sandbox verifier (learning_demo.json, curve PNG, MLflow).
+    Every training option defaults to the demo's setting."""
     from envforge.progress import rich_progress
-    from envforge.train.learning_demo import DEMO_TRAINING, LearningDemoConfig, run_learning_demo
+    from envforge.train.learning_demo import LearningDemoConfig, run_learning_demo
 
     settings = settings_for(data_dir)
     settings.ensure_dirs()
-    seeds = seeds or ("0" if quick else "0,1,2")
-    try:
-        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
-    except ValueError:
-        fail(EnvforgeError(f"--seeds {seeds!r}: expected comma-separated integers such as 0,1,2"))
-    if not seed_list:
-        fail(EnvforgeError("--seeds: give at least one seed"))
-    training = replace(DEMO_TRAINING, seed=seed_list[0], max_staleness=max_staleness)
+    if seeds is None:
+        seed_list = (config.seed,) if quick else (config.seed, config.seed + 1, config.seed + 2)
+    else:
+        try:
+            seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+        except ValueError:
+            fail(EnvforgeError(f"--seeds {seeds!r}: expected comma-separated integers such as 0,1,2"))
+        if not seed_list:
+            fail(EnvforgeError("--seeds: give at least one seed"))
+    training = replace(config, seed=seed_list[0])
     cfg = (replace(LearningDemoConfig.quick(training), seeds=seed_list) if quick
            else LearningDemoConfig(training, seeds=seed_list))
-    if rounds is not None:
-        cfg = replace(cfg, training=replace(cfg.training, rl_rounds=rounds))
     try:
         with rich_progress(console) as progress:
             doc = run_learning_demo(settings, cfg, progress=progress)

@@ -100,3 +100,11 @@ class TrainingConfig:
 
 
 _HELP = {f.name: f.metadata.get("help", "") for f in fields(TrainingConfig)}
+
+# The learning demo's training (train/learning_demo.py, `envforge train demo`): a model small enough to learn
+# the chores on CPU in minutes, many SFT epochs over few demonstrations,
+# a short GRPO schedule on sampled training tasks, short completions.
+# T=0.6: at T=1 the tiny model's tail (blended, malformed commands) buries the slip choice GRPO can fix
+# (docs/training.md, the learning demo's diagnosis); the sampled pass@1 is measured at this temperature too.
+DEMO_TRAINING = TrainingConfig(base_model="tiny:128x4", sft_epochs=16, sft_lr=3e-3, rl_rounds=10, tasks_per_round=4,
+                               group_size=8, rl_lr=5e-4, max_tokens=48, temperature=0.6)

@@ -41,7 +41,7 @@ from envforge.rollout.config import RolloutConfig
 from envforge.stages.base import StageContext
 from envforge.stages.images import ensure_images
 from envforge.train.checkpoint import log_checkpoint
-from envforge.train.config import TrainingConfig
+from envforge.train.config import DEMO_TRAINING, TrainingConfig
 from envforge.train.demo_tasks import CHORES, OUTCOMES, chore_family, first_command_outcome, operator_logs
 from envforge.train.loop import demonstrations, evaluate, grpo_rounds, load_model
 from envforge.train.registry import promote_if_better
@@ -49,12 +49,6 @@ from envforge.train.sft import train_sft
 
 FIXES = {c.command for c in CHORES}
 
-# A model small enough to learn the chores on CPU in minutes: many SFT epochs over few demonstrations,
-# a short GRPO schedule on sampled training tasks, short completions.
-# T=0.6: at T=1 the tiny model's tail (blended, malformed commands) buries the slip choice GRPO can fix
-# (docs/training.md, the learning demo's diagnosis); the sampled pass@1 is measured at this temperature too.
-DEMO_TRAINING = TrainingConfig(base_model="tiny:128x4", sft_epochs=16, sft_lr=3e-3, rl_rounds=10, tasks_per_round=4,
-                               group_size=8, rl_lr=5e-4, max_tokens=48, temperature=0.6)
 PHASES = ("before", "after_sft", "after_grpo")
 
 
