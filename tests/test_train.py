@@ -485,3 +485,23 @@ def test_weights_snapshot_saves_what_the_model_was_when_taken(tmp_path):
     loaded, _ = load_model(str(path))
     for k, v in loaded.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_demonstration_samples_do_not_depend_on_the_order_rollouts_finished_in():
+    """SFT's data order is a seeded permutation of `turn_samples`' list: the list must be the same whichever
+    sandbox finished first, or one seed gives different checkpoints run to run."""
+    import random
+
+    from envforge.rollout.trajectory import Trajectory, Turn
+    from envforge.train.data import turn_samples
+
+    def traj(task: str, index: int) -> Trajectory:
+        turn = Turn(0, "", [], None, None, "", None, 0.0, 0.0, [1, len(task)], [3, index], None)
+        return Trajectory("b", task, "h", "", "p", 0, index, 0, "", turns=[turn], resolved=True)
+
+    finished = [traj(task, i) for task in ("t-a", "t-b", "t-c") for i in range(3)]
+    canonical = [s.trajectory_id for s in turn_samples(finished)]
+    for seed in range(5):
+        shuffled = finished[:]
+        random.Random(seed).shuffle(shuffled)
+        assert [s.trajectory_id for s in turn_samples(shuffled)] == canonical

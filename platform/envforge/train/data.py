@@ -66,10 +66,19 @@ class TeacherPolicy:
         return None
 
 
+def in_canonical_order(trajectories: Iterable[Trajectory]) -> list[Trajectory]:
+    """Trajectories by (group, sample index): what training reads does not depend on finishing order."""
+    return sorted(trajectories, key=lambda t: (t.group_id, t.sample_index, t.trajectory_id))
+
+
 def turn_samples(trajectories: Iterable[Trajectory], only_resolved: bool = False) -> list[TurnSample]:
-    """Every turn with recorded tokens as a sample (SFT); unresolved demonstrations can be left out."""
+    """Every turn with recorded tokens as a sample (SFT); unresolved demonstrations can be left out.
+
+    In a canonical order (group, sample index), not the order the rollouts finished in: SFT's data
+    order is a seeded permutation of this list, so a run must not depend on which sandbox was
+    faster (it did: the same seed gave different SFT checkpoints on a loaded machine)."""
     out = []
-    for t in trajectories:
+    for t in in_canonical_order(trajectories):
         if only_resolved and not t.resolved:
             continue
         for turn in t.turns:
@@ -83,10 +92,11 @@ def turn_samples(trajectories: Iterable[Trajectory], only_resolved: bool = False
 
 def rl_groups(trajectories: Iterable[Trajectory]) -> dict[str, list[tuple[float, list[TurnSample]]]]:
     """{group id: [(reward, the trajectory's turn samples)]} for trajectories whose every turn has
-    tokens and behaviour log-probs (a turn without them cannot be trained on by GRPO)."""
+    tokens and behaviour log-probs (a turn without them cannot be trained on by GRPO). In the same
+    canonical order as `turn_samples`, so an update does not depend on which group finished first."""
     groups: dict[str, list[tuple[float, list[TurnSample]]]] = defaultdict(list)
     incomplete: set[str] = set()
-    for t in trajectories:
+    for t in in_canonical_order(trajectories):
         samples = turn_samples([t])
         if not samples or len(samples) != len(t.turns) or any(s.behaviour_logprobs is None for s in samples):
             incomplete.add(t.group_id)  # one untrainable member makes the whole group unusable
