@@ -181,13 +181,17 @@ def demo_seed_runs(a: argparse.Namespace, settings: Settings, config: LearningDe
         model.load_state_dict(sft_weights)  # the previous mode trained these weights in place
         model.eval()  # as after SFT
         start_sha256 = weights_digest(model)
+        if start_sha256 != sft_sha256:
+            raise RuntimeError(f"seed {seed}, {mode}: the restored weights are not the SFT weights "
+                               f"({start_sha256[:12]} != {sft_sha256[:12]}): the comparison would not be paired")
         cfg = mode_training(training, mode, a).grpo_rounds(pad)
         _say(f"seed {seed}: {mode}, {cfg.rounds} GRPO rounds x {cfg.tasks_per_round} tasks x {cfg.group_size}")
         run = grpo_rounds(settings, model, tok, data.train_items, cfg, f"{tag}-{mode}")
         label = f"after-grpo-{mode}"
         greedy = held_out_greedy(settings, model, tok, data, training, tag, label)
         sampled, outcomes = held_out_sampled(settings, model, tok, data, config, training, tag, label)
-        runs[mode] = {"start_weights_sha256": start_sha256, **mode_record(run, cfg, settings),
+        runs[mode] = {"start_weights_sha256": start_sha256, "end_weights_sha256": weights_digest(model),
+                      **mode_record(run, cfg, settings),
                       "mixed_group_fraction": mixed_group_fractions(run.history),
                       "held_out_pass_at_1_after_grpo": greedy, "held_out_sampled_pass_at_1_after_grpo": sampled,
                       "sampled_gain_over_sft": sampled - after_sft["pass_at_1_sampled"],

@@ -35,6 +35,7 @@ def test_demo_preset_pairs_every_mode_on_the_same_sft_weights(tmp_path, docker_c
     # the pairing: every mode started from the SFT weights, bit for bit (restored after the previous mode)
     assert len(seed["sft_weights_sha256"]) == 64
     assert {r["start_weights_sha256"] for r in seed["runs"].values()} == {seed["sft_weights_sha256"]}
+    assert all(len(r["end_weights_sha256"]) == 64 for r in seed["runs"].values())
     after_sft = seed["held_out_after_sft"]
     assert 0.0 <= after_sft["pass_at_1_sampled"] <= 1.0 and 0.0 <= after_sft["pass_at_1"] <= 1.0
     held_out_samples = seed["held_out_tasks"] * doc["config"]["learning_demo"]["eval_samples"]
@@ -65,3 +66,23 @@ def test_demo_preset_refuses_the_schedule_presets_training_options():
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "train_async.py"), "--preset", "demo",
                            "--rounds", "3"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--rounds" in proc.stderr and "DEMO_TRAINING" in proc.stderr
+
+
+def test_sft_weights_snapshot_restores_bit_identical_weights_after_an_update():
+    """The bench's restore between modes (`weights_snapshot`, then `load_state_dict`), checked by the
+    digest it records: an optimizer step changes the digest, the restore brings it back exactly."""
+    import torch
+
+    from envforge.train.checkpoint import weights_digest, weights_snapshot
+    from envforge.train.loop import load_model
+
+    model, _ = load_model("tiny:64x2", 0)
+    snapshot, digest = weights_snapshot(model), weights_digest(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    assert weights_digest(model) != digest
+    model.load_state_dict(snapshot)
+    assert weights_digest(model) == digest
+    assert weights_digest(load_model("tiny:64x2", 1)[0]) != digest  # another init, another digest
