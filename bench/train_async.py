@@ -63,7 +63,8 @@ from envforge.train.demo_tasks import chore_family, operator_logs  # noqa: E402
 from envforge.train.checkpoint import weights_digest, weights_snapshot  # noqa: E402
 from envforge.train.learning_demo import (LearningDemoConfig, demo_seed, held_out_greedy, held_out_sampled,  # noqa: E402
                                           mixed_group_fractions, seed_demonstrations, seed_spread)
-from envforge.train.loop import demonstrations, grpo_rounds, load_model, thread_budgets  # noqa: E402
+from envforge.train.loop import (GRPORounds, GRPORun, demonstrations, grpo_rounds, load_model,  # noqa: E402
+                                 thread_budgets)
 from envforge.train.sft import train_sft  # noqa: E402
 
 
@@ -107,7 +108,7 @@ def mode_training(training: TrainingConfig, mode: str, a: argparse.Namespace) ->
                    trainer_threads=a.trainer_threads if served else 0)
 
 
-def mode_record(run, cfg, settings: Settings) -> dict:
+def mode_record(run: GRPORun, cfg: GRPORounds, settings: Settings) -> dict:
     """What one mode's GRPO run did: timing, thread budgets, rewards per round, staleness, profile, timeline."""
     rewards = [m["rollout_mean_reward"] for m in run.history]
     update_s = [m.get("step_time_s", 0.0) for m in run.history]
