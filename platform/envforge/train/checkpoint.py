@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from envforge.hashing import digest_parts
+
 TRAINER_STATE = "trainer_state.pt"
 
 
@@ -83,6 +85,17 @@ def weights_snapshot(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         return {k: copies.setdefault((v.data_ptr(), v.device), v.detach().to("cpu", copy=True))
                 for k, v in model.state_dict().items()}
+
+
+def weights_digest(model: PreTrainedModel) -> str:
+    """sha256 over the model's parameter and buffer names, dtypes, shapes and bytes: two models with the
+    same digest hold bit-identical weights (a run that says it started from a given checkpoint can show it)."""
+    parts: list[str | bytes] = []
+    with torch.no_grad():
+        for name, tensor in sorted(model.state_dict().items()):
+            flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+            parts += [name, f"{flat.dtype}:{tuple(tensor.shape)}", flat.view(torch.uint8).numpy().tobytes()]
+    return digest_parts(*parts)
 
 
 def read_trainer_state(path: str | Path) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from envforge import track
 from envforge.charts import learning_curve
@@ -40,11 +40,13 @@ from envforge.rollout.policies.hf import HFPolicy
 from envforge.rollout.config import RolloutConfig
 from envforge.stages.base import StageContext
 from envforge.stages.images import ensure_images
+from envforge.task import Task
 from envforge.train.checkpoint import log_checkpoint
 from envforge.train.config import DEMO_TRAINING, TrainingConfig
 from envforge.train.demo_tasks import CHORES, OUTCOMES, chore_family, first_command_outcome, operator_logs
 from envforge.train.loop import demonstrations, evaluate, grpo_rounds, load_model
 from envforge.train.registry import promote_if_better
+from envforge.train.samples import TurnSample
 from envforge.train.sft import train_sft
 
 FIXES = {c.command for c in CHORES}
@@ -90,7 +92,8 @@ class PhaseClock:
                                    "cpu": round(time.process_time() - cpu, 1)}
 
 
-def _spread(values: list[float]) -> dict[str, float]:
+def seed_spread(values: list[float]) -> dict[str, float]:
+    """Mean, min, max and population std of per-seed figures."""
     mean = statistics.fmean(values)
     return {"mean": mean, "min": min(values), "max": max(values),
             "std": statistics.pstdev(values) if len(values) > 1 else 0.0}
@@ -100,8 +103,8 @@ def _summary(config: LearningDemoConfig, per_seed: list[dict[str, Any]], mlflow_
              seconds: float) -> dict[str, Any]:
     """`learning_demo.json` over the seeds run so far: means, spreads, the gain, every seed's figures."""
     keys = [f"pass_at_1_{kind}{phase}" for kind in ("", "sampled_") for phase in PHASES]
-    spread = {k: _spread([s[k] for s in per_seed]) for k in keys}
-    gain = _spread([s["pass_at_1_sampled_after_grpo"] - s["pass_at_1_sampled_after_sft"] for s in per_seed])
+    spread = {k: seed_spread([s[k] for s in per_seed]) for k in keys}
+    gain = seed_spread([s["pass_at_1_sampled_after_grpo"] - s["pass_at_1_sampled_after_sft"] for s in per_seed])
     return {**{k: v["mean"] for k, v in spread.items()}, "spread": spread, "sampled_gain_grpo_over_sft": gain,
             "seeds": [s["seed"] for s in per_seed], "complete": len(per_seed) == len(config.seeds),
             "per_seed": per_seed,
@@ -132,44 +135,94 @@ def run_learning_demo(settings: Settings, config: LearningDemoConfig = LearningD
         return doc
 
 
+@dataclass(frozen=True)
+class DemoSeed:
+    """One seed's material, built the same way for the demo and for `bench/train_async.py --preset demo`:
+    the chore family's train and held-out tasks with their images, and the operator logs of the train tasks."""
+
+    seed: int
+    train_tasks: list[Task]
+    held_out: list[Task]
+    train_items: list[tuple[Task, str]]
+    held_items: list[tuple[Task, str]]
+    log_items: list[tuple[Task, str]]  # operator logs (fixes and slips, as recorded) with their task's image
+
+    @property
+    def chore_of(self) -> dict[str, str]:
+        return {t.id: t.spec.metadata["chore"] for t in self.train_tasks + self.held_out}
+
+    @property
+    def slips(self) -> int:
+        """Operator logs that record a slip instead of the fix."""
+        return sum(1 for log, _ in self.log_items if log.spec.reference_solution.commands[0] not in FIXES)
+
+
+def demo_seed(settings: Settings, config: LearningDemoConfig, seed: int,
+              progress: Progress = no_progress) -> DemoSeed:
+    """The seed's tasks (`chore_family`), their images, and the operator logs of its training tasks."""
+    train_tasks, held_out = chore_family(seed, config.train_per_chore, config.held_out_per_chore)
+    images = ensure_images(settings, train_tasks + held_out, context=StageContext(progress=progress))
+    train_items, held_items = images.items(train_tasks), images.items(held_out)
+    image_of = {t.id: image for t, image in train_items + held_items}
+    log_items = [(log, image_of[log.id.rsplit(".log", 1)[0]])
+                 for log in operator_logs([t for t, _ in train_items], seed, config.slip_rate, config.logs_per_task)]
+    return DemoSeed(seed, train_tasks, held_out, train_items, held_items, log_items)
+
+
+def seed_demonstrations(settings: Settings, data: DemoSeed, tokenizer: Any, tag: str,
+                        concurrency: int) -> tuple[list[TurnSample], list[TurnSample]]:
+    """SFT's turns: the operator logs as recorded (slips included), and the held-out teacher turns (eval loss)."""
+    sft_train = demonstrations(settings, data.log_items, tokenizer, f"{tag}-operator-logs", concurrency,
+                               only_resolved=False)
+    sft_eval = demonstrations(settings, data.held_items, tokenizer, f"{tag}-teacher-eval", concurrency)
+    return sft_train, sft_eval
+
+
+def held_out_greedy(settings: Settings, model: Any, tokenizer: Any, data: DemoSeed, training: TrainingConfig,
+                    tag: str, label: str) -> float:
+    """Held-out pass@1, greedy decoding, one rollout per held-out task."""
+    result = evaluate(settings, model, tokenizer, data.held_items, f"{tag}-eval-{label}", label,
+                      training.concurrency, training.max_tokens)
+    return float(result.metrics["pass_at_1"])
+
+
+def held_out_sampled(settings: Settings, model: Any, tokenizer: Any, data: DemoSeed, config: LearningDemoConfig,
+                     training: TrainingConfig, tag: str, label: str) -> tuple[float, dict[str, int]]:
+    """Held-out pass@1 sampled at the training temperature (the policy GRPO trains), averaged over
+    `eval_samples` per task with a fixed sampling seed per demo seed (so two policies are compared
+    on the same draws), and what the sampled rollouts' first commands were (`outcome_counts`)."""
+    policy = HFPolicy((model, tokenizer), policy_id=f"eval-sampled@{label}")
+    result = run_batch(settings, data.held_items, policy,
+                       RolloutConfig(n_samples=config.eval_samples, concurrency=training.concurrency,
+                                     temperature=training.temperature, max_tokens=training.max_tokens,
+                                     seed=10_000 + training.seed), "learning-demo",
+                       batch_id=f"{tag}-eval-sampled-{label}")
+    return float(result.metrics["pass_at_1"]), outcome_counts(result.store.trajectories(), data.chore_of)
+
+
+def outcome_counts(trajectories: Iterable[Any], chore_of: dict[str, str]) -> dict[str, int]:
+    """How many rollouts' first commands were each outcome (`demo_tasks.first_command_outcome`)."""
+    counts = dict.fromkeys(OUTCOMES, 0)
+    for t in trajectories:
+        counts[first_command_outcome(chore_of[t.task_id], t.turns)] += 1
+    return counts
+
+
+def mixed_group_fractions(history: list[dict[str, float]]) -> list[float]:
+    """Per GRPO round, the share of groups whose rewards differ: only those carry a policy gradient
+    (the others are skipped)."""
+    return [1.0 - m.get("skipped_groups", 0.0) / m["groups"] if m.get("groups") else 0.0 for m in history]
+
+
 def _one_seed(settings: Settings, config: LearningDemoConfig, training: TrainingConfig,
               progress: Progress) -> dict[str, Any]:
     out_dir = settings.data_dir / "learning_demo" / f"seed-{training.seed}"
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    train_tasks, held_out = chore_family(training.seed, config.train_per_chore, config.held_out_per_chore)
-    images = ensure_images(settings, train_tasks + held_out, context=StageContext(progress=progress))
-    train_items, held_items = images.items(train_tasks), images.items(held_out)
-    image_of = {t.id: image for t, image in train_items + held_items}
-    chore_of = {t.id: t.spec.metadata["chore"] for t in train_tasks + held_out}
-    log_items = [(log, image_of[log.id.rsplit(".log", 1)[0]])
-                 for log in operator_logs([t for t, _ in train_items], training.seed, config.slip_rate,
-                                          config.logs_per_task)]
+    data = demo_seed(settings, config, training.seed, progress)
+    train_tasks, held_out, log_items = data.train_tasks, data.held_out, data.log_items
     model, tokenizer = load_model(training.base_model, training.seed)
     tag = f"demo-s{training.seed}-{int(time.time())}"
-    conc, max_tokens = training.concurrency, training.max_tokens
-
-    def held_out_pass_at_1(label: str) -> float:
-        """Greedy decoding, one rollout per held-out task."""
-        result = evaluate(settings, model, tokenizer, held_items, f"{tag}-eval-{label}", label, conc, max_tokens)
-        return float(result.metrics["pass_at_1"])
-
-    def held_out_sampled(label: str) -> tuple[float, dict[str, int]]:
-        """pass@1 sampled at the training temperature (the policy GRPO trains), averaged over samples per task,
-        and what the sampled rollouts' first commands were (`demo_tasks.first_command_outcome`)."""
-        policy = HFPolicy((model, tokenizer), policy_id=f"eval-sampled@{label}")
-        result = run_batch(settings, held_items, policy,
-                           RolloutConfig(n_samples=config.eval_samples, concurrency=conc,
-                                         temperature=training.temperature, max_tokens=max_tokens,
-                                         seed=10_000 + training.seed), "learning-demo",
-                           batch_id=f"{tag}-eval-sampled-{label}")
-        return float(result.metrics["pass_at_1"]), outcome_counts(result.store.trajectories())
-
-    def outcome_counts(trajectories: Any) -> dict[str, int]:
-        counts = dict.fromkeys(OUTCOMES, 0)
-        for t in trajectories:
-            counts[first_command_outcome(chore_of[t.task_id], t.turns)] += 1
-        return counts
 
     params = {**training.as_params(), "train_tasks": len(train_tasks), "held_out_tasks": len(held_out),
               "operator_logs": len(log_items), "parameters": sum(p.numel() for p in model.parameters())}
@@ -180,18 +233,17 @@ def _one_seed(settings: Settings, config: LearningDemoConfig, training: Training
 
         def measure(phase: str) -> None:
             with clock(f"eval_{phase}"):
-                figures[f"pass_at_1_{phase}"] = held_out_pass_at_1(phase.replace("_", "-"))
-                figures[f"pass_at_1_sampled_{phase}"], outcomes[phase] = held_out_sampled(phase.replace("_", "-"))
+                label = phase.replace("_", "-")
+                figures[f"pass_at_1_{phase}"] = held_out_greedy(settings, model, tokenizer, data, training, tag, label)
+                figures[f"pass_at_1_sampled_{phase}"], outcomes[phase] = held_out_sampled(
+                    settings, model, tokenizer, data, config, training, tag, label)
             track.log_metrics({k: v for k, v in figures.items() if k.endswith(phase)})
 
         progress("demo", f"seed {training.seed}: held-out pass@1 before training", 0, 5)
         measure("before")
         progress("demo", f"seed {training.seed}: {len(log_items)} operator logs", 1, 5)
         with clock("demonstrations"):
-            sft_train = demonstrations(settings, log_items, tokenizer, f"{tag}-operator-logs", conc,
-                                       only_resolved=False)
-            sft_eval = demonstrations(settings, held_items, tokenizer, f"{tag}-teacher-eval", conc)
-        slips = sum(1 for log, _ in log_items if log.spec.reference_solution.commands[0] not in FIXES)
+            sft_train, sft_eval = seed_demonstrations(settings, data, tokenizer, tag, training.concurrency)
 
         progress("demo", f"seed {training.seed}: SFT on {len(sft_train)} demonstration turns", 2, 5)
         with clock("sft"):
@@ -204,13 +256,12 @@ def _one_seed(settings: Settings, config: LearningDemoConfig, training: Training
         progress("demo", f"seed {training.seed}: GRPO, {training.rl_rounds} rounds x {training.group_size} samples "
                          f"per task (max_staleness {training.max_staleness})", 3, 5)
         with clock("grpo"):
-            grpo = grpo_rounds(settings, model, tokenizer, train_items,
+            grpo = grpo_rounds(settings, model, tokenizer, data.train_items,
                                training.grpo_rounds(tokenizer.pad_token_id or 0), f"{tag}-grpo",
                                on_round=lambda r, m: track.log_metrics({f"grpo_{k}": v for k, v in m.items()},
                                                                        step=r))
         rewards = [m["rollout_mean_reward"] for m in grpo.history]
-        # Only groups whose rewards differ carry a policy gradient (the others are skipped).
-        mixed = [1.0 - m.get("skipped_groups", 0.0) / m["groups"] if m.get("groups") else 0.0 for m in grpo.history]
+        mixed = mixed_group_fractions(grpo.history)
         progress("demo", f"seed {training.seed}: held-out pass@1 after GRPO", 4, 5)
         measure("after_grpo")
 
@@ -222,7 +273,7 @@ def _one_seed(settings: Settings, config: LearningDemoConfig, training: Training
                              "start_checkpoint": training.base_model})
         promotion = promote_if_better(settings, config.registered_model, final, figures["pass_at_1_after_grpo"],
                                       "learning-demo", measure=lambda path: _greedy_pass_at_1(
-                                          settings, path, held_items, f"{tag}-eval-current-best", training))
+                                          settings, path, data.held_items, f"{tag}-eval-current-best", training))
         chart = learning_curve(list(zip(sft.steps, sft.losses)), sft.eval_losses, rewards,
                                [(f"{label}\n{kind}", figures[f"pass_at_1_{key}{phase}"])
                                 for phase, label in zip(PHASES, ("before", "SFT", "GRPO"))
@@ -233,7 +284,7 @@ def _one_seed(settings: Settings, config: LearningDemoConfig, training: Training
         track.log_png(chart)
         return {
             "seed": training.seed, **figures, "train_tasks": len(train_tasks), "held_out_tasks": len(held_out),
-            "operator_logs": len(log_items), "operator_slips": slips,
+            "operator_logs": len(log_items), "operator_slips": data.slips,
             "sft_turns": len(sft_train), "sft_eval_turns": len(sft_eval), "sft_steps": sft.total_steps,
             "sft_first_loss": sft.losses[0] if sft.losses else None,
             "sft_final_loss": sft.losses[-1] if sft.losses else None,
