@@ -32,7 +32,9 @@ restored (their sha256 recorded per mode: every mode starts bit-identical), the 
 schedule (rounds, tasks per round, group size, lr, temperature), and the same held-out pass@1
 after GRPO. The summary pairs each mode with sync seed by seed (held-out sampled after GRPO,
 async minus sync) and gives the idle and wall ratios against sync (median over seeds).
-`--quick` takes `LearningDemoConfig.quick()` (the demo test's short form).
+`--quick` takes `LearningDemoConfig.quick()` (the demo test's short form). The update's cost
+is the demo's (one optimizer step per round) unless `--demo-rl-epochs-per-batch` (with
+`--demo-rl-lr`) sets it, for every mode alike.
 
 Regimes: when a round's rollouts take far longer than an update, the trainer idles most of
 the time under any schedule (overlap hides at most the update); `--epochs-per-batch` sets
@@ -235,7 +237,9 @@ def demo_preset(a: argparse.Namespace, settings: Settings, modes: list[str]) -> 
     """The paired comparison on the learning demo, seed by seed (see the module docstring)."""
     config = LearningDemoConfig.quick() if a.quick else LearningDemoConfig()
     seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
-    config = replace(config, seeds=tuple(seeds))
+    update = {k: v for k, v in (("rl_epochs_per_batch", a.demo_rl_epochs_per_batch), ("rl_lr", a.demo_rl_lr))
+              if v is not None}
+    config = replace(config, seeds=tuple(seeds), training=replace(config.training, **update))
     per_seed = [demo_seed_runs(a, settings, config, seed, modes) for seed in seeds]
     return {"preset": "demo", "config": {"args": vars(a), "learning_demo": asdict(config)},
             "summary": demo_summary(per_seed, modes), "per_seed": per_seed}
@@ -254,6 +258,11 @@ def main() -> None:
                          "schedule, every mode from the same SFT weights, held-out pass@1 after GRPO")
     ap.add_argument("--seeds", default="0,1,2", help="demo preset: the demo seeds, one SFT each")
     ap.add_argument("--quick", action="store_true", help="demo preset: LearningDemoConfig.quick() (for tests)")
+    ap.add_argument("--demo-rl-epochs-per-batch", type=int, default=None,
+                    help="demo preset: GRPO optimizer steps per round instead of the demo's (the update's cost; "
+                         "every mode gets the same)")
+    ap.add_argument("--demo-rl-lr", type=float, default=None, help="demo preset: GRPO learning rate instead of the "
+                                                                    "demo's (with --demo-rl-epochs-per-batch)")
     ap.add_argument("--model", default="tiny:128x4")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--tasks", type=int, default=8, help="training chores per round")
@@ -275,6 +284,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the JSON document here")
     ap.add_argument("--data-dir", default=None)
     a = ap.parse_args()
+    if a.preset != "demo" and (a.demo_rl_epochs_per_batch is not None or a.demo_rl_lr is not None):
+        ap.error("--demo-rl-epochs-per-batch and --demo-rl-lr are for --preset demo (else: --epochs-per-batch, --rl-lr)")
     if a.preset == "demo":
         given = [f"--{k.replace('_', '-')}" for k in ("model", "rounds", "tasks", "group_size", "sft_epochs",
                                                       "sft_lr", "rl_lr", "epochs_per_batch", "keep_equal_groups",
@@ -282,7 +293,7 @@ def main() -> None:
                  if getattr(a, k) != ap.get_default(k)]
         if given:
             ap.error(f"--preset demo trains as the learning demo does (DEMO_TRAINING); it does not take "
-                     f"{', '.join(given)} (use --seeds for the seeds)")
+                     f"{', '.join(given)} (use --seeds for the seeds, --demo-rl-epochs-per-batch and --demo-rl-lr for the update)")
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))
     if unknown or "sync" not in modes:
