@@ -99,13 +99,19 @@ def profile(run, settings: Settings) -> dict:
             "producer_gate_after_first_round_s": round(sum(x["producer_gate_s"] for x in rounds[1:]), 3)}
 
 
-MODES = ("sync", "async", "async-served")
+MODES = ("sync", "async", "async-served", "sync-reseed")
+# sync-reseed: synchronous again, from the same start, with other rollout seeds (and so another task sample per
+# round): its difference to sync is the run-to-run spread a schedule's difference has to stand out from.
+RESEED = 1_000
 
 
 def mode_training(training: TrainingConfig, mode: str, a: argparse.Namespace) -> TrainingConfig:
-    """The run's TrainingConfig for one schedule: sync (max_staleness 0), or asynchronous in-process / served."""
+    """The run's TrainingConfig for one schedule: sync (max_staleness 0; sync-reseed with other rollout seeds),
+    or asynchronous in-process / served."""
     served = mode == "async-served"
-    return replace(training, max_staleness=0 if mode == "sync" else a.max_staleness,
+    synchronous = mode in ("sync", "sync-reseed")
+    return replace(training, max_staleness=0 if synchronous else a.max_staleness,
+                   seed=training.seed + RESEED if mode == "sync-reseed" else training.seed,
                    rollout_policy="served" if served else "in-process",
                    policy_threads=a.policy_threads if served else 0,
                    trainer_threads=a.trainer_threads if served else 0)
@@ -282,7 +288,9 @@ def main() -> None:
                     help="train on equal-reward groups too (an untrained start solves nothing, so without this "
                          "every group is skipped and no update costs anything: the schedule would not be measured)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated: sync, async, async-served")
+    ap.add_argument("--modes", default=",".join(MODES[:3]), help="comma-separated: sync, async, async-served, "
+                                                                          "sync-reseed (the null: sync with other "
+                                                                          "rollout seeds; not run by default)")
     ap.add_argument("--policy-threads", type=int, default=0,
                     help="torch threads of the served policy (async-served; 0 with --trainer-threads 0: the loop's "
                          "split, half the cores each)")
@@ -306,7 +314,7 @@ def main() -> None:
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))
     if unknown or "sync" not in modes:
-        ap.error(f"--modes {a.modes!r}: give sync (the baseline) and any of async, async-served; unknown {unknown}")
+        ap.error(f"--modes {a.modes!r}: give sync (the baseline) and any of async, async-served, sync-reseed; unknown {unknown}")
     load_before = os.getloadavg()
     started = time.perf_counter()
     data_dir = Path(a.data_dir or tempfile.mkdtemp(prefix="envforge-bench-async-"))

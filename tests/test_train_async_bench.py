@@ -90,3 +90,24 @@ def test_sft_weights_snapshot_restores_bit_identical_weights_after_an_update():
     model.load_state_dict(snapshot)
     assert weights_digest(model) == digest
     assert weights_digest(load_model("tiny:64x2", 1)[0]) != digest  # another init, another digest
+
+
+def test_each_mode_trains_with_its_schedule_and_the_null_mode_only_changes_the_rollout_seeds():
+    """sync-reseed is the null the schedules are compared against: synchronous like sync, same everything
+    but the seed its rollouts (and task sample) follow."""
+    import argparse
+    import importlib.util
+    from dataclasses import replace
+
+    from envforge.train.config import DEMO_TRAINING
+
+    spec = importlib.util.spec_from_file_location("bench_train_async", REPO / "bench" / "train_async.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    a = argparse.Namespace(max_staleness=1, policy_threads=0, trainer_threads=0)
+    training = replace(DEMO_TRAINING, seed=2)
+    assert bench.mode_training(training, "sync", a) == training
+    assert bench.mode_training(training, "sync-reseed", a) == replace(training, seed=2 + bench.RESEED)
+    assert bench.mode_training(training, "async", a) == replace(training, max_staleness=1)
+    assert bench.mode_training(training, "async-served", a) == replace(training, max_staleness=1,
+                                                                       rollout_policy="served")
