@@ -35,6 +35,20 @@ def test_exec_contract(docker_client, task_image):
         assert sb.stats.fallback_execs == 0 and sb.agent_alive
 
 
+def test_a_commands_output_does_not_depend_on_the_sandboxs_history(docker_client, task_image):
+    """The observation of a failing command names no harness file: it used to carry the sourced script's
+    path, which counts the sandbox's earlier commands, so a rollout's next prompt depended on which warm
+    sandbox it got (and rollouts from the same weights and seeds diverged)."""
+    failing = "cd /workspace\nnot-a-command --flag\nif (:"
+    with Sandbox.start(docker_client, task_image) as fresh, Sandbox.start(docker_client, task_image) as used:
+        for n in range(5):
+            used.exec(f"echo {n}")
+        a, b = fresh.exec(failing), used.exec(failing)
+        assert (a.exit_code, a.stdout, a.stderr) == (b.exit_code, b.stdout, b.stderr)
+        assert b"not-a-command: command not found" in a.stderr and b"envforge" not in a.stderr
+        assert fresh.exec("exit 3").exit_code == 3 and fresh.exec("echo $__s $__f $ENVFORGE_CMD.").text() == ".\n"
+
+
 def test_files_and_tamper_proof_diff(docker_client, task_image):
     with Sandbox.start(docker_client, task_image) as sb:
         sb.write_file("/workspace/new/dir/file.txt", "hello\n")

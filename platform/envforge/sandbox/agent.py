@@ -61,10 +61,15 @@ def oom_kills():
 
 BIN_DIR = "/run/envforge-bin"  # root-owned tmpfs (exec): the execute-only shell and command scripts
 XBASH = BIN_DIR + "/bash"
-# The waiting shell's whole program: wait for "go", then source the command script.
-_BOOT = 'read -r -u 3 _go || exit 0; exec 3<&-; __f=$ENVFORGE_CMD; unset _go ENVFORGE_CMD; . "$__f"'
+# The waiting shell's whole program: wait for "go", then run the command script.
+# The script is read into the shell and eval'd, not sourced: bash names a sourced file in every error
+# ("/run/envforge-bin/cmd-7-102.sh: line 7: x: command not found"), and that name counts the sandbox's
+# earlier commands, so the same command's observation differed with the sandbox's history (a rollout's
+# next prompt, and everything after it, depended on which warm sandbox it got). Eval'd, it is "bash: x: ...".
+_RUN = 'IFS= read -r -d "" __s < "$__f"; unset __f; eval "unset __s\n$__s"'
+_BOOT = 'read -r -u 3 _go || exit 0; exec 3<&-; __f=$ENVFORGE_CMD; unset _go ENVFORGE_CMD; ' + _RUN
 # For a command that gets a report channel on fd 3: no waiting, the script already exists.
-_BOOT_NOW = '__f=$ENVFORGE_CMD; unset ENVFORGE_CMD; . "$__f"'
+_BOOT_NOW = '__f=$ENVFORGE_CMD; unset ENVFORGE_CMD; ' + _RUN
 
 
 def _oom_first():
