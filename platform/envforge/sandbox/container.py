@@ -105,6 +105,7 @@ _WORKSPACE_READABLE = (
     "  elif stat.S_ISREG(m) and not m&0o400: os.chmod(p,m|0o400)\n"
     " except OSError: pass'; " % WORKSPACE
 )
+_GIT_OVER_WORKSPACE = _WORKSPACE_READABLE + _PRIVATE_GIT  # what every read of the workspace through git runs first
 
 # apply_patch in one command: the patch arrives on stdin; each method's complaint goes to stderr
 # after a `@method` marker line; the method that worked is the last line of stdout.
@@ -557,7 +558,7 @@ class Sandbox:
             # tmpfs included) must not stop its diff, and only /workspace is graded.
             self.exec(_CLEAR_TMP, timeout_s=120, workdir="/")
         limit = self.diff_input_limit()
-        res = self.exec(_WORKSPACE_READABLE + _PRIVATE_GIT + _CHANGED_BYTES_AT_MOST.format(limit=limit, code=_DIFF_TOO_LARGE_EXIT)
+        res = self.exec(_GIT_OVER_WORKSPACE + _CHANGED_BYTES_AT_MOST.format(limit=limit, code=_DIFF_TOO_LARGE_EXIT)
                         + "git add -A && git diff --cached --binary --no-ext-diff --no-textconv HEAD",
                         timeout_s=120, output_cap=DIFF_CAP)
         if res.exit_code == _DIFF_TOO_LARGE_EXIT:
@@ -578,7 +579,7 @@ class Sandbox:
 
     def changed_paths(self) -> list[str]:
         """Workspace paths that differ from the task's initial state (added, modified, deleted, type-changed)."""
-        res = self.exec(_WORKSPACE_READABLE + _PRIVATE_GIT + "git add -A && git diff --cached --no-renames --name-only -z HEAD",
+        res = self.exec(_GIT_OVER_WORKSPACE + "git add -A && git diff --cached --no-renames --name-only -z HEAD",
                         timeout_s=120, output_cap=DIFF_CAP)
         if res.exit_code != 0:
             raise InfraError("diff_failed", res.err_text()[-300:])
