@@ -17,13 +17,13 @@ the middle of a batch.
 from __future__ import annotations
 
 import os
-import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from envforge import safefs
 from envforge.errors import EnvforgeError
 
 REMOTE_SCHEMES = ("s3", "s3a")
@@ -139,10 +139,7 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Make `path` hold `data`, never visible half-written (rename on disk, one PUT on object storage)."""
     if isinstance(fs, LocalFileSystem):
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with fs.open(tmp, "wb") as fh:
-            fh.write(data)
-        fs.mv(tmp, path)
+        safefs.write_atomic(path, data)
         return
     fs.pipe_file(path, data)
 

@@ -15,7 +15,6 @@ keeps it as an artifact of its MLflow run (tagged with the Dagster run id when t
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from envforge.catalog import Catalog
 from envforge.observe.health import catalog_verdicts, thresholds_from_env
 from envforge.config import Settings
 from envforge.errors import Problem
+from envforge.safefs import write_atomic
 
 NOT_RUN = "not run yet"
 # The stages whose MLflow runs carry the task-set version as a param (the others act on the catalog's current tasks).
@@ -382,16 +382,7 @@ def render_report(context: dict) -> str:
 
 def _write_atomic(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, text)
 
 
 def report_version(cat: Catalog, ref: str) -> str | None:

@@ -1,4 +1,5 @@
-"""Files and folders from places envforge does not trust: task sources written by other teams.
+"""Files and folders from places envforge does not trust (task sources written by other teams), and
+files envforge writes that readers must never see half-written (`write_atomic`, `atomic_writer`).
 
 Three rules hold everywhere a source's files are read or copied:
 - a path resolves (symlinks followed) inside the folders it is allowed to reach, or it is refused;
@@ -14,11 +15,13 @@ source parsers turn it into a reject naming the record and the field.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import IO, Iterable, Iterator
 
 PAGE = 4096
 
@@ -171,5 +174,50 @@ def copy_tree(src: Path, dest: Path) -> None:
         os.symlink(target, dest / rel)
 
 
-__all__ = ["TreeScan", "UnsafePath", "confine", "copy_tree", "decode_utf8", "kind_of", "read_regular", "real",
-           "scan_tree", "within"]
+@contextmanager
+def atomic_writer(path: Path | str) -> Iterator[IO[bytes]]:
+    """A binary file whose bytes become `path` whole when the block ends, or not at all when it raises.
+
+    The bytes go to a temporary file next to `path` (a dot-file with a random name, so concurrent
+    writers never share one and globs like `*.json` never see it), are flushed to disk, and the
+    file is renamed over `path`: a reader sees the old content or the new, never part of either,
+    and the last writer to finish wins. The file gets the usual permissions (0666 less the umask).
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_atomic(path: Path | str, data: str | bytes, encoding: str = "utf-8") -> Path:
+    """Make `path` hold `data` (text is encoded), never visible half-written (see `atomic_writer`)."""
+    with atomic_writer(path) as fh:
+        fh.write(data.encode(encoding) if isinstance(data, str) else data)
+    return Path(path)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in `directory` survive a crash (where the platform can open a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+__all__ = ["TreeScan", "UnsafePath", "atomic_writer", "confine", "copy_tree", "decode_utf8", "kind_of",
+           "read_regular", "real", "scan_tree", "within", "write_atomic"]

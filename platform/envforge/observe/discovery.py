@@ -27,6 +27,8 @@ import threading
 from pathlib import Path
 from typing import Any, Mapping
 
+from envforge.safefs import write_atomic
+
 log = logging.getLogger("envforge.observe")
 TARGETS_ENV = "ENVFORGE_METRICS_TARGETS_DIR"
 PREFIX = "envforge-"
@@ -106,9 +108,7 @@ def register(role: str, host: str, port: int, labels: Mapping[str, str] | None =
                    **{k: str(v) for k, v in (labels or {}).items()}},
     }]
     path = directory / f"{PREFIX}{role}-{hostname}-{pid}-{int(port)}.json"
-    tmp = directory / f".{path.name}.tmp"  # not *.json: Prometheus ignores it until the rename
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc, indent=1))  # its temporary dot-file is not *.json: Prometheus ignores it
     log.info("metrics target %s:%s registered in %s", host, port, path, extra={"metrics_target": str(path)})
     return Registration(path)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from envforge.errors import EnvforgeError
+from envforge.safefs import write_atomic
 
 TEXT_FIELDS = ("text", "content", "prompt", "problem_statement", "question", "body")
 ID_FIELDS = ("id", "doc_id", "task_id", "instance_id")
@@ -162,9 +163,7 @@ class CorpusRegistry:
 
     def _write(self, corpora: dict[str, str]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"corpora": dict(sorted(corpora.items()))}, indent=2) + "\n")
-        tmp.replace(self.path)
+        write_atomic(self.path, json.dumps({"corpora": dict(sorted(corpora.items()))}, indent=2) + "\n")
 
     def add(self, name: str, path: Path) -> Path:
         check_corpus(name, path)

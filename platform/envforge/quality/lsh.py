@@ -23,6 +23,7 @@ from scipy.integrate import quad
 
 from envforge.quality.minhash import EMPTY_SLOT
 from envforge.quality.params import RECALL_WEIGHTS
+from envforge.safefs import atomic_writer
 
 
 @functools.lru_cache(maxsize=64)
@@ -125,9 +126,8 @@ class BandIndex:
     def save(self, path: Path) -> None:
         self._merge()
         arrays = {f"k{i}": k for i, k in enumerate(self._keys)} | {f"d{i}": d for i, d in enumerate(self._docs)}
-        tmp = Path(path).with_suffix(".tmp.npz")
-        np.savez(tmp, bands=self.bands, rows=self.rows, size=self.size, **arrays)
-        tmp.replace(path)
+        with atomic_writer(path) as fh:
+            np.savez(fh, bands=self.bands, rows=self.rows, size=self.size, **arrays)
 
     @classmethod
     def load(cls, path: Path) -> "BandIndex":

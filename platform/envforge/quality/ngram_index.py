@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from envforge.safefs import atomic_writer
+
 
 class NgramIndex:
     def __init__(self, max_df: int = 100) -> None:
@@ -66,9 +68,8 @@ class NgramIndex:
 
     def save(self, path: Path) -> None:
         self._merge()
-        tmp = Path(path).with_suffix(".tmp.npz")
-        np.savez(tmp, hashes=self._hashes, docs=self._docs, max_df=self.max_df)
-        tmp.replace(path)
+        with atomic_writer(path) as fh:
+            np.savez(fh, hashes=self._hashes, docs=self._docs, max_df=self.max_df)
 
     @classmethod
     def load(cls, path: Path) -> "NgramIndex":

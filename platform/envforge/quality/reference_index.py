@@ -44,6 +44,7 @@ from envforge.quality.lsh import BandIndex
 from envforge.quality.ngram_index import NgramIndex
 from envforge.quality.params import DedupConfig, IndexConfig
 from envforge.quality.text import window_starts
+from envforge.safefs import write_atomic
 
 BATCH = 10_000
 HUMANEVAL = "humaneval"
@@ -317,9 +318,7 @@ class ReferenceIndex:
                     "rows": self.bands.rows, "documents": self.documents, "live_documents": self.size,
                     "windows": int(self.bands.size), "ngram_postings": self.ngrams.size, "parts": self.parts,
                     "files": self.files}
-        tmp = self.root / "manifest.json.tmp"
-        tmp.write_text(json.dumps(manifest, indent=2))
-        tmp.replace(self.root / "manifest.json")
+        write_atomic(self.root / "manifest.json", json.dumps(manifest, indent=2))
 
     def corpus_summary(self) -> dict[str, dict]:
         """corpus -> {files, documents} of what the index currently holds."""

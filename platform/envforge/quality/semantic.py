@@ -35,6 +35,7 @@ from envforge.quality.code import semantic_text
 from envforge.quality.params import SemanticConfig
 from envforge.rollout.policies.base import PolicyError
 from envforge.rollout.policies.openai_client import OpenAIChatPolicy, parse_chat_response
+from envforge.safefs import atomic_writer, write_atomic
 
 JUDGE_PROMPT_VERSION = "contamination-judge/1"
 JUDGE_SYSTEM = (
@@ -126,10 +127,9 @@ class EmbeddingStore:
 
     def save(self, vectors: np.ndarray, build_id: str) -> None:
         self.vectors_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.vectors_path.with_name(self.vectors_path.stem + ".tmp.npy")
-        np.save(tmp, vectors)
-        tmp.replace(self.vectors_path)
-        self.meta_path.write_text(json.dumps({"model": self.model, "documents": len(vectors), "build_id": build_id}))
+        with atomic_writer(self.vectors_path) as fh:
+            np.save(fh, vectors)
+        write_atomic(self.meta_path, json.dumps({"model": self.model, "documents": len(vectors), "build_id": build_id}))
 
 
 def _parse_verdict(text: str) -> dict | None:

@@ -56,6 +56,7 @@ from envforge.errors import ImageBuildError, InfraError, Problem, SpecError
 from envforge.fleet.backend import fleet_pool_from_env
 from envforge.hashing import digest_parts
 from envforge.progress import Progress, no_progress
+from envforge.safefs import write_atomic
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import build_base_image, build_task_image
 from envforge.sandbox.pool import SandboxPool
@@ -365,9 +366,7 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
                 raise SpecError([Problem(candidate.origin, candidate.field,
                                          f"the change does not apply to its own parent: {exc}")]) from None
             if not derivation.timed_out():
-                tmp = cached.with_suffix(f".{id(derivation)}.tmp")
-                tmp.write_text(json.dumps(derivation.as_json(), sort_keys=True))
-                tmp.replace(cached)
+                write_atomic(cached, json.dumps(derivation.as_json(), sort_keys=True))
         return task_from_derivation(candidate, derivation, {"images": images})
 
     sandboxes = nullcontext(fleet) if fleet is not None else SandboxPool(client, max_idle_per_key=1,
