@@ -21,7 +21,7 @@ import docker
 
 from assets.defs.config import TrainingResource
 from envforge.catalog import Catalog
-from envforge.config import Settings
+from envforge.config import CATALOG_FILE, Settings
 from envforge.deployment import Deployment
 from envforge.sandbox.engine import docker_client
 
@@ -32,7 +32,7 @@ class CatalogResource(dg.ConfigurableResource):
     data_dir: str
 
     def catalog(self) -> Catalog:
-        return Catalog(Path(self.data_dir) / "catalog.duckdb")
+        return Catalog(Path(self.data_dir) / CATALOG_FILE)
 
 
 class DockerResource(dg.ConfigurableResource):

@@ -14,6 +14,8 @@ from typing import Any, Mapping, TypeVar
 
 C = TypeVar("C")
 
+CATALOG_FILE = "catalog.duckdb"  # the catalog's file in a data directory (Settings.catalog_path)
+
 # The repository root when envforge runs from a checkout (platform/envforge/config.py).
 _CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +83,7 @@ class Settings:
 
     @property
     def catalog_path(self) -> Path:
-        return self.data_dir / "catalog.duckdb"
+        return self.data_dir / CATALOG_FILE
 
     @property
     def mlflow_artifacts_dir(self) -> Path:

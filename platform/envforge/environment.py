@@ -21,6 +21,8 @@ from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# Where the task's repository is inside a sandbox: what the policy edits (re-exported by envforge.task;
+# sandbox/agent.py, stdlib-only, keeps its own copy, checked equal by tests/test_constants.py).
 WORKSPACE = "/workspace"
 # Variables envforge sets for isolation (a policy must not be able to load code into the test
 # runner through them); a source that sets one is told so at load time.

@@ -17,12 +17,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from envforge.environment import WORKSPACE as WORKSPACE  # the task model's sandbox paths are importable from here
 from envforge.environment import PythonEnvironment, check_command
 
 TASK_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{1,79}$"
-# Paths inside the sandbox. The workspace is what the policy edits; /run/envforge-verifier
+# Paths inside the sandbox besides WORKSPACE (what the policy edits): /run/envforge-verifier
 # is a root-owned tmpfs where the grader installs verifier files after the policy is done.
-WORKSPACE = "/workspace"
 VERIFIER_DIR = "/run/envforge-verifier/verifier"
 # Writable tmpfs mounts besides /workspace and /tmp (/dev/shm and /run/envforge, 16 MiB each), and
 # the memory kept for the in-sandbox agent when a policy fills them all.

@@ -37,7 +37,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from requests.exceptions import ReadTimeout
 
-from envforge.environment import PythonEnvironment, pip_file_reference
+from envforge.environment import WORKSPACE, PythonEnvironment, pip_file_reference
 from envforge.errors import ImageBuildError, InfraError
 from envforge.hashing import digest_parts
 from envforge.sandbox.engine import OWNER_LABEL, owner_id
@@ -285,7 +285,7 @@ def build_env_image(client: docker.DockerClient, recipe: EnvRecipe, log: Log = l
             # A commit merges the container's labels into the image's: blank the build's own, or
             # every container made from this image (task builds, sandboxes) would claim its owner.
             container.commit(repository=tag.split(":")[0], tag=tag.split(":")[1], conf={
-                "Cmd": ["sleep", "infinity"], "User": "sandbox", "WorkingDir": "/workspace",
+                "Cmd": ["sleep", "infinity"], "User": "sandbox", "WorkingDir": WORKSPACE,
                 "Labels": {"envforge.image": "env", FREEZE_LABEL: ";".join(freeze), OWNER_LABEL: "",
                            "envforge.build": "", "envforge.env": ""}})
         except ReadTimeout:

@@ -36,7 +36,7 @@ from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError
 from envforge.hashing import digest_parts, tree_digest
 from envforge.sandbox.envlayer import EnvBuild, build_env_image, env_recipe
-from envforge.task import Task
+from envforge.task import WORKSPACE, Task
 
 BASE_REPO = "envforge/base"
 ROOTFS_REPO = "envforge/base-rootfs"
@@ -351,7 +351,7 @@ def _task_dockerfile(parent: str, task: Task) -> str:
     # The initial state is a commit, so the policy's changes are always `git diff` against it.
     lines.append('RUN git init -q . && git add -A && git commit -q --allow-empty -m "envforge: task initial state"')
     lines += [f'LABEL {IMAGE_LABEL}="task" envforge.task="{task.id}" envforge.workspace="{task.workspace_digest}"',
-              "WORKDIR /workspace"]
+              f"WORKDIR {WORKSPACE}"]
     return "\n".join(lines) + "\n"
 
 
