@@ -380,11 +380,6 @@ def render_report(context: dict) -> str:
     return _environment().get_template("run_report.html.j2").render(**context)
 
 
-def _write_atomic(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_atomic(path, text)
-
-
 def report_version(cat: Catalog, ref: str) -> str | None:
     """The full version a report is asked for (a unique prefix, or 'latest'); None for 'latest' when there is
     no task set yet (the report then says what has not run). Other unknown versions raise UnknownTaskSetError."""
@@ -420,8 +415,9 @@ def build_run_report(settings: Settings, version: str | None, mlflow_run_id: str
         }
         html = render_report(context)
     reports = settings.data_dir / "reports"
-    path = _write_atomic(reports / f"run-report-{(version or 'no-task-set')[:12]}-{now:%Y%m%dT%H%M%SZ}.html", html)
-    latest = _write_atomic(reports / "latest.html", html)
+    reports.mkdir(parents=True, exist_ok=True)
+    path = write_atomic(reports / f"run-report-{(version or 'no-task-set')[:12]}-{now:%Y%m%dT%H%M%SZ}.html", html)
+    latest = write_atomic(reports / "latest.html", html)
     for written in (path, latest):
         objectstore.publish(settings.store_url, "reports", written)
     sections = {"task_set": context["task_set"]["ran"], **{f"gate_{k}": g["ran"] for k, g in gates.items()},
