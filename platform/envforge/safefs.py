@@ -181,7 +181,10 @@ def atomic_writer(path: Path | str) -> Iterator[IO[bytes]]:
     The bytes go to a temporary file next to `path` (a dot-file with a random name, so concurrent
     writers never share one and globs like `*.json` never see it), are flushed to disk, and the
     file is renamed over `path`: a reader sees the old content or the new, never part of either,
-    and the last writer to finish wins. The file gets the usual permissions (0666 less the umask).
+    and the last writer to finish wins. The data reaches the disk before the rename, so a crash
+    leaves the old content or the new, never an empty file; the directory is not synced, so a crash
+    right after the rename may keep the old content. The file gets the usual permissions (0666
+    less the umask).
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
@@ -195,7 +198,6 @@ def atomic_writer(path: Path | str) -> Iterator[IO[bytes]]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
 
 
 def write_atomic(path: Path | str, data: str | bytes, encoding: str = "utf-8") -> Path:
@@ -203,20 +205,6 @@ def write_atomic(path: Path | str, data: str | bytes, encoding: str = "utf-8") -
     with atomic_writer(path) as fh:
         fh.write(data.encode(encoding) if isinstance(data, str) else data)
     return Path(path)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in `directory` survive a crash (where the platform can open a directory)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 __all__ = ["TreeScan", "UnsafePath", "atomic_writer", "confine", "copy_tree", "decode_utf8", "kind_of",
