@@ -15,9 +15,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Coroutine
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -197,6 +197,12 @@ async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
     return JSONResponse({"detail": errors}, status_code=422)
 
 
+# Every error as `{"error": {"code", "message"}}` with the status the spec lists (validation: FastAPI's 422 body).
+_ERROR_HANDLERS: dict[int | type[Exception], Callable[[Request, Any], Coroutine[Any, Any, Response]]] = {
+    AuthError: _auth, NotFound: _not_found, SessionError: _session, QuotaExceeded: _quota,
+    StarletteHTTPException: _http, RequestValidationError: _invalid}
+
+
 def create_app(settings: Settings, config: ServiceConfig | None = None, backend: EnvBackend | None = None,
                boot_id: str | None = None) -> FastAPI:
     """The service over `settings` (catalog, tenants file, MLflow). Without a backend, the lifespan
@@ -204,6 +210,7 @@ def create_app(settings: Settings, config: ServiceConfig | None = None, backend:
     warm pool on the configured Docker engine."""
     config = config or ServiceConfig()
     app = FastAPI(title="envforge environment service", version=API_VERSION, lifespan=_lifespan,
+                  exception_handlers=_ERROR_HANDLERS,
                   description="envforge's verified environments for outside RL trainers: list tasks, open a "
                               "session on a task, act with the rollout tools, get the verified reward. "
                               "See docs/service.md.")
@@ -211,9 +218,6 @@ def create_app(settings: Settings, config: ServiceConfig | None = None, backend:
     app.state.metrics = ServiceMetrics()
     # What a task listing tells trainers to act with: the prompt and tools of envforge's own rollouts.
     app.state.instructions = {"system_prompt": SYSTEM_PROMPT, "tools": TOOLS}
-    for error, handler in ((AuthError, _auth), (NotFound, _not_found), (SessionError, _session),
-                           (QuotaExceeded, _quota), (StarletteHTTPException, _http), (RequestValidationError, _invalid)):
-        app.add_exception_handler(error, handler)
     for router in ROUTERS:
         app.include_router(router)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)
