@@ -364,7 +364,7 @@ def main() -> None:
         log("dispatch overhead per step")
         node_a = dispatcher.alive_nodes()[0]
         FleetSandboxPool(dispatcher).register([inventory], 1, local_client=client)
-        dispatcher.ensure_image(node_a, inventory[1])
+        dispatcher.distribution.ensure(node_a, inventory[1])
         import docker
 
         doc["dispatch"] = bench_dispatch(docker.DockerClient(base_url=engines["node-a"], timeout=300), dispatcher,

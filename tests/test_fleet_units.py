@@ -52,6 +52,41 @@ def test_faults_cross_back_as_the_same_kinds():
     assert isinstance(Fault("FileNotFoundError", "FileNotFoundError", "nope").rebuild(), FileNotFoundError)
 
 
+class _NodeCalls:
+    """A dispatcher as image distribution uses it: node calls answered from `held` (tag sets per node)."""
+
+    def __init__(self, held: dict[str, set[str]]):
+        from envforge.fleet.dispatcher import DispatchStats
+
+        self.config, self.stats, self.held = FleetConfig(), DispatchStats(), held
+        self.calls: list[tuple[str, str, str]] = []
+        self.events: list[str] = []
+        self.on_event = self.events.append
+
+    def call(self, node, method, arg, timeout_s=None):
+        tag = arg.tag if method == "build_image" else arg
+        self.calls.append((node.name, method, tag))
+        if method == "has_image":
+            return tag in self.held[node.node_id]
+        self.held[node.node_id].add(tag)
+        return None
+
+
+def test_a_node_lacking_a_task_image_builds_it_from_its_recipe_over_its_parent_once():
+    from envforge.fleet.distribution import ImageDistribution
+    from envforge.fleet.images import ImageRecipe
+
+    node = NodeState("a", "a", None, 4)
+    calls = _NodeCalls({"a": {"base"}})
+    distribution = ImageDistribution(calls)
+    distribution.register_recipe(ImageRecipe("task", "base", b""))
+    distribution.ensure(node, "task")
+    assert calls.calls == [("a", "has_image", "task"), ("a", "has_image", "base"), ("a", "build_image", "task")]
+    assert node.images == {"base", "task"} and calls.stats.builds == 1 and calls.events == ["node a: built task"]
+    distribution.ensure(node, "task")  # known to be there now: no call at all
+    assert len(calls.calls) == 3
+
+
 class _OldEngine:
     def version(self):
         return {"Version": "19.03.12"}

@@ -4,10 +4,13 @@
 - `node.NodeAgent`: one per node (a detached Ray actor), owning its engine, images and warm pool.
 - `dispatcher.FleetDispatcher`: places sandboxes on nodes by image locality, room and warmth,
   with backpressure; node loss becomes `InfraError('node_lost')`.
+- `distribution.ImageDistribution`: which node has which image, and getting one onto a node
+  that lacks it (build from its recipe, or transfer from a node or the driver's engine).
 - `pool.FleetSandboxPool` / `RemoteSandbox`: the sandbox-pool interface over the fleet, so the
   rollout scheduler, the grader and the gate run on it unchanged.
-- `images`: image distribution without a registry (build from the recipe, or docker save/load
-  through Ray's object store).
+- `images`: the per-engine steps of distribution without a registry (a recipe's build, docker
+  save/load of the bytes that travel through Ray's object store).
+- `raycalls`: Ray imported late, and what its exceptions say about a node.
 - `local.LocalCluster`: a head and worker nodes on one machine (demo, tests, benchmark).
 
 Nothing here is imported by the single-machine path; Ray is imported only when a fleet starts.

@@ -12,6 +12,9 @@ some, up to `acquire_timeout_s`. Nodes that join are picked up at the next disco
 (`discovery_interval_s`); a node or agent that dies makes every call on it raise
 `InfraError('node_lost')`, which schedulers already treat as an infrastructure fault: the
 trajectory restarts on a fresh sandbox, which this dispatcher places on a surviving node.
+
+Getting the image onto the chosen node (build from a recipe, or transfer) is
+`distribution.ImageDistribution`'s, which the dispatcher asks before each acquire.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from typing import Any, Callable
 
 from envforge.errors import InfraError
 from envforge.fleet.config import ADDRESS_ENV, FleetConfig, FleetConfigError
+from envforge.fleet.distribution import ImageDistribution
 from envforge.fleet.images import ImageRecipe
-from envforge.fleet.node import FULL, Fault, NodeAgent
+from envforge.fleet.node import FULL, NodeAgent
+from envforge.fleet.raycalls import lost_errors, node_gone, ray_module, root_message, unwrap
 from envforge.observe import metrics as live
 from envforge.sandbox.container import SandboxOptions
 
@@ -41,15 +46,6 @@ ENGINE_COOLDOWN_S = 15.0
 # How often a driver tells the nodes it holds leases on that it is alive (FleetConfig.driver_timeout_s,
 # at least three beats, is when a node gives a silent driver up for dead).
 HEARTBEAT_INTERVAL_S = 5.0
-
-
-def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise FleetConfigError("the sandbox fleet needs Ray: install envforge with the `fleet` extra "
-                               "(pip install -e '.[fleet]')") from None
-    return ray
 
 
 def check_address(address: str, timeout_s: float) -> None:
@@ -69,7 +65,7 @@ def check_address(address: str, timeout_s: float) -> None:
 def connect(config: FleetConfig) -> None:
     """Join the Ray cluster as a driver (once per process)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray = _ray()
+    ray = ray_module()
     if ray.is_initialized():
         return
     if config.ray_address and config.ray_address != "auto":
@@ -124,14 +120,12 @@ class FleetDispatcher:
         self.client_id = client_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.stats = DispatchStats()
         self.nodes: dict[str, NodeState] = {}
-        self.recipes: dict[str, ImageRecipe] = {}
         self.on_event: Callable[[str], None] = lambda msg: log.info(msg)
         self._cond = threading.Condition()
-        self._image_locks: dict[tuple[str, str], threading.Lock] = {}
+        self.distribution = ImageDistribution(self)
         self._last_discovery = 0.0
         self._remote_agent = None
         self._heartbeat: threading.Thread | None = None
-        self.origin = None  # the driver's own engine (a docker client), when it has one: images start there
 
     # -- membership ------------------------------------------------------------------------
 
@@ -168,12 +162,12 @@ class FleetDispatcher:
 
     def _agent_class(self):
         if self._remote_agent is None:
-            self._remote_agent = _ray().remote(NodeAgent)
+            self._remote_agent = ray_module().remote(NodeAgent)
         return self._remote_agent
 
     def discover(self, raise_on_error: bool = False) -> list[str]:
         """Pick up nodes that joined and forget nodes that left; returns the problems of bad nodes."""
-        ray = _ray()
+        ray = ray_module()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self._last_discovery = time.monotonic()
@@ -197,12 +191,12 @@ class FleetDispatcher:
             try:
                 info = ray.get(handle.info.remote(), timeout=180)
             except Exception as exc:  # noqa: BLE001 - the agent's constructor failed: say why, naming the node
-                if _node_gone(ray, exc):
+                if node_gone(ray, exc):
                     # The node died between Ray listing it and its agent answering (Ray marks a
                     # killed node dead only after its health checks fail): a lost node, not a bad one.
-                    self.on_event(f"node {label} is unreachable, skipped until it answers: {_root_message(exc)}")
+                    self.on_event(f"node {label} is unreachable, skipped until it answers: {root_message(exc)}")
                     continue
-                problems.append(f"node {label}: {_root_message(exc)}")
+                problems.append(f"node {label}: {root_message(exc)}")
                 try:
                     ray.kill(handle)
                 except Exception:  # noqa: BLE001
@@ -245,27 +239,27 @@ class FleetDispatcher:
             result = ray.get(getattr(node.handle, method).remote(*args), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise InfraError("node_timeout", f"node {node.name}: {method} did not answer in {timeout_s}s") from None
-        except _lost_errors() as exc:
+        except lost_errors() as exc:
             raise self._node_lost(node, exc) from None
         except ray.exceptions.RayTaskError as exc:
-            raise InfraError("node_error", f"node {node.name}: {method}: {_root_message(exc)}") from None
-        return _unwrap(result)
+            raise InfraError("node_error", f"node {node.name}: {method}: {root_message(exc)}") from None
+        return unwrap(result)
 
     async def acall(self, node: NodeState, method: str, *args) -> Any:
         """`call` for asyncio: the actor call's reference is awaited, no thread is held."""
         ray = self._alive_or_raise(node)
         try:
             result = await getattr(node.handle, method).remote(*args)
-        except _lost_errors() as exc:
+        except lost_errors() as exc:
             raise self._node_lost(node, exc) from None
         except ray.exceptions.RayTaskError as exc:
-            raise InfraError("node_error", f"node {node.name}: {method}: {_root_message(exc)}") from None
-        return _unwrap(result)
+            raise InfraError("node_error", f"node {node.name}: {method}: {root_message(exc)}") from None
+        return unwrap(result)
 
     def _alive_or_raise(self, node: NodeState):
         if not node.alive:
             raise InfraError("node_lost", f"node {node.name} is gone")
-        return _ray()
+        return ray_module()
 
     def _node_lost(self, node: NodeState, exc: BaseException) -> InfraError:
         self._lost(node, type(exc).__name__)
@@ -297,7 +291,7 @@ class FleetDispatcher:
                 waited += time.monotonic() - waited_from
                 waited_from = None
             try:
-                self.ensure_image(node, image)
+                self.distribution.ensure(node, image)
                 got = self.call(node, "acquire", self.client_id, image, options)
             except InfraError as exc:
                 # A node whose engine fails (dockerd died or hangs) gets no placements for a while, so
@@ -349,80 +343,27 @@ class FleetDispatcher:
         finally:
             self._unreserve(node)
 
-    # -- images ----------------------------------------------------------------------------
+    # -- images (the fleet pool's seeding; the work is ImageDistribution's) ------------------
+
+    @property
+    def recipes(self) -> dict[str, ImageRecipe]:
+        return self.distribution.recipes
+
+    @property
+    def origin(self) -> Any:
+        """The driver's own engine (a docker client), when it has one: images start there."""
+        return self.distribution.origin
+
+    @origin.setter
+    def origin(self, client: Any) -> None:
+        self.distribution.origin = client
 
     def register_recipe(self, recipe: ImageRecipe) -> None:
-        self.recipes[recipe.tag] = recipe
-
-    def ensure_image(self, node: NodeState, tag: str) -> None:
-        """Make sure `tag` is on `node`: build it from its recipe or transfer it from a node that has it."""
-        if tag in node.images:
-            return
-        with self._cond:
-            lock = self._image_locks.setdefault((node.node_id, tag), threading.Lock())
-        with lock:
-            if tag in node.images:
-                return
-            if self.call(node, "has_image", tag, timeout_s=120):
-                node.images.add(tag)
-                return
-            recipe = self.recipes.get(tag)
-            mode = self.config.image_distribution
-            if recipe is not None and mode in ("auto", "build"):
-                self.ensure_image(node, recipe.parent)
-                self.call(node, "build_image", recipe, timeout_s=1800)
-                self.stats.builds += 1
-                self.on_event(f"node {node.name}: built {tag}")
-            else:
-                self._transfer(node, tag)
-            node.images.add(tag)
-
-    def _transfer(self, node: NodeState, tag: str) -> None:
-        ray = _ray()
-        sources = [n for n in self.alive_nodes() if n is not node and tag in n.images]
-        if not sources:
-            for n in self.alive_nodes():
-                if n is not node and self.call(n, "has_image", tag, timeout_s=120):
-                    n.images.add(tag)
-                    sources.append(n)
-                    break
-        if not sources:
-            if self.origin is not None:
-                from envforge.fleet.images import export_image
-                from envforge.sandbox.images import image_exists
-
-                if image_exists(self.origin, tag):
-                    self.push_image(tag, export_image(self.origin, tag), [node])
-                    self.stats.transfers += 1
-                    self.on_event(f"node {node.name}: received {tag} from the driver's engine")
-                    return
-            raise InfraError("image_missing", f"image {tag} is on no node and has no recipe to build it from")
-        source = sources[0]
-        try:
-            data_ref = source.handle.export_image.remote(tag)  # stays in the object store, node to node
-            result = ray.get(node.handle.import_image.remote(data_ref, tag), timeout=1800)
-        except (*_lost_errors(), ray.exceptions.RayTaskError) as exc:
-            raise InfraError("image_transfer_failed", f"{tag} from {source.name} to {node.name}: "
-                                                      f"{_root_message(exc)}") from None
-        if isinstance(result, Fault):
-            raise result.rebuild()
-        self.stats.transfers += 1
-        self.on_event(f"node {node.name}: received {tag} from {source.name}")
+        self.distribution.register_recipe(recipe)
 
     def push_image(self, tag: str, data: bytes, nodes: list[NodeState] | None = None) -> int:
         """Load an image from this driver's own engine onto nodes that lack it (the first seeding)."""
-        ray = _ray()
-        ref = None
-        loaded = 0
-        for node in nodes or self.alive_nodes():
-            if tag in node.images or self.call(node, "has_image", tag, timeout_s=120):
-                node.images.add(tag)
-                continue
-            ref = ref or ray.put(data)
-            self.call(node, "import_image", ref, tag, timeout_s=1800)
-            node.images.add(tag)
-            loaded += 1
-        return loaded
+        return self.distribution.push(tag, data, nodes)
 
     # -- elastic pools ---------------------------------------------------------------------
 
@@ -457,34 +398,3 @@ class FleetDispatcher:
 
     def close(self) -> None:
         """Nothing to tear down: agents are shared and keep their warm pools; leases go back on release."""
-
-
-def _unwrap(result: Any) -> Any:
-    if isinstance(result, Fault):
-        raise result.rebuild()
-    return result
-
-
-def _lost_errors() -> tuple[type[BaseException], ...]:
-    """Ray's "that node or actor is gone" exceptions (looked up late: Ray is an optional extra)."""
-    ray = _ray()
-    return (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError)
-
-
-def _node_gone(ray: Any, exc: BaseException) -> bool:
-    """Whether an agent failed to answer because its node is gone (unreachable, or the actor never
-    ran), as opposed to its constructor raising (no engine, an unsupported engine)."""
-    if isinstance(exc, (ray.exceptions.ActorUnavailableError, ray.exceptions.TaskCancelledError)):
-        return True
-    return isinstance(exc, ray.exceptions.ActorDiedError) and "creation task" not in str(exc)
-
-
-def _root_message(exc: BaseException) -> str:
-    """The innermost useful line of a Ray error (an actor's constructor failure arrives wrapped)."""
-    text = str(exc)
-    for marker in ("infrastructure fault", "FleetConfigError", "InfraError"):
-        if marker in text:
-            line = text[text.index(marker):].splitlines()[0]
-            return line.strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else type(exc).__name__

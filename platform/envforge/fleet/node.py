@@ -167,7 +167,7 @@ class NodeAgent:
     # -- leases ----------------------------------------------------------------------------
 
     def acquire(self, client_id: str, image: str, options: SandboxOptions) -> tuple[str, bool] | str | Fault:
-        """(lease id, warm) or FULL. The image must be on this node (`ensure_image` first)."""
+        """(lease id, warm) or FULL. The image must be on this node (`ImageDistribution.ensure` first)."""
         with self._lock:
             if len(self._leases) >= self.capacity:
                 return FULL

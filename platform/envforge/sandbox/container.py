@@ -13,6 +13,10 @@ sandbox is marked tainted (a pool destroys it on release) and later commands fal
 
 The pristine workspace lives in the image (TEMPLATE_DIR) and is copied into the /workspace
 tmpfs at start and on every reset, so a reset sandbox is byte-identical to a fresh one.
+
+This module is the container's life and the transport to it; the git operations on the
+workspace (diff, apply, changed paths) are in `workspace.py`, and the fixed shell programs
+both send are in `programs.py`.
 """
 
 from __future__ import annotations
@@ -37,26 +41,18 @@ from docker.errors import APIError, ImageNotFound, NotFound
 from docker.types import LogConfig
 from docker.utils.socket import STDERR, STDOUT, frames_iter
 
-from envforge.errors import InfraError, PolicyOutcome
+from envforge.errors import InfraError
 from envforge.observe import metrics as live
-from envforge.sandbox.agent import WIPE_WRITABLE
+from envforge.sandbox import workspace
 from envforge.sandbox.channel import AgentChannel, AgentDead, AgentTimeout
 from envforge.sandbox.engine import ENGINE_ERRORS, MANAGED_LABEL, OWNER_LABEL, engine_call, owner_id
-from envforge.sandbox.images import TEMPLATE_DIR
+from envforge.sandbox.programs import KILL_ALL, OOM_FIRST_THEN_EXEC, READ_OOM_KILLS, RESET_TO_INITIAL, SUPERVISOR
 from envforge.task import EXTRA_TMPFS_MB, WORKSPACE, Limits, NetworkPolicy
 
 SANDBOX_UID = 1000
 DEFAULT_OUTPUT_CAP = 1 << 20  # bytes kept per stream; the rest is counted and dropped
 SHM_MB = RUN_ENVFORGE_MB = EXTRA_TMPFS_MB // 2  # /dev/shm and /run/envforge, counted in Limits' memory check
-# A policy's workspace changes larger than this (or than half of /tmp, where the diff's objects go)
-# cannot be graded: a model outcome (`diff_too_large`), not an infrastructure fault.
-MAX_DIFF_INPUT = 16 << 20
-_DIFF_TOO_LARGE_EXIT = 75
 AGENT_SOURCE = (Path(__file__).with_name("agent.py")).read_text()
-# The supervisor keeps the container alive if the agent dies (so `docker exec` still works)
-# and says so on the stream (docker-init holds the stream open, so it never ends by itself).
-_SUPERVISOR = ('python3 -c "$0"; printf \'\\n{"agent_exit": true}\\n\'; '
-               'exec sleep infinity </dev/null >/dev/null 2>&1')
 _HOST_GRACE_S = 30.0  # how much longer than a command's timeout the host waits for the agent
 BASE_ENV = {
     "HOME": "/tmp",
@@ -66,77 +62,6 @@ BASE_ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 _SNAPSHOT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-DIFF_CAP = 256 << 20
-# git against the image's read-only initial commit, with a private index and object store,
-# and no configuration but the image's own (a policy can plant ~/.gitconfig in /tmp).
-_PRIVATE_GIT = (
-    "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; mkdir \"$t/objects\"; "
-    "export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent; "
-    f"export GIT_DIR={TEMPLATE_DIR}/.git GIT_WORK_TREE={WORKSPACE} GIT_INDEX_FILE=\"$t/index\" "
-    f"GIT_OBJECT_DIRECTORY=\"$t/objects\" GIT_ALTERNATE_OBJECT_DIRECTORIES={TEMPLATE_DIR}/.git/objects; "
-    f"cp {TEMPLATE_DIR}/.git/index \"$t/index\"; cd {WORKSPACE}; "
-)
-# The sizes of the files that differ from the initial state (added, modified; deleted ones count 0),
-# before `git add` writes their objects: too much is the policy's outcome, stated, not a full /tmp.
-_CHANGED_BYTES_AT_MOST = (
-    "n=$(git status --porcelain=v1 -z --untracked-files=all --no-renames | sed -z 's/^...//' "
-    "| du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f 1); "
-    "if [ \"${{n:-0}}\" -gt {limit} ]; then echo \"$n\" >&2; exit {code}; fi; "
-)
-_READ_OOM_KILLS = ("cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null "
-                   "| sed -n 's/^oom_kill //p' | head -n 1")
-_CLEAR_TMP = "chmod -R u+rwX /tmp 2>/dev/null; find /tmp -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + ; true"
-# Before git reads the workspace: what the policy made unreadable to its own user (`chmod 000
-# run.sh`, a directory without r or x) would fail `git add` and turn the policy's act into an
-# "infrastructure fault", retried and then dropped: a failing policy could hide its failures that
-# way. Directories get u+rwx (git keeps no directory modes) and files u+r (git keeps only the
-# executable bit, which is left alone), top-down so a locked directory is opened before its
-# entries are read; symlinks are not followed, and what the user does not own is left as it is.
-_WORKSPACE_READABLE = (
-    "python3 -c 'import os,stat\n"
-    "todo=[\"%s\"]\n"
-    "while todo:\n"
-    " p=todo.pop()\n"
-    " try:\n"
-    "  m=os.lstat(p).st_mode\n"
-    "  if stat.S_ISDIR(m):\n"
-    "   if m&0o700!=0o700: os.chmod(p,m|0o700)\n"
-    "   todo.extend(e.path for e in os.scandir(p))\n"
-    "  elif stat.S_ISREG(m) and not m&0o400: os.chmod(p,m|0o400)\n"
-    " except OSError: pass'; " % WORKSPACE
-)
-_GIT_OVER_WORKSPACE = _WORKSPACE_READABLE + _PRIVATE_GIT  # what every read of the workspace through git runs first
-
-# apply_patch in one command: the patch arrives on stdin; each method's complaint goes to stderr
-# after a `@method` marker line; the method that worked is the last line of stdout.
-# A patch that cannot even be staged in /tmp (a policy filled it) fails as `stage_patch`, never
-# as an empty patch that `patch` would "apply".
-_APPLY_METHODS = ("git_apply", "git_apply_reject", "patch_fuzz")
-_APPLY_STEPS = ("stage_patch",) + _APPLY_METHODS
-_APPLY_PATCH = (
-    "p=$(mktemp /tmp/.envforge-apply-XXXXXXXX 2>&1) || { echo @stage_patch >&2; echo \"$p\" >&2; exit 1; }; "
-    "trap 'rm -f \"$p\"' EXIT; "
-    "if ! err=$(cat 2>&1 > \"$p\"); then echo @stage_patch >&2; echo \"$err\" >&2; exit 1; fi; "
-    "clean=$(git status --porcelain --untracked-files=all 2>/dev/null); "
-    "echo @git_apply >&2; git apply --whitespace=nowarn \"$p\" >&2 && { echo git_apply; exit 0; }; "
-    "if [ -z \"$clean\" ]; then echo @git_apply_reject >&2; "
-    "if git apply --reject --whitespace=nowarn \"$p\" >&2; then echo git_apply_reject; exit 0; fi; "
-    "git checkout -q -- . && git clean -fdq; fi; "
-    "echo @patch_fuzz >&2; patch --batch --fuzz=5 -p1 --dry-run -i \"$p\" >&2 "
-    "&& patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -i \"$p\" >&2 && { echo patch_fuzz; exit 0; }; exit 1"
-)
-
-
-def _apply_errors(lines: list[str]) -> list[str]:
-    """'method: complaint' per method tried, from the script's marked stderr."""
-    out: list[str] = []
-    for line in lines:
-        if line.startswith("@") and line[1:] in _APPLY_STEPS:
-            out.append(f"{line[1:]}:")
-        elif out and len(out[-1]) < 300:
-            out[-1] = (out[-1] + " " + line.strip())[:300]
-    return out
-
 
 # One shared pool for the async API: hundreds of sandboxes block in I/O at once.
 _ASYNC_EXECUTOR = ThreadPoolExecutor(max_workers=int(os.environ.get("ENVFORGE_SANDBOX_THREADS", "256")),
@@ -276,7 +201,7 @@ class Sandbox:
                 ensure_allowlist_network(client)
         started = time.perf_counter()
         all_labels = {MANAGED_LABEL: "1", OWNER_LABEL: owner_id(), "envforge.image": image, **(labels or {})}
-        command = ["/bin/sh", "-c", _SUPERVISOR, AGENT_SOURCE] if options.use_agent else ["sleep", "infinity"]
+        command = ["/bin/sh", "-c", SUPERVISOR, AGENT_SOURCE] if options.use_agent else ["sleep", "infinity"]
         try:
             container = client.containers.create(image, command=command, name=f"envforge-{uuid.uuid4().hex[:12]}",
                                                  labels=all_labels, **options.container_kwargs())
@@ -406,7 +331,7 @@ class Sandbox:
     def _oom_kills(self) -> int:
         """The memory cgroup's OOM-kill count, read without the agent (0 when it cannot be read)."""
         try:
-            code, out, _, _, _ = self._raw_docker_exec(["/bin/sh", "-c", _READ_OOM_KILLS], None, BASE_ENV, "/", 30, 4096)
+            code, out, _, _, _ = self._raw_docker_exec(["/bin/sh", "-c", READ_OOM_KILLS], None, BASE_ENV, "/", 30, 4096)
         except InfraError:
             return 0
         return int(out.split()[0]) if code == 0 and out.split() and out.split()[0].isdigit() else 0
@@ -427,8 +352,7 @@ class Sandbox:
     def _docker_exec(self, command: str, timeout: float, env: Mapping[str, str] | None, workdir: str,
                      stdin: bytes | None, cap: int) -> ExecResult:
         """The fallback path: `docker exec` as the sandbox user, wrapped in `timeout`."""
-        # Without the agent to set it, commands still make themselves the OOM killer's first choice.
-        argv = ["/bin/sh", "-c", 'echo 1000 >/proc/self/oom_score_adj 2>/dev/null; exec "$@"', "sh",
+        argv = ["/bin/sh", "-c", OOM_FIRST_THEN_EXEC, "sh",
                 "timeout", "--kill-after=2", f"{timeout:g}", "/bin/bash", "-c", command]
         started = time.perf_counter()
         code, out, err, out_t, err_t = self._raw_docker_exec(argv, stdin, {**BASE_ENV, **(env or {})}, workdir,
@@ -525,85 +449,34 @@ class Sandbox:
             raise FileNotFoundError(f"read_file {path}: {res.err_text().strip()}")
         return res.stdout
 
-    def apply_patch(self, patch: str) -> str:
-        """Apply a unified diff to the workspace; returns the method that worked.
+    # -- the workspace (git operations: envforge.sandbox.workspace) ----------------------------
 
-        Tries `git apply`, then `git apply --reject`, then `patch --fuzz`, as the SWE-bench
-        harness does. A failed `--reject` leaves hunks half-applied, so it is only tried on a
-        clean tree, which is then restored before `patch` runs. Raises ValueError naming every
-        method's complaint when none applies; the workspace is then as it was. One command
-        does it all (graders apply two patches per grading, so round trips count).
-        """
-        data = patch if patch.endswith("\n") else patch + "\n"
-        res = self.exec(_APPLY_PATCH, stdin=data.encode("utf-8", errors="surrogateescape"), timeout_s=120)
-        lines = res.text().strip().splitlines()
-        if res.exit_code == 0 and lines and lines[-1] in _APPLY_METHODS:
-            return lines[-1]
-        errors = [line for line in res.err_text().splitlines() if line.strip()]
-        raise ValueError("patch does not apply: " + " | ".join(_apply_errors(errors)))
+    def apply_patch(self, patch: str) -> str:
+        """Apply a unified diff to the workspace; returns the method that worked (`workspace.apply_patch`)."""
+        return workspace.apply_patch(self, patch)
 
     def diff(self, kill_processes: bool = True) -> str:
-        """The workspace's changes against the task's initial state, as a binary-safe git patch.
-
-        Computed against the read-only copy of the initial commit in the image, with a private
-        index and object store in /tmp, so nothing the policy did to /workspace/.git can hide
-        or forge changes, and user/system git config is ignored (no external diff drivers,
-        no textconv). By default every sandbox process is killed first, so a background job
-        cannot write into git's output: take the diff at the end of an episode. Files matched
-        by the task's own .gitignore are left out.
-        """
-        if kill_processes:
-            self.kill_processes()  # nothing left running can write into git's output
-            # /tmp holds the diff's private index and objects: what a policy left there (a full
-            # tmpfs included) must not stop its diff, and only /workspace is graded.
-            self.exec(_CLEAR_TMP, timeout_s=120, workdir="/")
-        limit = self.diff_input_limit()
-        res = self.exec(_GIT_OVER_WORKSPACE + _CHANGED_BYTES_AT_MOST.format(limit=limit, code=_DIFF_TOO_LARGE_EXIT)
-                        + "git add -A && git diff --cached --binary --no-ext-diff --no-textconv HEAD",
-                        timeout_s=120, output_cap=DIFF_CAP)
-        if res.exit_code == _DIFF_TOO_LARGE_EXIT:
-            raise PolicyOutcome("diff_too_large", f"the workspace changes hold {res.err_text().strip()} bytes, over "
-                                                  f"the {limit}-byte limit")
-        if res.oom_killed:
-            raise PolicyOutcome("oom", "the diff was killed for memory the policy's files take")
-        if res.exit_code != 0:
-            raise InfraError("diff_failed", res.err_text()[-300:])
-        if res.stdout_truncated:
-            raise InfraError("diff_too_large", f"the workspace diff is over {DIFF_CAP >> 20} MiB")
-        return res.stdout.decode("utf-8", errors="surrogateescape")
+        """The workspace's changes against the task's initial state, as a binary-safe git patch
+        (`workspace.diff`: by default every sandbox process is killed first)."""
+        return workspace.diff(self, kill_processes)
 
     def diff_input_limit(self) -> int:
-        """Bytes of changed files a diff may take: its objects are written to /tmp, and past a few
-        MiB a diff is not a solution anyone can learn from."""
-        return min(MAX_DIFF_INPUT, self.options.limits.tmp_mb << 19)
+        """Bytes of changed files a diff may take (`workspace.diff_input_limit`)."""
+        return workspace.diff_input_limit(self.options.limits)
 
     def changed_paths(self) -> list[str]:
-        """Workspace paths that differ from the task's initial state (added, modified, deleted, type-changed)."""
-        res = self.exec(_GIT_OVER_WORKSPACE + "git add -A && git diff --cached --no-renames --name-only -z HEAD",
-                        timeout_s=120, output_cap=DIFF_CAP)
-        if res.exit_code != 0:
-            raise InfraError("diff_failed", res.err_text()[-300:])
-        return [p for p in res.stdout.decode("utf-8", errors="surrogateescape").split("\0") if p]
+        """Workspace paths that differ from the task's initial state (`workspace.changed_paths`)."""
+        return workspace.changed_paths(self)
 
     def restore_paths(self, paths: list[str]) -> None:
-        """Put paths back as they are in the task's initial state (removed if they did not exist)."""
-        if not paths:
-            return
-        lines = "\n".join(paths)
-        script = (f"while IFS= read -r p; do rm -rf -- \"{WORKSPACE}/$p\"; "
-                  f"if [ -e \"{TEMPLATE_DIR}/$p\" ] || [ -L \"{TEMPLATE_DIR}/$p\" ]; then "
-                  f"mkdir -p \"$(dirname \"{WORKSPACE}/$p\")\" && cp -a \"{TEMPLATE_DIR}/$p\" \"{WORKSPACE}/$p\"; fi; "
-                  f"done")
-        res = self.exec(script, stdin=(lines + "\n").encode(), timeout_s=120, workdir="/")
-        if res.exit_code != 0:
-            raise InfraError("restore_failed", res.err_text()[-300:])
+        """Put paths back as they are in the task's initial state (`workspace.restore_paths`)."""
+        workspace.restore_paths(self, paths)
 
     def restore_git_dir(self) -> None:
-        """Replace /workspace/.git with the image's pristine copy (a diff may have written into it)."""
-        res = self.exec(f"rm -rf {WORKSPACE}/.git && cp -a {TEMPLATE_DIR}/.git {WORKSPACE}/.git", timeout_s=120,
-                        workdir="/")
-        if res.exit_code != 0:
-            raise InfraError("restore_failed", res.err_text()[-300:])
+        """Replace /workspace/.git with the image's pristine copy (`workspace.restore_git_dir`)."""
+        workspace.restore_git_dir(self)
+
+    # -- grader files and processes --------------------------------------------------------
 
     def install_files(self, dest: str, files: Mapping[str, bytes], mode: int = 0o644) -> None:
         """Write files as root under /run/envforge-verifier: commands can read and run them, not change them."""
@@ -617,7 +490,7 @@ class Sandbox:
     def kill_processes(self) -> int:
         """SIGKILL every process of the sandbox user (background jobs included); returns how many."""
         if not self.agent_alive:
-            self._raw_docker_exec(["/bin/sh", "-c", "for i in 1 2 3 4 5; do kill -9 -1 2>/dev/null; done; true"],
+            self._raw_docker_exec(["/bin/sh", "-c", KILL_ALL],
                                   None, BASE_ENV, "/", 60, DEFAULT_OUTPUT_CAP)
             return 0
         msg = self._agent({"op": "kill"}, 60)
@@ -659,9 +532,7 @@ class Sandbox:
             return
         if snapshot.name is not None:
             raise InfraError("agent_unavailable", "resetting to a snapshot needs the in-sandbox agent")
-        script = (f"for i in 1 2 3 4 5; do kill -9 -1 2>/dev/null; done; {WIPE_WRITABLE}; "
-                  f"cp -a {TEMPLATE_DIR}/. {WORKSPACE}/")
-        code, _, err, _, _ = self._raw_docker_exec(["/bin/sh", "-c", script], None, BASE_ENV, "/", 180,
+        code, _, err, _, _ = self._raw_docker_exec(["/bin/sh", "-c", RESET_TO_INITIAL], None, BASE_ENV, "/", 180,
                                                    DEFAULT_OUTPUT_CAP)
         if code != 0:
             self.tainted = "reset failed"

@@ -1,4 +1,5 @@
-"""The FastAPI app: routes, authentication, error bodies, request caps, metrics, the reaper.
+"""The FastAPI app: the factory that puts the service together (lifespan, error bodies, request
+caps, metrics, the reaper) from the routers in `envforge.service.routes`.
 
     app = create_app(settings, ServiceConfig())          # sandboxes: the fleet or the local pool
     uvicorn.run(app, host=..., port=...)                 # `envforge service serve` does this
@@ -14,15 +15,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Coroutine
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from envforge import track
 from envforge.catalog import Catalog
@@ -32,36 +32,22 @@ from envforge.rollout.scheduler import SYSTEM_PROMPT
 from envforge.service import models as m
 from envforge.service.backend import EnvBackend, backend_from_env
 from envforge.service.config import ServiceConfig
-from envforge.observe.http import metrics_payload
 from envforge.service.metrics import ServiceMetrics
-from envforge.service.openenv_ws import add_openenv_route
 from envforge.service.quotas import QuotaExceeded, QuotaTracker
 from envforge.service.recorder import SessionRecorder
+from envforge.service.routes import HTTP_ROUTERS, ROUTERS
+from envforge.service.routes.deps import AuthError
 from envforge.service.sessions import SessionError, SessionManager
-from envforge.service.tasks import NotFound, TaskDirectory, task_summary
-from envforge.service.tenants import Tenant, TenantStore, tenants_path
+from envforge.service.tasks import NotFound, TaskDirectory
+from envforge.service.tenants import TenantStore, tenants_path
 
 log = logging.getLogger("envforge.service")
 API_VERSION = "1.0.0"
 
 
-class AuthError(Exception):
-    pass
-
-
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
-
-
-def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    what = {401: "missing, unknown or revoked API key", 404: "no such task set, task or session (for this key)",
-            400: "the body is not JSON, or the session cannot do this in its state", 410: "the session is gone (service restart, "
-            "idle timeout or infrastructure fault): start a new one", 413: "request body over the size cap",
-            429: "a quota is exhausted; see Retry-After", 503: "infrastructure fault or the service is full; retry"}
-    out: dict[int | str, dict[str, Any]] = {c: {"model": m.ErrorResponse, "description": what[c]} for c in codes}
-    if 429 in out:
-        out[429]["headers"] = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
-    return out
+    body = m.ErrorResponse(error=m.ErrorDetail(code=code, message=message))  # the body the spec lists
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 class BodySizeLimit:
@@ -126,193 +112,115 @@ class RequestMetrics:
                 time.perf_counter() - started)
 
 
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Open the tenant store and the session manager (on the given backend, or one `backend_from_env`
+    starts), reap idle sessions while the app runs, and close it all in order at shutdown."""
+    settings: Settings = app.state.settings
+    config: ServiceConfig = app.state.config
+    given: EnvBackend | None = app.state.given_backend
+    settings.ensure_dirs()
+    store = TenantStore(tenants_path(settings))
+    used_backend = given or await asyncio.to_thread(backend_from_env, settings, config)
+    manager = SessionManager(used_backend, TaskDirectory(Catalog(settings.catalog_path)), QuotaTracker(store),
+                             SessionRecorder(settings, config.record_every_sessions, config.record_every_s,
+                                             mlflow=config.mlflow),
+                             app.state.metrics, config, app.state.boot_id)
+    manager.recorder.boot_id = manager.boot_id
+    app.state.store, app.state.manager = store, manager
+
+    async def reaper() -> None:
+        while True:
+            await asyncio.sleep(config.reap_interval_s)
+            try:
+                await manager.reap()
+            except Exception:
+                log.exception("reaper tick failed")
+
+    async def warm_tracking() -> None:
+        # MLflow's first use (import, store migrations) takes seconds: pay it at start-up, not in the
+        # first batch, and say early when the tracking server cannot be reached.
+        if not config.mlflow:
+            return
+        try:
+            await asyncio.to_thread(track.experiment_id, settings)
+        except Exception as exc:
+            log.warning("MLflow is not reachable yet (%s); session batches will retry it", exc)
+
+    task = asyncio.create_task(reaper())
+    warm = asyncio.create_task(warm_tracking())
+    log.info("envforge service ready (boot %s)", manager.boot_id)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await warm
+        await manager.shutdown()
+        if given is None:
+            await asyncio.to_thread(used_backend.close)
+        store.close()
+
+
+async def _auth(_: Request, exc: AuthError) -> JSONResponse:
+    return _error(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"})
+
+
+async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
+    return _error(404, "not_found", str(exc))
+
+
+async def _session(_: Request, exc: SessionError) -> JSONResponse:
+    return _error(exc.status, exc.code, str(exc))
+
+
+async def _quota(_: Request, exc: QuotaExceeded) -> JSONResponse:
+    return _error(429, "quota_exceeded", str(exc), {"Retry-After": str(exc.retry_after_s)})
+
+
+async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        # Starlette names only the first matching route's methods; list every route's on this path.
+        scope = {"type": "http", "path": request.url.path, "method": "GET", "root_path": ""}
+        allowed = sorted({meth for router in HTTP_ROUTERS for r in router.routes if isinstance(r, APIRoute)
+                          and r.matches(scope)[0] != Match.NONE for meth in r.methods})
+        headers["Allow"] = ", ".join(allowed)
+    code = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return _error(exc.status_code, code, str(exc.detail), headers)
+
+
+async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+              for e in exc.errors()]
+    return JSONResponse({"detail": errors}, status_code=422)
+
+
+# Every error as `{"error": {"code", "message"}}` with the status the spec lists (validation: FastAPI's 422 body).
+_ERROR_HANDLERS: dict[int | type[Exception], Callable[[Request, Any], Coroutine[Any, Any, Response]]] = {
+    AuthError: _auth, NotFound: _not_found, SessionError: _session, QuotaExceeded: _quota,
+    StarletteHTTPException: _http, RequestValidationError: _invalid}
+
+
 def create_app(settings: Settings, config: ServiceConfig | None = None, backend: EnvBackend | None = None,
                boot_id: str | None = None) -> FastAPI:
     """The service over `settings` (catalog, tenants file, MLflow). Without a backend, the lifespan
     starts one by `backend_from_env`: the sandbox fleet when `ENVFORGE_RAY_ADDRESS` is set, else a
     warm pool on the configured Docker engine."""
     config = config or ServiceConfig()
-    metrics = ServiceMetrics()
-    state: dict[str, Any] = {}
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        settings.ensure_dirs()
-        store = TenantStore(tenants_path(settings))
-        used_backend = backend or await asyncio.to_thread(backend_from_env, settings, config)
-        manager = SessionManager(used_backend, TaskDirectory(Catalog(settings.catalog_path)), QuotaTracker(store),
-                                 SessionRecorder(settings, config.record_every_sessions, config.record_every_s,
-                                                 mlflow=config.mlflow),
-                                 metrics, config, boot_id)
-        manager.recorder.boot_id = manager.boot_id
-        state.update(store=store, manager=manager)
-
-        async def reaper() -> None:
-            while True:
-                await asyncio.sleep(config.reap_interval_s)
-                try:
-                    await manager.reap()
-                except Exception:
-                    log.exception("reaper tick failed")
-
-        async def warm_tracking() -> None:
-            # MLflow's first use (import, store migrations) takes seconds: pay it at start-up, not in the
-            # first batch, and say early when the tracking server cannot be reached.
-            if not config.mlflow:
-                return
-            try:
-                await asyncio.to_thread(track.experiment_id, settings)
-            except Exception as exc:
-                log.warning("MLflow is not reachable yet (%s); session batches will retry it", exc)
-
-        task = asyncio.create_task(reaper())
-        warm = asyncio.create_task(warm_tracking())
-        log.info("envforge service ready (boot %s)", manager.boot_id)
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await warm
-            await manager.shutdown()
-            if backend is None:
-                await asyncio.to_thread(used_backend.close)
-            store.close()
-
-    app = FastAPI(title="envforge environment service", version=API_VERSION, lifespan=lifespan,
+    app = FastAPI(title="envforge environment service", version=API_VERSION, lifespan=_lifespan,
+                  exception_handlers=_ERROR_HANDLERS,
                   description="envforge's verified environments for outside RL trainers: list tasks, open a "
                               "session on a task, act with the rollout tools, get the verified reward. "
                               "See docs/service.md.")
-    app.state.metrics = metrics
-    app.state.service = state
-    bearer = HTTPBearer(auto_error=False, description="an API key from `envforge service keys create`")
-
-    def manager() -> SessionManager:
-        return state["manager"]
-
-    async def tenant(request: Request,
-                     creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Tenant:
-        key = creds.credentials if creds else request.headers.get("x-api-key", "")
-        # A direct read: one indexed SQLite row (tens of microseconds) costs less than a thread hop.
-        found = state["store"].authenticate(key) if key else None
-        if found is None:
-            metrics.auth_failures.inc()
-            raise AuthError("missing, unknown or revoked API key" if key else
-                            "no API key: send `Authorization: Bearer <key>`")
-        return found
-
-    @app.exception_handler(AuthError)
-    async def _auth(_: Request, exc: AuthError) -> JSONResponse:
-        return _error(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"})
-
-    @app.exception_handler(NotFound)
-    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
-        return _error(404, "not_found", str(exc))
-
-    @app.exception_handler(SessionError)
-    async def _session(_: Request, exc: SessionError) -> JSONResponse:
-        return _error(exc.status, exc.code, str(exc))
-
-    @app.exception_handler(QuotaExceeded)
-    async def _quota(request: Request, exc: QuotaExceeded) -> JSONResponse:
-        return _error(429, "quota_exceeded", str(exc), {"Retry-After": str(exc.retry_after_s)})
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        headers = dict(exc.headers or {})
-        if exc.status_code == 405:
-            # Starlette names only the first matching route's methods; list every route's on this path.
-            scope = {"type": "http", "path": request.url.path, "method": "GET", "root_path": ""}
-            allowed = sorted({meth for r in app.routes if isinstance(r, APIRoute)
-                              and r.matches(scope)[0] != Match.NONE for meth in r.methods})
-            headers["Allow"] = ", ".join(allowed)
-        code = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error(exc.status_code, code, str(exc.detail), headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-                  for e in exc.errors()]
-        return JSONResponse({"detail": errors}, status_code=422)
-
-    def quota_guard(t: Tenant, exc: QuotaExceeded) -> QuotaExceeded:
-        metrics.quota_rejections.labels(t.name, exc.quota).inc()
-        return exc
-
-    # -- public -------------------------------------------------------------------------------
-
-    @app.get("/healthz", response_model=m.Health, tags=["service"])
-    async def healthz() -> dict[str, Any]:
-        mgr = manager()
-        return {"status": "ok", "boot_id": mgr.boot_id, "sessions_open": mgr.open_count(),
-                "backend": await asyncio.to_thread(mgr.backend.stats)}  # the fleet's asks its nodes
-
-    @app.get("/metrics", tags=["service"], response_class=Response,
-             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                              "description": "Prometheus text exposition"}})
-    async def prometheus() -> Response:
-        body, content_type = metrics_payload(metrics.registry)  # the app's own, and the process's sandboxes
-        return Response(body, media_type=content_type)
-
-    # -- tasks --------------------------------------------------------------------------------
-
-    @app.get("/task-sets", response_model=m.TaskSetList, tags=["tasks"], responses=_responses(401))
-    async def list_task_sets(t: Tenant = Depends(tenant)) -> dict[str, Any]:
-        infos = await asyncio.to_thread(manager().directory.task_sets, t)
-        return {"task_sets": [i.__dict__ for i in infos]}
-
-    @app.get("/task-sets/{task_set}/tasks", response_model=m.TaskList, tags=["tasks"], responses=_responses(401, 404))
-    async def list_tasks(task_set: str, t: Tenant = Depends(tenant)) -> dict[str, Any]:
-        info, tasks = await asyncio.to_thread(manager().directory.tasks, t, task_set)
-        return {"task_set": info.__dict__, "system_prompt": SYSTEM_PROMPT, "tools": TOOLS,
-                "tasks": [task_summary(s) for s in tasks]}
-
-    # -- sessions -----------------------------------------------------------------------------
-
-    @app.post("/sessions", response_model=m.SessionOut, status_code=201, tags=["sessions"],
-              responses=_responses(400, 401, 404, 413, 429, 503))
-    async def create_session(body: m.CreateSession, t: Tenant = Depends(tenant)) -> dict[str, Any]:
-        try:
-            _, out = await manager().create(t, body.task_id, body.task_set, body.index, body.content_hash,
-                                            body.seed, body.max_turns)
-        except QuotaExceeded as exc:
-            raise quota_guard(t, exc) from None
-        return out
-
-    @app.get("/sessions", response_model=m.SessionList, tags=["sessions"], responses=_responses(401))
-    async def list_sessions(t: Tenant = Depends(tenant)) -> dict[str, Any]:
-        return {"sessions": [s.state() for s in manager().sessions_of(t)]}
-
-    @app.get("/sessions/{session_id}", response_model=m.SessionState, tags=["sessions"],
-             responses=_responses(401, 404, 410))
-    async def get_session(session_id: str, t: Tenant = Depends(tenant)) -> dict[str, Any]:
-        return manager().get(t, session_id).state()
-
-    @app.post("/sessions/{session_id}/step", response_model=m.StepOut, tags=["sessions"],
-              responses=_responses(400, 401, 404, 410, 413, 429, 503))
-    async def step(session_id: str, body: m.StepRequest, t: Tenant = Depends(tenant)) -> dict[str, Any]:
-        call = body.tool_call.model_dump() if body.tool_call is not None else None
-        try:
-            return await manager().step(t, session_id, call, body.text)
-        except QuotaExceeded as exc:
-            raise quota_guard(t, exc) from None
-
-    @app.post("/sessions/{session_id}/verify", response_model=m.VerifyOut, tags=["sessions"],
-              responses=_responses(401, 404, 410, 429, 503))
-    async def verify(session_id: str, t: Tenant = Depends(tenant)) -> dict[str, Any]:
-        try:
-            return await manager().verify(t, session_id)
-        except QuotaExceeded as exc:
-            raise quota_guard(t, exc) from None
-
-    @app.delete("/sessions/{session_id}", response_model=m.SessionClosed, tags=["sessions"],
-                responses=_responses(401, 404, 410))
-    async def delete_session(session_id: str, t: Tenant = Depends(tenant)) -> dict[str, Any]:
-        return await manager().delete(t, session_id)
-
-    add_openenv_route(app, manager, lambda key: state["store"].authenticate(key))
-    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.state.settings, app.state.config, app.state.given_backend, app.state.boot_id = settings, config, backend, boot_id
+    app.state.metrics = ServiceMetrics()
+    # What a task listing tells trainers to act with: the prompt and tools of envforge's own rollouts.
+    app.state.instructions = {"system_prompt": SYSTEM_PROMPT, "tools": TOOLS}
+    for router in ROUTERS:
+        app.include_router(router)
+    app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     app.add_middleware(BodySizeLimit, limit=config.max_request_bytes)
     return app
 
