@@ -65,11 +65,41 @@ NOT_SETTINGS = {
     "ENVFORGE_RUNBOOK_EOF": "a heredoc marker in shell programs",
 }
 
+# Variables of the deployment scripts and compose files (platform/deploy): read by them, not by envforge.
+DEPLOY_VARIABLES = {
+    "ENVFORGE_DOCKER_HOST": "production compose: the services' DOCKER_HOST (docs/deploy.md)",
+    "ENVFORGE_SSH_DIR": "production compose: the ssh folder mounted for an ssh:// engine (docs/deploy.md)",
+    "ENVFORGE_MODELS_DIR": "production compose: the host folder of model weights, mounted at /models",
+    "ENVFORGE_NODE_SANDBOXES": "fleet-node.sh: sandboxes the node may lease at once (docs/fleet.md)",
+    "ENVFORGE_NODE_DOCKERD": "fleet-node.sh: 1 starts dockerd in the node's container (docs/fleet.md)",
+    "ENVFORGE_DOCKER_SOCKET": "docker-engine.sh: the engine socket it waits for",
+    "ENVFORGE_DOCKER_WAIT_S": "docker-engine.sh, fleet-engine.sh: how long to wait for the engine",
+    "ENVFORGE_DOCKERD_LOG": "docker-engine.sh: dockerd's log file",
+    "ENVFORGE_FLEET_RUN_DIR": "fleet-engine.sh: run folder of a node's engine",
+    "ENVFORGE_FLEET_DATA_DIR": "fleet-engine.sh: data folder of a node's engine",
+}
+
 _ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("envforge_settings_environ", default=None)
 
 
 class SettingsError(EnvforgeError, ValueError):
-    """An environment variable holds a value envforge cannot use; the message names the variable."""
+    """Environment variables hold values envforge cannot use; the message names each variable.
+    `problems`: (variable, its value, what it expects, the setting's help) of each."""
+
+    def __init__(self, problems: list[tuple[str, str | None, str, str]]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(f"environment variable {var}: {expected}, got {raw!r}" + (f" ({help})" if help else "")
+                                   for var, raw, expected, help in problems))
+
+
+_EXPECTED = {"int_parsing": "expected a whole number", "int_from_float": "expected a whole number",
+             "float_parsing": "expected a number", "bool_parsing": "expected true or false (1/0, yes/no, on/off)"}
+
+
+def _expected(err: Any) -> str:
+    if err["type"] == "literal_error":
+        return "expected one of " + str(err.get("ctx", {}).get("expected", "")).replace("'", "")
+    return _EXPECTED.get(err["type"], err["msg"])
 
 
 def _var(env: str, default: Any, group: str, help: str, *, secret: bool = False, default_doc: str | None = None,
@@ -95,19 +125,19 @@ class _DeclaredSettings(BaseSettings):
 
     # -- core paths and stores
     data_dir: Path = _var("ENVFORGE_DATA_DIR", None, "core", "catalog, MLflow store, build scratch, checkpoints",
-                          default_doc="<checkout>/.envforge",
+                          default_doc="`<checkout>/.envforge`",
                           default_factory=lambda: checkout_root() / ".envforge")
     sandboxes_dir: Path = _var("ENVFORGE_SANDBOXES_DIR", None, "core", "base image recipe and task families",
-                               default_doc="<checkout>/sandboxes", default_factory=lambda: checkout_root() / "sandboxes")
+                               default_doc="`<checkout>/sandboxes`", default_factory=lambda: checkout_root() / "sandboxes")
     task_sources_dir: Path = _var("ENVFORGE_TASK_SOURCES", None, "core", "bundled and user task sources",
-                                  default_doc="<checkout>/task_sources",
+                                  default_doc="`<checkout>/task_sources`",
                                   default_factory=lambda: checkout_root() / "task_sources")
     store_url: Optional[str] = _var("ENVFORGE_STORE_URL", None, "core",
                                     "s3://bucket/prefix for rollouts, task-set parquet and reports "
                                     "(unset: under the data dir)")
     mlflow_tracking_uri: Optional[str] = _var("MLFLOW_TRACKING_URI", None, "core", "the MLflow tracking store; "
                                               "production requires an http(s) server",
-                                              default_doc="sqlite:///<data dir>/mlflow.db")
+                                              default_doc="`sqlite:///<data dir>/mlflow.db`")
     mlflow_experiment: str = _var("ENVFORGE_MLFLOW_EXPERIMENT", "envforge", "core", "MLflow experiment of runs")
     mlflow_ui_url: str = _var("ENVFORGE_MLFLOW_UI_URL", "http://127.0.0.1:5000", "core",
                               "where run links point when the tracking URI is not an http(s) server "
@@ -195,7 +225,7 @@ class _DeclaredSettings(BaseSettings):
                                    "keep serving /metrics this long after a run, for a last scrape")
     metrics_targets_dir: Optional[Path] = _var("ENVFORGE_METRICS_TARGETS_DIR", None, "observability",
                                                "Prometheus file_sd directory processes register in",
-                                               default_doc="<data dir>/observe/targets")
+                                               default_doc="`<data dir>/observe/targets`")
     traces: str = _var("ENVFORGE_TRACES", "off", "observability", "`off`, `console` or `otlp` (to "
                        "OTEL_EXPORTER_OTLP_ENDPOINT, which the exporter reads itself)")
     log_format: str = _var("ENVFORGE_LOG_FORMAT", "text", "observability",
@@ -305,9 +335,8 @@ def read_env(environ: Mapping[str, str] | None = None) -> Any:
         for err in exc.errors():
             var = str(err["loc"][0]) if err["loc"] else ""
             f = field_of(var)
-            help = f" ({f.description})" if f is not None and f.description else ""
-            problems.append(f"environment variable {var}={env.get(var)!r}: {err['msg']}{help}")
-        raise SettingsError("\n".join(problems)) from None
+            problems.append((var, env.get(var), _expected(err), (f.description or "") if f is not None else ""))
+        raise SettingsError(problems) from None
     finally:
         _ENVIRON.reset(token)
 
@@ -344,14 +373,15 @@ def default_text(name: str) -> str:
 
 
 def origins(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Where each setting's effective value comes from: `environment (VAR)` or `default`."""
+    """Where each setting's effective value comes from: `environment` (its variable) or `default`
+    (there is no .env file or other source)."""
     env = os.environ if environ is None else environ
     out = {}
     for name, f in EnvSettings.model_fields.items():
         var = str(f.validation_alias)
         raw = env.get(var)
         set_here = raw is not None and (bool(raw.strip()) or _extra(f)["keep_empty"])
-        out[name] = f"environment ({var})" if set_here else "default"
+        out[name] = "environment" if set_here else "default"
     return out
 
 

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 log = logging.getLogger("envforge.observe")
-TARGETS_ENV = "ENVFORGE_METRICS_TARGETS_DIR"
 PREFIX = "envforge-"
 ROLES = frozenset({"run", "policy_server", "env_service", "fleet_node"})
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
@@ -37,9 +36,11 @@ _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 def targets_dir(data_dir: Path | None = None) -> Path:
     """The file_sd directory: ENVFORGE_METRICS_TARGETS_DIR, else <data_dir>/observe/targets (the
     given data dir, or the environment's)."""
-    raw = os.environ.get(TARGETS_ENV, "").strip()
-    if raw:
-        return Path(raw).expanduser().resolve()
+    from envforge.settings import read_env
+
+    configured = read_env().metrics_targets_dir
+    if configured is not None:
+        return configured.expanduser().resolve()
     if data_dir is None:
         from envforge.config import Settings
 

@@ -43,6 +43,7 @@ from envforge.sandbox.agent import WIPE_WRITABLE
 from envforge.sandbox.channel import AgentChannel, AgentDead, AgentTimeout
 from envforge.sandbox.engine import ENGINE_ERRORS, MANAGED_LABEL, OWNER_LABEL, engine_call, owner_id
 from envforge.sandbox.images import TEMPLATE_DIR
+from envforge.settings import read_env
 from envforge.task import EXTRA_TMPFS_MB, WORKSPACE, Limits, NetworkPolicy
 
 SANDBOX_UID = 1000
@@ -139,7 +140,7 @@ def _apply_errors(lines: list[str]) -> list[str]:
 
 
 # One shared pool for the async API: hundreds of sandboxes block in I/O at once.
-_ASYNC_EXECUTOR = ThreadPoolExecutor(max_workers=int(os.environ.get("ENVFORGE_SANDBOX_THREADS", "256")),
+_ASYNC_EXECUTOR = ThreadPoolExecutor(max_workers=read_env().sandbox_threads,
                                      thread_name_prefix="envforge-sandbox")
 
 

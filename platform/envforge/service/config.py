@@ -69,7 +69,9 @@ class ServiceConfig:
         try:
             env = read_env(environ)
         except SettingsError as exc:
-            raise EnvforgeError(f"service configuration: {exc}") from None
+            raise EnvforgeError("service configuration: " + "; ".join(f"{var}={raw!r}: {expected} ({help})"
+                                                                      for var, raw, expected, help in exc.problems)
+                                ) from None
         return cls(**{f.name: getattr(env, f"service_{f.name}") for f in fields(cls) if f.metadata.get("env")})
 
     def with_overrides(self, **changes: Any) -> "ServiceConfig":
