@@ -88,8 +88,8 @@ class SettingsError(EnvforgeError, ValueError):
 
     def __init__(self, problems: list[tuple[str, str | None, str, str]]) -> None:
         self.problems = problems
-        super().__init__("\n".join(f"environment variable {var}: {expected}, got {raw!r}" + (f" ({help})" if help else "")
-                                   for var, raw, expected, help in problems))
+        super().__init__("\n".join(f"environment variable {var}: {expected}, got {raw!r}"
+                                   + (f" ({help})" if help else "") for var, raw, expected, help in problems))
 
 
 _EXPECTED = {"int_parsing": "expected a whole number", "int_from_float": "expected a whole number",
@@ -121,14 +121,15 @@ _HEALTH = "envforge.observe.health:HealthThresholds"
 class _DeclaredSettings(BaseSettings):
     """The settings declared here; `EnvSettings` adds the fleet's and the service's."""
 
-    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", frozen=True, populate_by_name=False)
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", frozen=True)
 
     # -- core paths and stores
     data_dir: Path = _var("ENVFORGE_DATA_DIR", None, "core", "catalog, MLflow store, build scratch, checkpoints",
                           default_doc="`<checkout>/.envforge`",
                           default_factory=lambda: checkout_root() / ".envforge")
     sandboxes_dir: Path = _var("ENVFORGE_SANDBOXES_DIR", None, "core", "base image recipe and task families",
-                               default_doc="`<checkout>/sandboxes`", default_factory=lambda: checkout_root() / "sandboxes")
+                               default_doc="`<checkout>/sandboxes`",
+                               default_factory=lambda: checkout_root() / "sandboxes")
     task_sources_dir: Path = _var("ENVFORGE_TASK_SOURCES", None, "core", "bundled and user task sources",
                                   default_doc="`<checkout>/task_sources`",
                                   default_factory=lambda: checkout_root() / "task_sources")
@@ -146,8 +147,8 @@ class _DeclaredSettings(BaseSettings):
     # -- object storage
     s3_endpoint_url: Optional[str] = _var("ENVFORGE_S3_ENDPOINT_URL", None, "storage",
                                           "S3-compatible endpoint (MinIO, Ceph...); unset: AWS_ENDPOINT_URL, else AWS")
-    aws_endpoint_url: Optional[str] = _var("AWS_ENDPOINT_URL", None, "storage",
-                                           "the AWS SDKs' endpoint variable, used when ENVFORGE_S3_ENDPOINT_URL is unset")
+    aws_endpoint_url: Optional[str] = _var("AWS_ENDPOINT_URL", None, "storage", "the AWS SDKs' endpoint "
+                                           "variable, used when ENVFORGE_S3_ENDPOINT_URL is unset")
     aws_access_key_id: Optional[SecretStr] = _var("AWS_ACCESS_KEY_ID", None, "storage", "access key", secret=True)
     aws_secret_access_key: Optional[SecretStr] = _var("AWS_SECRET_ACCESS_KEY", None, "storage", "secret key",
                                                       secret=True)
@@ -297,9 +298,9 @@ def _service_fields() -> dict[str, Any]:
     return out
 
 
-EnvSettings = create_model("EnvSettings", __base__=_DeclaredSettings, __doc__=__doc__,
+EnvSettings = create_model("EnvSettings", __base__=_DeclaredSettings,
+                           __doc__="Every setting envforge reads from the environment (`read_env()` builds it).",
                            **_fleet_fields(), **_service_fields())
-EnvSettings.__doc__ = "Every setting envforge reads from the environment (`read_env()` builds it)."
 
 
 class _EnvironSource(EnvSettingsSource):

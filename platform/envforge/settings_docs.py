@@ -11,8 +11,8 @@ from typing import Any, Mapping
 
 from pydantic import SecretStr
 
-from envforge.settings import (DEPLOY_VARIABLES, GROUPS, NOT_SETTINGS, EnvSettings, default_text, group_of, is_secret, origins,
-                               read_env)
+from envforge.settings import (DEPLOY_VARIABLES, GROUPS, NOT_SETTINGS, EnvSettings, default_text, group_of,
+                               is_secret, origins, read_env)
 
 MASK = "********"
 
