@@ -107,8 +107,8 @@ def _var(env: str, default: Any, group: str, help: str, *, secret: bool = False,
     """A setting: its variable `env`, its default (`default_doc` says it in words where it depends on the
     machine, `default_from` where a typed config holds it), its group and help. `keep_empty`: an empty
     value means something (it is not the same as unset)."""
-    extra = {"group": group, "secret": secret, "default_doc": default_doc, "keep_empty": keep_empty,
-             "default_from": default_from}
+    extra: dict[str, Any] = {"group": group, "secret": secret, "default_doc": default_doc,
+                             "keep_empty": keep_empty, "default_from": default_from}
     if default_factory is not None:
         return Field(default_factory=default_factory, validation_alias=env, description=help,
                      json_schema_extra=extra)

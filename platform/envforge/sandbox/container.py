@@ -21,7 +21,6 @@ import asyncio
 import base64
 import contextvars
 import json
-import os
 import re
 import shlex
 import socket
