@@ -1,14 +1,14 @@
 """Settings shared by the CLI, the Dagster resources and Python callers.
 
-One typed object read from environment variables with embedded defaults, so that a fresh
-checkout works with no configuration and production overrides are plain env vars.
+One typed object built from environment variables (declared, with their defaults, in
+envforge.settings; docs/configuration.md lists them), so that a fresh checkout works with no
+configuration and production overrides are plain env vars.
 """
 
 from __future__ import annotations
 
-import os
 import typing
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
@@ -48,29 +48,29 @@ def config_from_dict(cls: type[C], values: Mapping[str, Any]) -> C:
 class Settings:
     """Where envforge keeps its data and which services it talks to."""
 
-    data_dir: Path = field(metadata={"env": "ENVFORGE_DATA_DIR", "help": "catalog, MLflow store, build scratch"})
-    mlflow_tracking_uri: str = field(metadata={"env": "MLFLOW_TRACKING_URI", "help": "default: SQLite in data_dir"})
-    sandboxes_dir: Path = field(metadata={"env": "ENVFORGE_SANDBOXES_DIR", "help": "base image recipe and families"})
-    task_sources_dir: Path = field(metadata={"env": "ENVFORGE_TASK_SOURCES", "help": "bundled/user task sources"})
-    docker_host: str | None = field(default=None, metadata={"env": "DOCKER_HOST", "help": "default: local socket"})
-    mlflow_experiment: str = field(default="envforge", metadata={"env": "ENVFORGE_MLFLOW_EXPERIMENT", "help": ""})
-    store_url: str | None = field(default=None, metadata={
-        "env": "ENVFORGE_STORE_URL",
-        "help": "s3://bucket/prefix for rollouts, task-set parquet and reports (default: the data dir)"})
+    data_dir: Path
+    mlflow_tracking_uri: str
+    sandboxes_dir: Path
+    task_sources_dir: Path
+    docker_host: str | None = None
+    mlflow_experiment: str = "envforge"
+    store_url: str | None = None  # s3://bucket/prefix for rollouts, task-set parquet and reports
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
-        env = os.environ if environ is None else environ
-        root = checkout_root()
-        data_dir = Path(env.get("ENVFORGE_DATA_DIR") or root / ".envforge").resolve()
+        """The settings `environ` (default: the process's) sets; envforge.settings declares each variable."""
+        from envforge.settings import read_env
+
+        env = read_env(environ)
+        data_dir = env.data_dir.resolve()
         return cls(
             data_dir=data_dir,
-            mlflow_tracking_uri=env.get("MLFLOW_TRACKING_URI") or f"sqlite:///{data_dir / 'mlflow.db'}",
-            sandboxes_dir=Path(env.get("ENVFORGE_SANDBOXES_DIR") or root / "sandboxes").resolve(),
-            task_sources_dir=Path(env.get("ENVFORGE_TASK_SOURCES") or root / "task_sources").resolve(),
-            docker_host=env.get("DOCKER_HOST") or None,
-            mlflow_experiment=env.get("ENVFORGE_MLFLOW_EXPERIMENT") or "envforge",
-            store_url=(env.get("ENVFORGE_STORE_URL") or "").rstrip("/") or None,
+            mlflow_tracking_uri=env.mlflow_tracking_uri or f"sqlite:///{data_dir / 'mlflow.db'}",
+            sandboxes_dir=env.sandboxes_dir.resolve(),
+            task_sources_dir=env.task_sources_dir.resolve(),
+            docker_host=env.docker_host,
+            mlflow_experiment=env.mlflow_experiment,
+            store_url=(env.store_url or "").rstrip("/") or None,
         )
 
     def with_data_dir(self, data_dir: Path) -> "Settings":

@@ -1,6 +1,6 @@
 """Which services envforge talks to, chosen by `ENVFORGE_ENV` (`local`, the default, or `production`).
 
-`Settings.from_env()` reads the values (data dir, MLflow URI, Docker host, ...); this module says
+envforge.settings declares and reads the values (data dir, MLflow URI, Docker host, ...); this module says
 which of them an environment requires and what they must look like, and which policy the rollout
 and tier steps use by default:
 
@@ -20,10 +20,9 @@ middle of a run. Nothing here imports Dagster.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from envforge.config import Settings
@@ -32,7 +31,6 @@ ENVIRONMENTS = ("local", "production")
 REPLAY = "replay"
 # The rollout-partition name of the served policy: a short, Dagster-safe key (URLs are not keys).
 SERVED_POLICY = "vllm"
-DEFAULT_SERVED_MODEL = "envforge"  # what `vllm serve --served-model-name` is set to in the compose example
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -74,44 +72,48 @@ class Deployment:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Deployment":
-        env = os.environ if environ is None else environ
-        name = (env.get("ENVFORGE_ENV") or "local").strip().lower()
+        from envforge.settings import SettingsError, read_env
+
+        try:
+            env = read_env(environ)
+        except SettingsError as exc:
+            raise DeploymentError(str(exc)) from None
+        name = env.env.lower()
         if name not in ENVIRONMENTS:
-            raise DeploymentError(f"ENVFORGE_ENV={env.get('ENVFORGE_ENV')!r}: expected one of "
+            raise DeploymentError(f"ENVFORGE_ENV={env.env!r}: expected one of "
                                   f"{', '.join(ENVIRONMENTS)} (unset means local)")
         problems: list[str] = []
         served = _served_policy(env, required=name == "production", problems=problems)
         if name == "production":
-            _check_url(env, "MLFLOW_TRACKING_URI", ("http", "https"),
+            _check_url("MLFLOW_TRACKING_URI", env.mlflow_tracking_uri, ("http", "https"),
                        "the http(s) URL of the MLflow tracking server, e.g. http://mlflow:5000", problems)
-            _check_docker_host(env, problems)
-        _check_fleet(env, problems)
+            _check_docker_host(env.docker_host, problems)
+        _check_fleet(env.ray_address, problems)
         if problems:
             raise DeploymentError(f"ENVFORGE_ENV={name} is misconfigured:\n  " + "\n  ".join(problems))
-        settings = Settings.from_env(env)
+        settings = Settings.from_env(environ)
         if name == "production":
             assert served is not None
             return cls(name, settings, (served, NamedPolicy(REPLAY, REPLAY)), tier_policy=served.spec)
         return cls(name, settings, (NamedPolicy(REPLAY, REPLAY),) + ((served,) if served else ()))
 
 
-def _served_policy(env: Mapping[str, str], required: bool, problems: list[str]) -> NamedPolicy | None:
-    """`vllm` -> openai:<ENVFORGE_POLICY_URL>[#ENVFORGE_POLICY_MODEL]; optional locally, required in production."""
-    if not (env.get("ENVFORGE_POLICY_URL") or "").strip() and not required:
+def _served_policy(env: Any, required: bool, problems: list[str]) -> NamedPolicy | None:
+    """`vllm` -> openai:<ENVFORGE_POLICY_URL>[#ENVFORGE_POLICY_MODEL]; optional locally, required in production.
+    `env`: envforge.settings.EnvSettings."""
+    if not env.policy_url and not required:
         return None
-    url = _check_url(env, "ENVFORGE_POLICY_URL", ("http", "https"),
+    url = _check_url("ENVFORGE_POLICY_URL", env.policy_url, ("http", "https"),
                      "the base URL of an OpenAI-compatible server such as `vllm serve`, ending in /v1, "
                      "e.g. http://vllm:8000/v1", problems)
     if url is None:
         return None
-    model = (env.get("ENVFORGE_POLICY_MODEL") or "").strip() or DEFAULT_SERVED_MODEL
-    return NamedPolicy(SERVED_POLICY, f"openai:{url.rstrip('/')}#{model}")
+    return NamedPolicy(SERVED_POLICY, f"openai:{url.rstrip('/')}#{env.policy_model}")
 
 
-def _check_url(env: Mapping[str, str], var: str, schemes: tuple[str, ...], expected: str,
+def _check_url(var: str, value: str | None, schemes: tuple[str, ...], expected: str,
                problems: list[str]) -> str | None:
-    value = env.get(var) or ""
-    if not value.strip():
+    if not value:
         problems.append(f"{var} is not set: expected {expected}")
         return None
     parts = urlsplit(value)
@@ -121,20 +123,18 @@ def _check_url(env: Mapping[str, str], var: str, schemes: tuple[str, ...], expec
     return value
 
 
-def _check_docker_host(env: Mapping[str, str], problems: list[str]) -> None:
+def _check_docker_host(value: str | None, problems: list[str]) -> None:
     expected = "tcp://HOST:PORT or ssh://USER@HOST of the remote Docker engine sandboxes run on"
-    value = env.get("DOCKER_HOST") or ""
-    if "," in value:
+    if value and "," in value:
         problems.append(f"DOCKER_HOST={value!r}: one engine per process (it builds the images); to run sandboxes "
                         f"on many engines, set ENVFORGE_RAY_ADDRESS to a Ray cluster whose nodes each own one "
                         f"(docs/fleet.md)")
         return
-    _check_url(env, "DOCKER_HOST", ("tcp", "ssh"), expected, problems)
+    _check_url("DOCKER_HOST", value, ("tcp", "ssh"), expected, problems)
 
 
-def _check_fleet(env: Mapping[str, str], problems: list[str]) -> None:
+def _check_fleet(value: str, problems: list[str]) -> None:
     """ENVFORGE_RAY_ADDRESS, when set, sends sandbox work to a Ray cluster: HOST:PORT or ray://HOST:PORT."""
-    value = (env.get("ENVFORGE_RAY_ADDRESS") or "").strip()
     if not value or value == "auto":
         return
     hostport = value[len("ray://"):] if value.startswith("ray://") else value

@@ -28,10 +28,6 @@ from envforge.errors import EnvforgeError
 
 REMOTE_SCHEMES = ("s3", "s3a")
 ENDPOINT_ENV = "ENVFORGE_S3_ENDPOINT_URL"
-STORE_URL_ENV = "ENVFORGE_STORE_URL"
-# Variables through which boto finds a role's credentials (EKS IRSA, ECS task roles).
-_ROLE_VARIABLES = ("AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-                   "AWS_CONTAINER_CREDENTIALS_FULL_URI")
 
 
 class StoreConfigError(EnvforgeError, ValueError):
@@ -40,7 +36,7 @@ class StoreConfigError(EnvforgeError, ValueError):
 
 @dataclass(frozen=True)
 class S3Settings:
-    """How to reach S3-compatible storage (read from the environment by `from_env`)."""
+    """How to reach S3-compatible storage (read from the environment by `from_env`, through envforge.settings)."""
 
     endpoint_url: str | None = None  # ENVFORGE_S3_ENDPOINT_URL (or AWS_ENDPOINT_URL): MinIO etc.; unset = AWS
     key: str | None = None  # AWS_ACCESS_KEY_ID
@@ -52,13 +48,19 @@ class S3Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "S3Settings":
-        env = os.environ if environ is None else environ
-        return cls(endpoint_url=env.get(ENDPOINT_ENV) or env.get("AWS_ENDPOINT_URL") or None,
-                   key=env.get("AWS_ACCESS_KEY_ID") or None, secret=env.get("AWS_SECRET_ACCESS_KEY") or None,
-                   token=env.get("AWS_SESSION_TOKEN") or None,
-                   region=env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION") or None,
-                   profile=env.get("AWS_PROFILE") or None,
-                   role_source=any(env.get(v) for v in _ROLE_VARIABLES))
+        from envforge.settings import read_env
+
+        env = read_env(environ)
+
+        def secret(value: Any) -> str | None:
+            return value.get_secret_value() if value is not None else None
+
+        return cls(endpoint_url=env.s3_endpoint_url or env.aws_endpoint_url,
+                   key=secret(env.aws_access_key_id), secret=secret(env.aws_secret_access_key),
+                   token=secret(env.aws_session_token), region=env.aws_default_region or env.aws_region,
+                   profile=env.aws_profile,
+                   role_source=any((env.aws_web_identity_token_file, env.aws_container_credentials_relative_uri,
+                                    env.aws_container_credentials_full_uri)))
 
     @property
     def has_credentials(self) -> bool:

@@ -127,8 +127,9 @@ def run_url(settings: Settings, run_id: str) -> str:
     """The run's page in the MLflow UI: on the tracking server itself when it is http(s), otherwise at
     ENVFORGE_MLFLOW_UI_URL (default: where `make mlflow-ui` serves the local store)."""
     uri = settings.mlflow_tracking_uri
-    base = uri if uri.startswith(("http://", "https://")) else os.environ.get("ENVFORGE_MLFLOW_UI_URL",
-                                                                              "http://127.0.0.1:5000")
+    from envforge.settings import read_env
+
+    base = uri if uri.startswith(("http://", "https://")) else read_env().mlflow_ui_url
     return f"{base.rstrip('/')}/#/experiments/{experiment_id(settings)}/runs/{run_id}"
 
 

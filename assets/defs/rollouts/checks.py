@@ -1,17 +1,16 @@
 """Checks on the task set and its rollouts: complete tiers, a split without near-duplicate leaks, and
 no batch whose infrastructure failed too often feeding training."""
 
-import os
-
 import dagster as dg
 
 from assets.defs.metadata import upstream
 from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
 from assets.defs.rollouts.assets import rollout_batch, tiered_task_set
 from envforge.observe.health import batch_verdict
+from envforge.settings import read_env
 from envforge.stages.tiers import split_leaks
 
-MAX_DROPPED_GROUP_RATE = float(os.environ.get("ENVFORGE_MAX_DROPPED_GROUP_RATE", "0.05"))
+MAX_DROPPED_GROUP_RATE = read_env().max_dropped_group_rate
 
 
 @dg.asset_check(asset=rollout_batch, blocking=True,

@@ -1,16 +1,15 @@
 """Checks on ingestion: reject rates per source kind (warn), and a schema-valid candidate set (blocking)."""
 
-import os
-
 import dagster as dg
 import polars as pl
 
 from assets.defs.resources import CatalogResource
 from assets.defs.sources.assets import candidate_tasks, source_assets
 from envforge.catalog import Catalog
+from envforge.settings import read_env
 
 # Bundled examples carry deliberately bad records (about a quarter to two fifths per kind).
-MAX_REJECT_RATE = float(os.environ.get("ENVFORGE_MAX_REJECT_RATE", "0.5"))
+MAX_REJECT_RATE = read_env().max_reject_rate
 
 
 def _reject_rate_check(asset: dg.AssetsDefinition) -> dg.AssetChecksDefinition:

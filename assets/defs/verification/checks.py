@@ -1,7 +1,5 @@
 """Checks on the gate: schema-valid verdicts, and a quarantine rate below the threshold."""
 
-import os
-
 import dagster as dg
 import polars as pl
 
@@ -9,8 +7,9 @@ from assets.defs.metadata import upstream
 from assets.defs.resources import CatalogResource
 from assets.defs.verification.assets import validated_tasks
 from envforge.catalog import Catalog
+from envforge.settings import read_env
 
-MAX_QUARANTINE_RATE = float(os.environ.get("ENVFORGE_MAX_QUARANTINE_RATE", "0.2"))
+MAX_QUARANTINE_RATE = read_env().max_quarantine_rate
 
 
 @dg.asset_check(asset=validated_tasks, blocking=True,

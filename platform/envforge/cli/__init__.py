@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import typer
 
-from envforge.cli import (catalog, dedup, demo, fleet, gate, images, ingest, observe, policy, report, rollout,
-                          service, sources, taskset, train)
+from envforge.cli import (catalog, config, dedup, demo, fleet, gate, images, ingest, observe, policy, report,
+                          rollout, service, sources, taskset, train)
 
 app = typer.Typer(help="Turn workflows into verifiable RL environments.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -49,5 +49,6 @@ app.add_typer(sources.app, name="sources")
 app.add_typer(service.app, name="service")
 app.add_typer(fleet.app, name="fleet")
 app.add_typer(observe.app, name="observe")
+app.add_typer(config.app, name="config")
 
 __all__ = ["app"]

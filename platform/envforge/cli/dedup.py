@@ -4,7 +4,6 @@ current tasks."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -125,7 +124,9 @@ def corpora_list(as_json: bool = typer.Option(False, "--json"), data_dir: Option
     rows = [{"name": "humaneval", "path": "(built in)", "origin": "built-in",
              "files": {"builtin:humaneval": humaneval_digest()}}]
     rows += [{"name": n, "path": p, "origin": "registered"} for n, p in sorted(registered.items())]
-    for item in filter(None, (os.environ.get("ENVFORGE_CORPORA") or "").split(";")):
+    from envforge.settings import read_env
+
+    for item in read_env().corpus_specs:
         name, _, path = item.partition("=")
         rows.append({"name": name.strip(), "path": path.strip(), "origin": "ENVFORGE_CORPORA"})
     for r in rows:

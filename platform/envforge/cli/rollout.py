@@ -100,11 +100,10 @@ def rollout_export(batch_id: str = typer.Argument(...), path: Path = typer.Argum
     if store.manifest() is None:
         fail(EnvforgeError(f"no rollout batch {batch_id!r} under {store.root}"))
     if fmt == "verl":
-        import os
-
         from envforge.catalog import Catalog
+        from envforge.settings import read_env
 
-        url = service_url or os.environ.get("ENVFORGE_SERVICE_URL") or "http://127.0.0.1:8080"
+        url = service_url or read_env().service_url
         cat = Catalog(settings.catalog_path)
         version = (store.manifest() or {}).get("task_set_version") or ""
         known = bool(version) and cat.has_task_set(version)

@@ -10,11 +10,10 @@ before. `fleet_pool_from_env` is the one place that rule is applied.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from envforge.fleet.config import ADDRESS_ENV, FleetConfig
+from envforge.fleet.config import FleetConfig
 from envforge.fleet.dispatcher import FleetDispatcher
 
 if TYPE_CHECKING:
@@ -27,8 +26,9 @@ _dispatcher: FleetDispatcher | None = None
 
 
 def fleet_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    return bool((env.get(ADDRESS_ENV) or "").strip())
+    from envforge.settings import read_env
+
+    return bool(read_env(environ).ray_address)
 
 
 def dispatcher_from_env(environ: Mapping[str, str] | None = None) -> FleetDispatcher | None:

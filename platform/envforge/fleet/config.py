@@ -1,13 +1,12 @@
 """The fleet's settings: one typed model for Python, YAML and environment variables.
 
 Every field has its variable (`ENVFORGE_FLEET_<NAME>`, or `ENVFORGE_RAY_ADDRESS` for the
-address) and its help text; `FleetConfig.from_env()` reads them, `FleetConfig.from_yaml()`
-reads a file with the same field names.
+address) and its help text; envforge.settings declares the variables from these fields and reads
+them for `FleetConfig.from_env()`; `FleetConfig.from_yaml()` reads a file with the same field names.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -60,14 +59,16 @@ class FleetConfig(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "FleetConfig":
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        if env.get(ADDRESS_ENV):
-            values["ray_address"] = env[ADDRESS_ENV].strip()
-        for name in cls.model_fields:
-            var = PREFIX + name.upper()
-            if env.get(var):
-                values[name] = env[var].strip()
+        from envforge.settings import SettingsError, read_env, variables
+
+        try:
+            env = read_env(environ)
+        except SettingsError as exc:
+            raise FleetConfigError(f"fleet settings from environment:\n  {exc}") from None
+        setting = variables()
+        values: dict[str, Any] = {name: getattr(env, setting[ADDRESS_ENV if name == "ray_address"
+                                                             else PREFIX + name.upper()])
+                                  for name in cls.model_fields}
         values.update(overrides)
         return cls._validated(values, "environment")
 

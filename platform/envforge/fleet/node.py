@@ -103,8 +103,10 @@ def engine_check(client, min_version: str) -> str:
         return tuple(out)
 
     if parts(version) < parts(min_version):
+        from envforge.settings import read_env
+
         raise InfraError("engine_unsupported", f"Docker engine {version} at "
-                                               f"DOCKER_HOST={os.environ.get('DOCKER_HOST') or '(local socket)'} "
+                                               f"DOCKER_HOST={read_env().docker_host or '(local socket)'} "
                                                f"is older than {min_version} (ENVFORGE_FLEET_MIN_ENGINE_VERSION)")
     return version
 

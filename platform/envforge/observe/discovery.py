@@ -30,7 +30,6 @@ from typing import Any, Mapping
 from envforge.safefs import write_atomic
 
 log = logging.getLogger("envforge.observe")
-TARGETS_ENV = "ENVFORGE_METRICS_TARGETS_DIR"
 PREFIX = "envforge-"
 ROLES = frozenset({"run", "policy_server", "env_service", "fleet_node"})
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
@@ -39,9 +38,11 @@ _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 def targets_dir(data_dir: Path | None = None) -> Path:
     """The file_sd directory: ENVFORGE_METRICS_TARGETS_DIR, else <data_dir>/observe/targets (the
     given data dir, or the environment's)."""
-    raw = os.environ.get(TARGETS_ENV, "").strip()
-    if raw:
-        return Path(raw).expanduser().resolve()
+    from envforge.settings import read_env
+
+    configured = read_env().metrics_targets_dir
+    if configured is not None:
+        return configured.expanduser().resolve()
     if data_dir is None:
         from envforge.config import Settings
 

@@ -264,20 +264,13 @@ def round_health(batch: Any, previous: Any | None, thresholds: HealthThresholds 
 def thresholds_from_env(environ: dict[str, str] | None = None) -> HealthThresholds:
     """HealthThresholds with each field overridable as ENVFORGE_HEALTH_<FIELD> (e.g.
     ENVFORGE_HEALTH_MAX_REWARD_DROP=0.05): how the Dagster check and the run report are tuned."""
-    import os
     from dataclasses import fields
 
-    env = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    for f in fields(HealthThresholds):
-        raw = env.get(f"ENVFORGE_HEALTH_{f.name.upper()}", "").strip()
-        if raw:
-            try:
-                values[f.name] = int(raw) if f.type in (int, "int") else float(raw)
-            except ValueError:
-                raise ValueError(f"environment variable ENVFORGE_HEALTH_{f.name.upper()}: expected a number, "
-                                 f"got {raw!r}") from None
-    return HealthThresholds(**values)
+    from envforge.settings import read_env
+
+    env = read_env(environ)
+    values = {f.name: getattr(env, f"health_{f.name}") for f in fields(HealthThresholds)}
+    return HealthThresholds(**{name: value for name, value in values.items() if value is not None})
 
 
 def batch_verdict(batches: Sequence[dict[str, Any]], batch_id: str,

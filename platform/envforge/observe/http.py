@@ -14,7 +14,6 @@ the run while it lives (docs/observability.md).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,23 +49,15 @@ class MetricsServer:
         self._server.server_close()
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}: expected a number, got {raw!r}") from None
-
-
 OFF_VALUES = ("off", "no", "none", "false")
 
 
 def metrics_port_from_env(default: int | None = None) -> int | None:
     """ENVFORGE_METRICS_PORT as a port (0: a free one), None when unset (then `default`) or off."""
-    raw = os.environ.get("ENVFORGE_METRICS_PORT", "").strip()
-    if not raw:
+    from envforge.settings import read_env
+
+    raw = read_env().metrics_port
+    if raw is None:
         return default
     if raw.lower() in OFF_VALUES:
         return None
@@ -89,7 +80,9 @@ def start_registered_server(role: str, what: str, labels: dict[str, str] | None 
     port = metrics_port_from_env(default_port)
     if port is None:
         return None, None
-    host = os.environ.get("ENVFORGE_METRICS_HOST", "127.0.0.1")
+    from envforge.settings import read_env
+
+    host = read_env().metrics_host
     try:
         server = MetricsServer(port, host)
     except OSError as exc:
@@ -117,7 +110,9 @@ def metrics_server_from_env(what: str = "run", default_port: int | None = None,
     if _active is not None and metrics_port_from_env(default_port) is not None:
         yield _active  # a run inside a run (a stage calling another): one server per process
         return
-    linger = _env_float("ENVFORGE_METRICS_LINGER_S", 0.0)
+    from envforge.settings import read_env
+
+    linger = read_env().metrics_linger_s
     server, target = start_registered_server("run", what, {"stage": what, **(labels or {})}, default_port,
                                              targets_dir(data_dir))
     if server is None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import os
 import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, TextIO
@@ -83,9 +82,12 @@ def configure_logging(stream: TextIO | None = None, level: int | str = logging.I
 
 def configure_logging_from_env() -> logging.Handler | None:
     """JSON logs on stderr when ENVFORGE_LOG_FORMAT=json (level ENVFORGE_LOG_LEVEL, default INFO)."""
-    fmt = os.environ.get("ENVFORGE_LOG_FORMAT", "").strip().lower()
-    if fmt in ("", "text"):
+    from envforge.settings import read_env
+
+    env = read_env()
+    fmt = env.log_format.lower()
+    if fmt == "text":
         return None
     if fmt != "json":
         raise ValueError(f"environment variable ENVFORGE_LOG_FORMAT: expected 'json' or 'text', got {fmt!r}")
-    return configure_logging(level=os.environ.get("ENVFORGE_LOG_LEVEL", "INFO").upper())
+    return configure_logging(level=env.log_level.upper())

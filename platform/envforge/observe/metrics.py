@@ -12,10 +12,11 @@ logs and traces (`observe.logs`, `observe.traces`).
 
 from __future__ import annotations
 
-import os
 from typing import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from envforge.settings import read_env
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -24,7 +25,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 MAX_LABEL_CHARS = 48  # reason kinds are short words; anything longer is cut so a label set stays bounded
 
-_enabled = os.environ.get("ENVFORGE_METRICS", "1").strip().lower() not in ("0", "false", "off", "no")
+_enabled: bool = read_env().metrics
 
 
 def enabled() -> bool:

@@ -13,7 +13,6 @@ when the process exits (the SDK's shutdown at exit).
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 from typing import Any
 
@@ -44,7 +43,9 @@ def configure_tracing(exporter: SpanExporter | None, *, batch: bool = True,
 
 
 def exporter_from_env() -> SpanExporter | None:
-    kind = os.environ.get("ENVFORGE_TRACES", "").strip().lower()
+    from envforge.settings import read_env
+
+    kind = read_env().traces.lower()
     if kind in ("", "off", "0", "none"):
         return None
     if kind == "console":

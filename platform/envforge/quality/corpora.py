@@ -212,12 +212,10 @@ def active_corpora(dedup_dir: Path, extra: list[str] | None = None,
                    environ: dict[str, str] | None = None) -> dict[str, Path | None]:
     """What a run checks against: HumanEval, the registry, ENVFORGE_CORPORA, then `extra`
     (NAME=PATH for this run only). Path None is the built-in HumanEval."""
-    import os
+    from envforge.settings import read_env
 
-    env = os.environ if environ is None else environ
     out: dict[str, Path | None] = {"humaneval": None}
     out.update({k: Path(v) for k, v in CorpusRegistry(dedup_dir).load().items()})
-    out.update(parse_corpus_specs([s for s in (env.get("ENVFORGE_CORPORA") or "").split(";") if s.strip()],
-                                  "ENVFORGE_CORPORA"))
+    out.update(parse_corpus_specs(read_env(environ).corpus_specs, "ENVFORGE_CORPORA"))
     out.update(parse_corpus_specs(list(extra or []), "--corpus"))
     return out

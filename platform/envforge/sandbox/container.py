@@ -25,7 +25,6 @@ import asyncio
 import base64
 import contextvars
 import json
-import os
 import re
 import shlex
 import socket
@@ -47,6 +46,7 @@ from envforge.sandbox import workspace
 from envforge.sandbox.channel import AgentChannel, AgentDead, AgentTimeout
 from envforge.sandbox.engine import ENGINE_ERRORS, MANAGED_LABEL, OWNER_LABEL, engine_call, owner_id
 from envforge.sandbox.programs import KILL_ALL, OOM_FIRST_THEN_EXEC, READ_OOM_KILLS, RESET_TO_INITIAL, SUPERVISOR
+from envforge.settings import read_env
 from envforge.task import EXTRA_TMPFS_MB, WORKSPACE, Limits, NetworkPolicy
 
 SANDBOX_UID = 1000
@@ -64,7 +64,7 @@ BASE_ENV = {
 _SNAPSHOT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 # One shared pool for the async API: hundreds of sandboxes block in I/O at once.
-_ASYNC_EXECUTOR = ThreadPoolExecutor(max_workers=int(os.environ.get("ENVFORGE_SANDBOX_THREADS", "256")),
+_ASYNC_EXECUTOR = ThreadPoolExecutor(max_workers=read_env().sandbox_threads,
                                      thread_name_prefix="envforge-sandbox")
 
 

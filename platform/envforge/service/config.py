@@ -1,13 +1,13 @@
 """The service's settings: one typed object for Python, YAML-style env vars and the CLI.
 
-Every field carries its help text and the environment variable that sets it, as
-`envforge.config.Settings` does; `ServiceConfig.from_env()` reads them with embedded defaults so
-`envforge service serve` works with no configuration, and the production compose file sets them.
+Every field carries its help text and the environment variable that sets it; envforge.settings
+declares those variables from these fields and reads them for `ServiceConfig.from_env()`, with
+the defaults here, so `envforge service serve` works with no configuration, and the production
+compose file sets them.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
@@ -63,27 +63,16 @@ class ServiceConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "ServiceConfig":
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        problems = []
-        for f in fields(cls):
-            var = f.metadata.get("env")
-            raw = env.get(var) if var else None
-            if raw is None or not raw.strip():
-                continue
-            typ = type(f.default)
-            try:
-                if typ is bool:
-                    if raw.strip().lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                        raise ValueError(raw)
-                    values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
-                    continue
-                values[f.name] = typ(raw.strip())
-            except ValueError:
-                problems.append(f"{var}={raw!r}: expected {typ.__name__} ({f.metadata['help']})")
-        if problems:
-            raise EnvforgeError("service configuration: " + "; ".join(problems))
-        return cls(**values)
+        """The fields' variables (envforge.settings reads them) over the defaults."""
+        from envforge.settings import SettingsError, read_env
+
+        try:
+            env = read_env(environ)
+        except SettingsError as exc:
+            raise EnvforgeError("service configuration: " + "; ".join(f"{var}={raw!r}: {expected} ({help})"
+                                                                      for var, raw, expected, help in exc.problems)
+                                ) from None
+        return cls(**{f.name: getattr(env, f"service_{f.name}") for f in fields(cls) if f.metadata.get("env")})
 
     def with_overrides(self, **changes: Any) -> "ServiceConfig":
         return replace(self, **{k: v for k, v in changes.items() if v is not None})

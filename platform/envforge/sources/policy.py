@@ -49,9 +49,11 @@ class SourcePolicy(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "SourcePolicy":
         """The deployment's policy: the config file, then the environment variables over it."""
-        env = os.environ if environ is None else environ
+        from envforge.settings import read_env
+
+        env = read_env(environ)
         data: dict = {}
-        config = env.get("ENVFORGE_SOURCE_CONFIG")
+        config = env.source_config
         if config:
             try:
                 loaded = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
@@ -60,14 +62,14 @@ class SourcePolicy(BaseModel):
             if not isinstance(loaded, dict):
                 raise ValueError(f"ENVFORGE_SOURCE_CONFIG {config}: must be a YAML mapping of policy fields")
             data.update(loaded)
-        if "ENVFORGE_SOURCE_ROOTS" in env:
-            data["roots"] = [p for p in env["ENVFORGE_SOURCE_ROOTS"].split(os.pathsep) if p.strip()]
+        if env.source_roots is not None:
+            data["roots"] = [p for p in env.source_roots.split(os.pathsep) if p.strip()]
         elif "roots" not in data:
             from envforge.config import Settings
 
-            data["roots"] = [Settings.from_env(env).task_sources_dir]
-        if env.get("ENVFORGE_MOVING_REFS"):
-            data["moving_refs"] = env["ENVFORGE_MOVING_REFS"]
+            data["roots"] = [Settings.from_env(environ).task_sources_dir]
+        if env.moving_refs:
+            data["moving_refs"] = env.moving_refs
         try:
             policy = cls.model_validate(data)
         except ValidationError as err:

@@ -13,6 +13,9 @@ BELOW_STRENGTH = ("quarantine", "audit")
 
 
 def _default_runs() -> int:
+    # The one setting read outside envforge.settings (which declares it, with this default; a test
+    # holds them equal): the CLI builds its options from a GateConfig() at start-up, where importing
+    # the settings model (pydantic-settings) would slow every `envforge --help`.
     return int(os.environ.get("ENVFORGE_GATE_RUNS", "5"))
 
 

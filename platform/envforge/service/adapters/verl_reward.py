@@ -15,7 +15,6 @@ because a lost sandbox is not a model failure.
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
@@ -47,8 +46,11 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
                   **kwargs: Any) -> dict[str, Any]:
     """verl's reward signature; returns {"score": reward, ...} (verl logs the other keys)."""
     truth = json.loads(ground_truth) if isinstance(ground_truth, str) else dict(ground_truth)
-    url = (extra_info or {}).get("service_url") or os.environ.get("ENVFORGE_SERVICE_URL") or "http://127.0.0.1:8080"
-    key = os.environ.get("ENVFORGE_API_KEY", "")
+    from envforge.settings import read_env
+
+    env = read_env()
+    url = (extra_info or {}).get("service_url") or env.service_url
+    key = env.api_key.get_secret_value() if env.api_key is not None else ""
     if not key:
         raise RuntimeError("ENVFORGE_API_KEY is not set: the reward function needs an envforge service key")
     blocks = tool_call_blocks(solution_str)
