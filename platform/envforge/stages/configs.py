@@ -11,10 +11,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+STATEMENT_POLICIES = ("strict", "flag", "off")  # as envforge.quality.statements (not imported: keep this module light)
+
+
 @dataclass(frozen=True)
 class IngestConfig:
     strict: bool = field(default=False, metadata={"help": "refuse the whole batch if any record is bad "
                                                           "(nothing is written)"})
+    statements: str = field(default="flag", metadata={
+        "help": "what to do with a task statement that leaks the fix or says too little, after its deterministic "
+                "repair: strict (keep the task out, as a reject with the findings), flag (keep it, repaired, with "
+                "its verdict), off (no check)"})
+
+    def __post_init__(self) -> None:
+        if self.statements not in STATEMENT_POLICIES:
+            raise ValueError(f"IngestConfig.statements: must be one of {', '.join(STATEMENT_POLICIES)}, "
+                             f"got {self.statements!r}")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from envforge.config import Settings
 from envforge.errors import InfraError, Problem
 from envforge.fleet.config import FleetConfigError
 from envforge.progress import Progress, no_progress
+from envforge.quality.statement_policy import apply_statement_policy
+from envforge.quality.statements import StatementSummary
 from envforge.sources import LoadResult
 from envforge.sources.guard import unexpected
 from envforge.stages.base import StageContext, StageResult, stage
@@ -28,6 +30,7 @@ class SourceIngest:
     fingerprint: str
     result: LoadResult
     summary: IngestSummary | None = None
+    statements: StatementSummary | None = None  # the statement check's verdicts (None: policy off)
 
 
 @dataclass
@@ -37,10 +40,12 @@ class IngestResult(StageResult):
     summary: IngestSummary
     sources: list[SourceIngest] = field(default_factory=list)
     skipped: list[Problem] = field(default_factory=list)  # files that look like sources but are not, and why
+    statements: StatementSummary = field(default_factory=StatementSummary)
 
     def rows(self) -> list[dict]:
         return [{"source": s.key, "kind": s.kind, "valid": len(s.result.tasks), "rejected": len(s.result.rejects),
-                 "added": s.summary.added if s.summary else 0} for s in self.sources]
+                 "added": s.summary.added if s.summary else 0,
+                 "statements": s.statements.verdicts if s.statements else {}} for s in self.sources]
 
     def params(self) -> dict[str, Any]:
         return {"paths": [str(p) for p in self.paths]}
@@ -51,12 +56,14 @@ class IngestResult(StageResult):
         env_layers = {(t.spec.metadata.get("images") or {}).get("env") for t in res.tasks} - {None}
         return {"tasks_valid": len(res.tasks), "tasks_added": summary.added, "tasks_unchanged": summary.unchanged,
                 "records_rejected": summary.rejected, "reject_rate": len(res.rejects) / total if total else 0.0,
-                "env_layers": len(env_layers)}
+                "env_layers": len(env_layers),
+                **{f"statements_{verdict}": float(n) for verdict, n in sorted(self.statements.verdicts.items())}}
 
     def artifacts(self) -> dict[str, Any]:
         return {"rejects.json": [{"source": p.source, "field": p.field, "reason": p.reason}
                                  for p in self.result.rejects],
                 "sources.json": self.rows(),
+                **({"statements.json": self.statements.as_json()} if self.statements.checked else {}),
                 **({"skipped.json": [p.as_json() for p in self.skipped]} if self.skipped else {})}
 
 
@@ -96,10 +103,14 @@ def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], cont
     root = settings.task_sources_dir
     catalog = Catalog(settings.catalog_path)
     sources = []
+    statements = StatementSummary()
     for i, (ref, res) in enumerate(loaded, start=1):
         progress("ingest", ref.key(root), i, len(loaded))
         derive_candidates(settings, res, client=client, progress=progress)
-        sources.append(SourceIngest(ref.key(root), ref.kind, fingerprint(ref), res))
+        checked = apply_statement_policy(res.tasks, config.statements, settings.data_dir)  # type: ignore[arg-type]
+        res.tasks, res.rejects = checked.tasks, [*res.rejects, *checked.rejects]
+        statements.merge(checked.summary)
+        sources.append(SourceIngest(ref.key(root), ref.kind, fingerprint(ref), res, statements=checked.summary))
     owners = catalog.current_owners(t.id for s in sources for t in s.result.tasks)
     for s in sources:
         _reject_ids_of_other_sources(owners, s.result, s.key)
@@ -114,7 +125,7 @@ def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], cont
         summaries.append(s.summary)
     summary = IngestSummary(summaries[0].batch_id if summaries else "", sum(x.added for x in summaries),
                             sum(x.unchanged for x in summaries), sum(x.rejected for x in summaries))
-    return IngestResult(list(paths), combined, summary, sources, discovery.skipped)
+    return IngestResult(list(paths), combined, summary, sources, discovery.skipped, statements)
 
 
 def _reject_ids_of_other_sources(owners: dict[str, list[tuple[str, str]]], result: LoadResult, key: str) -> None:

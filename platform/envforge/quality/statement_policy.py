@@ -1,0 +1,69 @@
+"""The statement check applied to a source's tasks at ingest, under a policy.
+
+`strict`: a statement still flagged after its repair keeps the task out (a reject naming the
+record's `instruction` and the findings, so nothing is lost). `flag`: the task is kept, with the
+repaired text where the repair changed it and its verdict in the metadata, so the catalog, the
+task-set card and the run report can show and count it. `off`: tasks go through untouched.
+
+The verdict travels in `task.spec.metadata["statement"]` (verdict, findings with evidence, what
+the repair took care of, what cleaning removed, the original text when it changed), which is part
+of the task's content: a task whose statement was repaired is a new version of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envforge.errors import Problem
+from envforge.quality.fields import WorkspaceReader, WorkspaceScan
+from envforge.quality.statements import StatementCheck, StatementContext, StatementPolicy, StatementSummary, \
+    repair_statement
+from envforge.task import Task
+
+
+@dataclass
+class StatementOutcome:
+    """What the policy made of a batch of tasks."""
+
+    tasks: list[Task] = field(default_factory=list)
+    rejects: list[Problem] = field(default_factory=list)
+    checks: dict[str, StatementCheck] = field(default_factory=dict)  # task id -> its check
+    summary: StatementSummary = field(default_factory=StatementSummary)
+
+
+def with_statement(task: Task, check: StatementCheck) -> Task:
+    """The task carrying the check's text and verdict (a new content hash)."""
+    record = check.as_json()
+    if check.statement != task.spec.instruction:
+        record["original"] = task.spec.instruction
+    spec = task.spec.model_copy(update={"instruction": check.statement,
+                                        "metadata": {**task.spec.metadata, "statement": record}})
+    updated = task.model_copy(update={"spec": spec})
+    return updated.model_copy(update={"content_hash": updated.compute_content_hash()})
+
+
+def apply_statement_policy(tasks: list[Task], policy: StatementPolicy, data_dir: Path | None = None,
+                           reader: WorkspaceReader | None = None) -> StatementOutcome:
+    """Check and repair every task's statement; keep, mark or reject each by the policy."""
+    outcome = StatementOutcome()
+    if policy == "off":
+        outcome.tasks = list(tasks)
+        return outcome
+    reader = reader or WorkspaceReader(WorkspaceScan(), data_dir)
+    for task in tasks:
+        try:
+            workspace, _ = reader.files(task)
+        except (OSError, ValueError):
+            workspace = []  # a workspace that cannot be read only weakens the identifier rule
+        check = repair_statement(task.spec.instruction, StatementContext.of_task(task, workspace))
+        outcome.checks[task.id] = check
+        outcome.summary.add(check)
+        if policy == "strict" and check.verdict == "flagged":
+            outcome.rejects.append(Problem(task.origin, "instruction", f"{check.reason()} (statements: strict)"))
+            continue
+        outcome.tasks.append(with_statement(task, check))
+    return outcome
+
+
+__all__ = ["StatementOutcome", "apply_statement_policy", "with_statement"]
