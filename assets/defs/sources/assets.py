@@ -49,6 +49,7 @@ def _source_asset(kind: str) -> dg.AssetsDefinition:
             "unchanged": summ.unchanged, "reject_rate": round(len(res.rejects) / total, 4) if total else 0.0,
             "batch_id": summ.batch_id, "tasks": dg.MetadataValue.json(sorted(t.id for t in res.tasks)),
             "rejects": problems_table(res.rejects), "mlflow_run": mlflow_run(settings, tracked.mlflow_run_id),
+            "statements": dg.MetadataValue.json(tracked.statements.as_json()),
         })
 
     return _asset

@@ -66,4 +66,16 @@ def apply_statement_policy(tasks: list[Task], policy: StatementPolicy, data_dir:
     return outcome
 
 
-__all__ = ["StatementOutcome", "apply_statement_policy", "with_statement"]
+def statement_verdicts(tasks: list[Task]) -> dict[str, dict]:
+    """Each task's recorded verdict and findings (`unchecked` for tasks ingested with the policy off or
+    before statements were checked), for the catalog listing, the task-set card and the Dagster check."""
+    out = {}
+    for task in tasks:
+        record = task.spec.metadata.get("statement") or {}
+        out[task.id] = {"verdict": record.get("verdict", "unchecked"),
+                        "findings": [f"{f['rule']}: {f['evidence']}" for f in record.get("findings", [])],
+                        "repaired": [f"{f['rule']}: {f['evidence']}" for f in record.get("repaired", [])]}
+    return out
+
+
+__all__ = ["StatementOutcome", "apply_statement_policy", "statement_verdicts", "with_statement"]
