@@ -26,10 +26,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Literal, Sequence
 
+from envforge.quality.statement_config import STATEMENT_POLICIES
 from envforge.task import Task
 
 StatementPolicy = Literal["strict", "flag", "off"]
-STATEMENT_POLICIES: tuple[str, ...] = ("strict", "flag", "off")
 Verdict = Literal["ok", "repaired", "flagged", "unchecked"]
 
 # Source kinds whose statement is written from a commit or a tracker, not by a task author:

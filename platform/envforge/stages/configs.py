@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-STATEMENT_POLICIES = ("strict", "flag", "off")  # as envforge.quality.statements (not imported: keep this module light)
+from envforge.quality.statement_config import STATEMENT_POLICIES, StatementReviewConfig
 
 
 @dataclass(frozen=True)
@@ -22,6 +21,8 @@ class IngestConfig:
         "help": "what to do with a task statement that leaks the fix or says too little, after its deterministic "
                 "repair: strict (keep the task out, as a reject with the findings), flag (keep it, repaired, with "
                 "its verdict), off (no check)"})
+    review: StatementReviewConfig = field(default_factory=StatementReviewConfig, metadata={
+        "help": "the optional model-assisted review of statements"})
 
     def __post_init__(self) -> None:
         if self.statements not in STATEMENT_POLICIES:
