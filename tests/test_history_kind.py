@@ -118,3 +118,43 @@ def test_a_history_source_is_ingested_with_derived_tests_and_checked_statements(
     assert "Observed behaviour" in follow_up.spec.instruction and "test_div_zero" not in follow_up.spec.instruction
     loads = Catalog(settings.catalog_path).source_loads()
     assert loads["source_kind"].to_list() == ["history"] and loads["n_tasks"].to_list() == [2]
+
+
+def test_sources_scan_is_a_dry_run_listing_what_each_record_becomes(calc, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo, shas = calc
+    cfg = write_history(tmp_path / "h", repo)
+    envforge = os.path.join(os.path.dirname(sys.executable), "envforge")
+    proc = subprocess.run([envforge, "sources", "scan", str(cfg), "--json", "--data-dir", str(tmp_path / "data")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["counts"] == {"candidate": 4, "skipped": 4}
+    rows = {r["record"].rsplit(":", 1)[1]: r for r in doc["records"]}
+    assert rows[shas["fix"][:12]]["becomes"] == "candidate"
+    assert rows[shas["fix"][:12]]["statement"] == "flagged"  # a bare subject, before derivation shows the failure
+    assert rows[shas["docs"][:12]]["reason"].startswith("commit: changes no test files")
+    assert not (tmp_path / "data" / "catalog.duckdb").exists()  # nothing written
+
+
+def test_the_funnel_tells_envforges_losses_from_the_records():
+    from envforge.errors import Problem
+    from envforge.sources.funnel import Funnel, classify
+
+    rejects = [Problem("t.csv:row 1", "environment", "env layer build failed: setuptools too old"),
+               Problem("t.csv:row 2", "fix_commit", "the change has no failing-then-passing test: 3 tests ran"),
+               Problem("t.csv:row 3", "fix_commit", "the change has no failing-then-passing test: 2 tests ran; "
+                                                    "tests could not be collected after the change: x: Unknown "
+                                                    "pytest.mark.asyncio"),
+               Problem("t.csv:row 4", "instruction", "statement flagged: underspecified.bare_title: 'x'"),
+               Problem("t.csv:row 5", "title", "required field is missing")]
+    assert [(classify(p).stage, classify(p).owner) for p in rejects] == [
+        ("environment", "envforge"), ("derive", "record"), ("derive", "envforge"), ("statement", "record"),
+        ("parse", "record")]
+    funnel = Funnel.of(tasks=6, rejects=rejects, skipped=3)
+    assert (funnel.candidates, funnel.environment_built, funnel.derived, funnel.accepted) == (10, 9, 7, 6)
+    assert funnel.envforge_losses == 2 and funnel.lost["parse/record"] == 1

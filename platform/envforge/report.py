@@ -188,16 +188,26 @@ def _ingest_gate(cat: Catalog) -> dict:
     rejects = cat.current_rejects()
     n_current = cat.tasks().height
     ran = loads.height > 0 or rejects.height > 0 or n_current > 0
-    reject_rows = []
+    from envforge.sources.funnel import Funnel, classify
+
+    reject_rows, by_source = [], {}
     for r in rejects.iter_rows(named=True):
         p = Problem(r["source"], r["field"], r["reason"])
+        loss = classify(p)
+        by_source.setdefault(r.get("source_key"), []).append(p)
         reject_rows.append({"kind": r["source_kind"], "file": p.file, "record": p.record or "-",
-                            "field": p.field or "-", "reason": p.reason})
-    return {"ran": ran, "current_tasks": n_current, "rejected": rejects.height,
-            "loads": [{"key": r["source_key"], "kind": r["source_kind"], "valid": r["n_tasks"],
-                       "rejected": r["n_rejects"], "loaded": str(r["loaded_at"])[:19]}
-                      for r in loads.iter_rows(named=True)],
-            "rejects": reject_rows}
+                            "field": p.field or "-", "reason": p.reason, "lost_at": loss.stage, "fault": loss.owner})
+    load_rows = []
+    for r in loads.iter_rows(named=True):
+        funnel = Funnel.of(r["n_tasks"], by_source.get(r["source_key"], []))
+        load_rows.append({"key": r["source_key"], "kind": r["source_kind"], "valid": r["n_tasks"],
+                          "rejected": r["n_rejects"], "loaded": str(r["loaded_at"])[:19], "funnel": funnel})
+    total = Funnel()
+    for row in load_rows:
+        total.merge(row["funnel"])
+    return {"ran": ran, "current_tasks": n_current, "rejected": rejects.height, "loads": load_rows,
+            "rejects": reject_rows, "funnel": total,
+            "reasons": sorted(total.reasons.items(), key=lambda kv: -kv[1])[:15]}
 
 
 def _quality_gate(cat: Catalog, charts: _Charts) -> dict:

@@ -52,6 +52,7 @@ def _source_asset(kind: str) -> dg.AssetsDefinition:
             "batch_id": summ.batch_id, "tasks": dg.MetadataValue.json(sorted(t.id for t in res.tasks)),
             "rejects": problems_table(res.rejects), "mlflow_run": mlflow_run(settings, tracked.mlflow_run_id),
             "statements": dg.MetadataValue.json(tracked.statements.as_json()),
+            "funnel": dg.MetadataValue.json(tracked.funnel().as_json()),
         })
 
     return _asset

@@ -17,6 +17,7 @@ from envforge.quality.statement_policy import apply_statement_policy
 from envforge.quality.statement_review import ReviewOutcome
 from envforge.quality.statements import StatementSummary
 from envforge.sources import LoadResult
+from envforge.sources.funnel import Funnel
 from envforge.sources.guard import unexpected
 from envforge.stages.base import StageContext, StageResult, stage
 from envforge.stages.configs import IngestConfig
@@ -33,6 +34,10 @@ class SourceIngest:
     summary: IngestSummary | None = None
     statements: StatementSummary | None = None  # the statement check's verdicts (None: policy off)
 
+    @property
+    def funnel(self) -> Funnel:
+        return Funnel.of(len(self.result.tasks), self.result.rejects, len(self.result.skipped))
+
 
 @dataclass
 class IngestResult(StageResult):
@@ -47,7 +52,15 @@ class IngestResult(StageResult):
     def rows(self) -> list[dict]:
         return [{"source": s.key, "kind": s.kind, "valid": len(s.result.tasks), "rejected": len(s.result.rejects),
                  "added": s.summary.added if s.summary else 0,
-                 "statements": s.statements.verdicts if s.statements else {}} for s in self.sources]
+                 "statements": s.statements.verdicts if s.statements else {}, "funnel": s.funnel.as_json()}
+                for s in self.sources]
+
+    def funnel(self) -> Funnel:
+        """Every source's funnel added up."""
+        total = Funnel()
+        for s in self.sources:
+            total.merge(s.funnel)
+        return total
 
     def params(self) -> dict[str, Any]:
         return {"paths": [str(p) for p in self.paths]}
@@ -60,6 +73,7 @@ class IngestResult(StageResult):
                 "records_rejected": summary.rejected, "reject_rate": len(res.rejects) / total if total else 0.0,
                 "env_layers": len(env_layers),
                 **{f"statements_{verdict}": float(n) for verdict, n in sorted(self.statements.verdicts.items())},
+                **{f"funnel_{k}": float(v) for k, v in self.funnel().as_json().items() if isinstance(v, int)},
                 **({"statement_review_agreement": float(self.review.agreement_rate())}
                    if self.review.agreement_rate() is not None else {})}
 
