@@ -37,6 +37,7 @@ defs = dg.Definitions(
             *dg.load_assets_from_modules([quality_assets, environments_assets, verification_assets,
                                           rollouts_assets, training_assets, reporting_assets])],
     asset_checks=[*sources_checks.reject_rate_checks, sources_checks.candidate_tasks_schema,
+                  sources_checks.candidate_statements,
                   *dg.load_asset_checks_from_modules([quality_checks, environments_checks, verification_checks,
                                                       rollouts_checks])],
     jobs=[main_job, rollout_job, report_job, nightly_refresh_job, *sources_assets.ingest_jobs],

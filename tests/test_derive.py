@@ -137,3 +137,33 @@ def test_a_derivation_that_timed_out_is_used_but_not_cached(calc, tmp_path, sett
     assert set(cache.glob("*.json")) == cached_before
     unit = derive.Derivation([derive.Run({"a": "passed"})], [derive.Run({"a": "passed"}, ["test_failed:a"])])
     assert not unit.timed_out()
+
+
+def test_a_leaking_ticket_is_repaired_at_ingest_with_the_failure_the_tests_showed(calc, tmp_path, settings,
+                                                                                 docker_client):
+    """The derivation records what the FAIL_TO_PASS test printed before the fix; ingest's statement
+    check drops the sentences that hand over the hidden test and describes that failure instead."""
+    repo, shas = calc
+    root = tmp_path / "leaky"
+    root.mkdir()
+    (root / "jira.jsonl").write_text(json.dumps({"key": "CALC-9", "fields": {
+        "summary": "add", "description": "Adds test_add.\n\nCo-authored-by: Dev <dev@example.com>",
+        "customfield_1": shas["fix"]}}) + "\n")
+    cfg = root / "tickets.yaml"
+    cfg.write_text(f"repository: {repo}\nproject: calc\nexports:\n"
+                   "  - file: jira.jsonl\n    preset: jira\n    fields: {fix_commit: fields.customfield_1}\n")
+    off = ingest(settings, IngestConfig(statements="off"), [cfg], client=docker_client)
+    [raw] = off.result.tasks
+    assert "test_add" in raw.spec.instruction and "statement" not in raw.spec.metadata
+    [message] = raw.spec.metadata["failure_messages"].values()
+    assert message.startswith("assert -1 == 5") and "add(2, 3)" in message  # pytest's own explanation
+
+    report = ingest(settings, IngestConfig(statements="strict"), [cfg], client=docker_client)
+    [task] = report.result.tasks
+    statement = task.spec.metadata["statement"]
+    assert statement["verdict"] == "repaired" and statement["original"] == raw.spec.instruction
+    assert "test_add" not in task.spec.instruction and "Co-authored-by" not in task.spec.instruction
+    assert "assert -1 == 5" in task.spec.instruction
+    assert report.statements.verdicts == {"repaired": 1}
+    [stored] = Catalog(settings.catalog_path).load_tasks(["calc-calc-9"])
+    assert stored.spec.metadata["statement"]["verdict"] == "repaired" and "assert -1 == 5" in stored.spec.instruction

@@ -28,6 +28,7 @@ from envforge import objectstore, track
 from envforge.catalog import Catalog
 from envforge.observe.health import catalog_verdicts, thresholds_from_env
 from envforge.config import Settings
+from envforge.quality.statement_policy import statement_verdicts
 from envforge.errors import Problem
 from envforge.safefs import write_atomic
 
@@ -158,6 +159,7 @@ def _task_set_section(cat: Catalog, version: str | None, charts: _Charts) -> dic
         lineage = {"parent_version": None, "sources": [], "gates": {}, "removed": []}
     tier_rows = tiers.to_dicts()
     strength = {r["content_hash"]: _strength_cell(r) for r in cat.latest_validations().to_dicts()}
+    statements = statement_verdicts(cat.load_versions(members["content_hash"].to_list())) if members.height else {}
     return {
         "ran": True, "version": version, "name": row["name"], "created": str(row["created_at"])[:19],
         "n_tasks": row["n_tasks"], "parent": lineage["parent_version"], "sources": lineage["sources"],
@@ -172,8 +174,12 @@ def _task_set_section(cat: Catalog, version: str | None, charts: _Charts) -> dic
                      "tier": tier_of.get(m["task_id"], {}).get("tier", "-"),
                      "split": tier_of.get(m["task_id"], {}).get("split", "-"),
                      "strength": strength.get(m["content_hash"], "-"),
+                     "statement": statements.get(m["task_id"], {}).get("verdict", "-"),
                      "instruction": _short(m["instruction"])} for m in members.iter_rows(named=True)],
         "removed": lineage["removed"],
+        "statements": sorted(Counter(v["verdict"] for v in statements.values()).items()),
+        "flagged_statements": [{"task_id": t, "findings": v["findings"]} for t, v in sorted(statements.items())
+                               if v["verdict"] == "flagged"],
     }
 
 
@@ -182,16 +188,26 @@ def _ingest_gate(cat: Catalog) -> dict:
     rejects = cat.current_rejects()
     n_current = cat.tasks().height
     ran = loads.height > 0 or rejects.height > 0 or n_current > 0
-    reject_rows = []
+    from envforge.sources.funnel import Funnel, classify
+
+    reject_rows, by_source = [], {}
     for r in rejects.iter_rows(named=True):
         p = Problem(r["source"], r["field"], r["reason"])
+        loss = classify(p)
+        by_source.setdefault(r.get("source_key"), []).append(p)
         reject_rows.append({"kind": r["source_kind"], "file": p.file, "record": p.record or "-",
-                            "field": p.field or "-", "reason": p.reason})
-    return {"ran": ran, "current_tasks": n_current, "rejected": rejects.height,
-            "loads": [{"key": r["source_key"], "kind": r["source_kind"], "valid": r["n_tasks"],
-                       "rejected": r["n_rejects"], "loaded": str(r["loaded_at"])[:19]}
-                      for r in loads.iter_rows(named=True)],
-            "rejects": reject_rows}
+                            "field": p.field or "-", "reason": p.reason, "lost_at": loss.stage, "fault": loss.owner})
+    load_rows = []
+    for r in loads.iter_rows(named=True):
+        funnel = Funnel.of(r["n_tasks"], by_source.get(r["source_key"], []))
+        load_rows.append({"key": r["source_key"], "kind": r["source_kind"], "valid": r["n_tasks"],
+                          "rejected": r["n_rejects"], "loaded": str(r["loaded_at"])[:19], "funnel": funnel})
+    total = Funnel()
+    for row in load_rows:
+        total.merge(row["funnel"])
+    return {"ran": ran, "current_tasks": n_current, "rejected": rejects.height, "loads": load_rows,
+            "rejects": reject_rows, "funnel": total,
+            "reasons": sorted(total.reasons.items(), key=lambda kv: -kv[1])[:15]}
 
 
 def _quality_gate(cat: Catalog, charts: _Charts) -> dict:
@@ -225,8 +241,10 @@ def _strength_cell(row: dict) -> str:
     s = json.loads(row.get("stats_json") or "{}").get("strength")
     if not s or s.get("strength") is None:
         return "-"
+    from envforge.verify.strength import strength_text
+
     flags = [f for f, on in (("overfittable", s.get("overfittable")), ("audit only", row.get("admission"))) if on]
-    return f"{s['strength']:.2f}" + (f" ({', '.join(flags)})" if flags else "")
+    return strength_text(s) + (f" ({', '.join(flags)})" if flags else "")
 
 
 def _strength_summary(rows: list[dict], charts: _Charts) -> dict:
@@ -248,7 +266,8 @@ def _strength_summary(rows: list[dict], charts: _Charts) -> dict:
             "mutants": sum(s["mutants"] for _, s in measured), "overfittable": sum(bool(s.get("overfittable"))
                                                                                    for _, s in measured),
             "audit": sum(r.get("admission") == "audit" for r, _ in measured),
-            "weakest": [{"task_id": r["task_id"], "strength": s["strength"], "killed": s["killed"],
+            "bounds": sum(1 for _, s in measured if (s.get("strength_upper") or s["strength"]) > s["strength"]),
+            "weakest": [{"task_id": r["task_id"], "strength": _strength_cell(r), "killed": s["killed"],
                          "survived": s["survived"], "equivalent": s["equivalent"],
                          "survivors": [f"{v['path']}:{v['line']} {v['change']}" for v in s["survivors"][:5]]}
                         for r, s in weakest],

@@ -166,7 +166,7 @@ class SourceLoadRow(_Table):
     """One ingest of one source: which task versions it yielded. A source's latest load is what is live."""
 
     source_key: str = pa.Field(str_length={"min_value": 1})
-    source_kind: str = pa.Field(isin=["spec", "runbook", "swebench", "ticket", "review"])
+    source_kind: str = pa.Field(isin=["spec", "runbook", "swebench", "ticket", "review", "history"])
     batch_id: str
     fingerprint: str
     task_hashes: list[str]

@@ -22,10 +22,12 @@ DESCRIPTIONS = {
               "PASS_TO_PASS derived by running the tests before and after the fix in a sandbox.",
     "review": "Code-review records: 'address this review comment', graded by the tests the follow-up commit "
               "changed, derived the same way.",
+    "history": "A repository's own commits (history.yaml: range, filters, optional issue exports): each commit "
+               "that changes source and tests becomes a task, its tests derived the same way.",
 }
 PARTITIONS = {kind: dg.DynamicPartitionsDefinition(name=f"{kind}_sources") for kind in KINDS}
 IngestRunConfig = run_config(IngestConfig, "IngestRunConfig", "How one source partition is ingested.")
-SANDBOX_KINDS = ("ticket", "review")  # their tests are derived by running the suite in sandboxes
+SANDBOX_KINDS = ("ticket", "review", "history")  # their tests are derived by running the suite in sandboxes
 
 
 def _source_asset(kind: str) -> dg.AssetsDefinition:
@@ -49,6 +51,8 @@ def _source_asset(kind: str) -> dg.AssetsDefinition:
             "unchanged": summ.unchanged, "reject_rate": round(len(res.rejects) / total, 4) if total else 0.0,
             "batch_id": summ.batch_id, "tasks": dg.MetadataValue.json(sorted(t.id for t in res.tasks)),
             "rejects": problems_table(res.rejects), "mlflow_run": mlflow_run(settings, tracked.mlflow_run_id),
+            "statements": dg.MetadataValue.json(tracked.statements.as_json()),
+            "funnel": dg.MetadataValue.json(tracked.funnel().as_json()),
         })
 
     return _asset

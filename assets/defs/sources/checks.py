@@ -1,4 +1,5 @@
-"""Checks on ingestion: reject rates per source kind (warn), and a schema-valid candidate set (blocking)."""
+"""Checks on ingestion: reject rates per source kind (warn), a schema-valid candidate set (blocking), and
+task statements that neither leak the fix nor say too little (warn)."""
 
 import dagster as dg
 import polars as pl
@@ -6,6 +7,7 @@ import polars as pl
 from assets.defs.resources import CatalogResource
 from assets.defs.sources.assets import candidate_tasks, source_assets
 from envforge.catalog import Catalog
+from envforge.quality.statement_policy import statement_verdicts
 from envforge.settings import read_env
 
 # Bundled examples carry deliberately bad records (about a quarter to two fifths per kind).
@@ -47,3 +49,20 @@ def candidate_tasks_schema(catalog: CatalogResource) -> dg.AssetCheckResult:
         metadata={"rows": frame.height, "schema_problems": dg.MetadataValue.json([str(p) for p in problems]),
                   "duplicate_ids": dupes},
     )
+
+
+@dg.asset_check(asset=candidate_tasks, name="statements",
+                description="Every current task's statement was checked at ingest (leaks of the fix or the hidden "
+                            "tests, too little to act on) and none is still flagged after its deterministic repair; "
+                            "warns with the flagged tasks and their findings. Ingest's `statements` policy decides "
+                            "whether flagged tasks are kept (flag) or kept out (strict).")
+def candidate_statements(catalog: CatalogResource) -> dg.AssetCheckResult:
+    verdicts = statement_verdicts(catalog.catalog().load_tasks())
+    flagged = {task_id: v["findings"] for task_id, v in verdicts.items() if v["verdict"] == "flagged"}
+    counts: dict[str, int] = {}
+    for v in verdicts.values():
+        counts[v["verdict"]] = counts.get(v["verdict"], 0) + 1
+    return dg.AssetCheckResult(
+        passed=not flagged, severity=dg.AssetCheckSeverity.WARN,
+        metadata={"verdicts": dg.MetadataValue.json(counts), "flagged": len(flagged),
+                  "flagged_tasks": dg.MetadataValue.json(dict(list(flagged.items())[:20]))})

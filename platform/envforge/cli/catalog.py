@@ -17,15 +17,31 @@ app = typer.Typer(help="The DuckDB task catalog.", no_args_is_help=True)
 
 @app.command("list")
 def catalog_list(as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
-    """List the current version of every task, with its latest flakiness-gate verdict and verifier strength
-    (`strength`: killed / non-equivalent mutants, when the gate measured it; `admission`: audit = audit split only)."""
+    """List the current version of every task, with its latest flakiness-gate verdict, verifier strength
+    (`strength`: killed / non-equivalent mutants, when the gate measured it; `>= a (<= b)` when grading stopped
+    early and the score is a bound; `admission`: audit = audit split only) and statement verdict."""
+    import polars as pl
+
     from envforge.catalog import Catalog
+    from envforge.quality.statement_policy import statement_verdicts
+    from envforge.verify.strength import strength_text
 
     cat = Catalog(settings_for(data_dir).catalog_path)
     frame = cat.task_listing()
+    measured = {r["task_id"]: json.loads(r.get("stats_json") or "{}").get("strength") or {}
+                for r in cat.latest_validations().to_dicts()}
+    statements = {t: v["verdict"] for t, v in statement_verdicts(cat.load_tasks()).items()}
+    frame = frame.with_columns(
+        pl.col("task_id").replace_strict({t: s.get("strength_upper") for t, s in measured.items()}, default=None,
+                                         return_dtype=pl.Float64).alias("strength_upper"),
+        pl.col("task_id").replace_strict(statements, default="-", return_dtype=pl.String).alias("statement"))
     if as_json:
         sys.stdout.write(json.dumps(frame.to_dicts(), default=str) + "\n")
         return
+    # a strength measured with early stop is a bound: people see `>= lower (<= upper)`, not a score
+    frame = frame.with_columns(pl.col("task_id").replace_strict(
+        {t: strength_text(s) for t, s in measured.items()}, default="-", return_dtype=pl.String).alias("strength")
+    ).drop("strength_upper")
     table = Table(title=f"{frame.height} task(s) in {cat.path}")
     for col in frame.columns:
         table.add_column(col)

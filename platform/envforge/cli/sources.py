@@ -36,6 +36,40 @@ def sources_list(paths: List[Path] = typer.Argument(None, help="default: the bun
         out.print(f"[cyan]skipped[/cyan] {p.source}: {p.reason}")
 
 
+@app.command("scan")
+def sources_scan(paths: List[Path] = typer.Argument(..., help="source files or folders (task.yaml, runbooks, "
+                                                               "tickets.yaml, reviews.yaml, history.yaml, ...)"),
+                 as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+    """A dry run: every record the sources hold and what it would become (a task, a candidate whose tests are
+    derived at ingest, skipped or rejected, with why), and the statement check's verdict on each. Nothing runs
+    in a sandbox and nothing is written."""
+    from envforge.sources import load_by_source, scan_sources
+    from envforge.sources.scan import scan_rows
+
+    settings = settings_for(data_dir)
+    found = scan_sources(paths)
+    loaded, problems = load_by_source(paths, found)
+    rows = scan_rows(loaded, settings.data_dir) + [
+        {"source": p.source, "kind": "-", "record": p.source, "becomes": "rejected", "reason": p.reason,
+         "statement": "-", "findings": []} for p in problems]
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["becomes"]] = counts.get(r["becomes"], 0) + 1
+    if as_json:
+        sys.stdout.write(json.dumps({"counts": counts, "records": rows}) + "\n")
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} record(s) in {len(found.refs)} source(s): "
+                        + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    for col in ("record", "kind", "becomes", "statement", "why"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["record"], r["kind"], r["becomes"], r["statement"],
+                      r["reason"] or "; ".join(r["findings"][:3]))
+    out.print(table)
+
+
 @app.command("build-repo")
 def sources_build_repo(project: Path = typer.Argument(..., help="a patch-series project (patches/*.patch, repo.yaml)"),
                        target: Path = typer.Argument(..., help="new directory for the repository")) -> None:

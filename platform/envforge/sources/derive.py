@@ -69,7 +69,7 @@ from envforge.verify.grader import PURGE_CACHES, Grader, options_for
 from envforge.verify.parsers import error_summary
 from envforge.verify.selection import SUITE, TestRun
 
-CACHE_VERSION = "derive-v6"
+CACHE_VERSION = "derive-v7"  # v7: runs keep their failure messages (statements describe the observed failure)
 REVERSED_SUITE = TestRun("suite", "reverse")
 GRADER_CHECKS = 2
 DERIVATION_ATTEMPTS = 3  # as the gate's: a lost node costs one; a second fault in a row is still not a verdict
@@ -86,10 +86,11 @@ class Run:
     statuses: dict[str, str]
     reasons: list[str] = field(default_factory=list)
     collect_errors: dict[str, str] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)  # failed test -> its one-line failure
 
     @classmethod
     def of(cls, run: SuiteRun) -> "Run":
-        return cls(dict(run.statuses), list(run.reasons), dict(run.collect_errors))
+        return cls(dict(run.statuses), list(run.reasons), dict(run.collect_errors), dict(run.messages))
 
 
 @dataclass(frozen=True)
@@ -322,6 +323,9 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
         metadata["unselectable_tests"] = settled.unselectable
     if candidate.config.tests.pass_to_pass == "test-files":
         metadata["pass_to_pass_elsewhere"] = settled.pass_to_pass_elsewhere
+    failures = {t: derivation.before[0].messages[t] for t in f2p if derivation.before[0].messages.get(t)}
+    if failures:  # the observable failure, for describing the problem as a reporter would (quality.statements)
+        metadata["failure_messages"] = failures
     metadata["derivation"] = {"suite_runs": len(derivation.before) + len(derivation.after),
                               "grader_checks": len(derivation.checks), "ran_alone": derivation.alone is not None}
     return candidate.to_task(f2p, p2p, metadata)

@@ -9,6 +9,7 @@ A *source* is the unit that is ingested, partitioned in Dagster and watched by t
 | swebench | a `.jsonl` beside a `swebench.yaml` (or given directly)   |
 | ticket   | a `tickets.yaml` (lists its export files)                 |
 | review   | a `reviews.yaml` (its record files sit beside it)         |
+| history  | a `history.yaml` (a repository's own commits)             |
 
 A source's fingerprint covers every file it reads, including the repository it points at,
 so editing a ticket export or adding a patch to a bundled project re-triggers it.
@@ -26,15 +27,15 @@ from typing import Callable, Iterable
 from envforge import safefs
 from envforge.errors import Problem, SpecError
 from envforge.hashing import tree_digest
-from envforge.sources import guard, reviews, tickets
+from envforge.sources import guard, history, reviews, tickets
 from envforge.sources.gitrepo import git, is_patch_series, series_digest
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.result import LoadResult
 from envforge.sources.runbooks import is_runbook, load_runbook
 from envforge.sources.specs import is_spec_file, load_spec_file
 
-KINDS = ("spec", "runbook", "swebench", "ticket", "review")
-_HISTORY_CONFIGS = {tickets.CONFIG_NAME: "ticket", reviews.CONFIG_NAME: "review"}
+KINDS = ("spec", "runbook", "swebench", "ticket", "review", "history")
+_HISTORY_CONFIGS = {tickets.CONFIG_NAME: "ticket", reviews.CONFIG_NAME: "review", history.CONFIG_NAME: "history"}
 
 
 @dataclass(frozen=True, order=True)
@@ -108,7 +109,8 @@ def scan_sources(paths: Iterable[Path]) -> Discovery:
             refs.append(SourceRef("spec", p))
         else:
             problems.append(Problem(str(p), "", "not a known source: expected a task.yaml, a runbook .md, a .jsonl "
-                                                "of SWE-bench instances, a tickets.yaml or a reviews.yaml"))
+                                                "of SWE-bench instances, a tickets.yaml, a reviews.yaml or a "
+                                                "history.yaml"))
     found.refs = sorted(set(refs), key=lambda r: (KINDS.index(r.kind), str(r.path)))
     return found
 
@@ -138,6 +140,7 @@ def _swebench(path: Path) -> LoadResult:
 LOADERS: dict[str, Callable[[Path], LoadResult]] = {
     "spec": _single(load_spec_file), "runbook": _single(load_runbook), "swebench": _swebench,
     "ticket": tickets.load_ticket_source, "review": reviews.load_review_source,
+    "history": history.load_history_source,
 }
 
 
@@ -191,6 +194,8 @@ def _history_inputs(ref: SourceRef, policy: SourcePolicy) -> tuple[list[Path], l
     names: list = []
     if ref.kind == "ticket" and isinstance(data.get("exports"), list):
         names = [e.get("file") for e in data["exports"] if isinstance(e, dict)]
+    elif ref.kind == "history" and isinstance(data.get("issues"), list):
+        names = [e.get("file") for e in data["issues"] if isinstance(e, dict)]
     elif ref.kind == "review":
         names = data["files"] if isinstance(data.get("files"), list) else sorted(f.name for f in base.glob("*.jsonl"))
 

@@ -19,11 +19,15 @@ class LoadResult:
     tasks: list[Task] = field(default_factory=list)
     rejects: list[Problem] = field(default_factory=list)
     candidates: list["Candidate"] = field(default_factory=list)
+    # what a source looked at and left out on purpose (a history source's docs-only commits), with why:
+    # not rejects, since nothing is wrong with them, but what a dry run shows
+    skipped: list[Problem] = field(default_factory=list)
 
     def extend(self, other: "LoadResult") -> None:
         self.tasks.extend(other.tasks)
         self.rejects.extend(other.rejects)
         self.candidates.extend(other.candidates)
+        self.skipped.extend(other.skipped)
 
     @property
     def ok(self) -> bool:

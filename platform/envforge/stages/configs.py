@@ -10,11 +10,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from envforge.quality.statement_config import STATEMENT_POLICIES, StatementReviewConfig
+
 
 @dataclass(frozen=True)
 class IngestConfig:
     strict: bool = field(default=False, metadata={"help": "refuse the whole batch if any record is bad "
                                                           "(nothing is written)"})
+    statements: str = field(default="flag", metadata={
+        "help": "what to do with a task statement that leaks the fix or says too little, after its deterministic "
+                "repair: strict (keep the task out, as a reject with the findings), flag (keep it, repaired, with "
+                "its verdict), off (no check)"})
+    review: StatementReviewConfig = field(default_factory=StatementReviewConfig, metadata={
+        "help": "the optional model-assisted review of statements"})
+
+    def __post_init__(self) -> None:
+        if self.statements not in STATEMENT_POLICIES:
+            raise ValueError(f"IngestConfig.statements: must be one of {', '.join(STATEMENT_POLICIES)}, "
+                             f"got {self.statements!r}")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,11 @@ from envforge.config import Settings
 from envforge.errors import InfraError, Problem
 from envforge.fleet.config import FleetConfigError
 from envforge.progress import Progress, no_progress
+from envforge.quality.statement_policy import apply_statement_policy
+from envforge.quality.statement_review import ReviewOutcome
+from envforge.quality.statements import StatementSummary
 from envforge.sources import LoadResult
+from envforge.sources.funnel import Funnel
 from envforge.sources.guard import unexpected
 from envforge.stages.base import StageContext, StageResult, stage
 from envforge.stages.configs import IngestConfig
@@ -28,6 +32,11 @@ class SourceIngest:
     fingerprint: str
     result: LoadResult
     summary: IngestSummary | None = None
+    statements: StatementSummary | None = None  # the statement check's verdicts (None: policy off)
+
+    @property
+    def funnel(self) -> Funnel:
+        return Funnel.of(len(self.result.tasks), self.result.rejects, len(self.result.skipped))
 
 
 @dataclass
@@ -37,10 +46,21 @@ class IngestResult(StageResult):
     summary: IngestSummary
     sources: list[SourceIngest] = field(default_factory=list)
     skipped: list[Problem] = field(default_factory=list)  # files that look like sources but are not, and why
+    statements: StatementSummary = field(default_factory=StatementSummary)
+    review: ReviewOutcome = field(default_factory=ReviewOutcome)  # the optional model review and its agreement
 
     def rows(self) -> list[dict]:
         return [{"source": s.key, "kind": s.kind, "valid": len(s.result.tasks), "rejected": len(s.result.rejects),
-                 "added": s.summary.added if s.summary else 0} for s in self.sources]
+                 "added": s.summary.added if s.summary else 0,
+                 "statements": s.statements.verdicts if s.statements else {}, "funnel": s.funnel.as_json()}
+                for s in self.sources]
+
+    def funnel(self) -> Funnel:
+        """Every source's funnel added up."""
+        total = Funnel()
+        for s in self.sources:
+            total.merge(s.funnel)
+        return total
 
     def params(self) -> dict[str, Any]:
         return {"paths": [str(p) for p in self.paths]}
@@ -51,12 +71,18 @@ class IngestResult(StageResult):
         env_layers = {(t.spec.metadata.get("images") or {}).get("env") for t in res.tasks} - {None}
         return {"tasks_valid": len(res.tasks), "tasks_added": summary.added, "tasks_unchanged": summary.unchanged,
                 "records_rejected": summary.rejected, "reject_rate": len(res.rejects) / total if total else 0.0,
-                "env_layers": len(env_layers)}
+                "env_layers": len(env_layers),
+                **{f"statements_{verdict}": float(n) for verdict, n in sorted(self.statements.verdicts.items())},
+                **{f"funnel_{k}": float(v) for k, v in self.funnel().as_json().items() if isinstance(v, int)},
+                **({"statement_review_agreement": float(self.review.agreement_rate())}
+                   if self.review.agreement_rate() is not None else {})}
 
     def artifacts(self) -> dict[str, Any]:
         return {"rejects.json": [{"source": p.source, "field": p.field, "reason": p.reason}
                                  for p in self.result.rejects],
                 "sources.json": self.rows(),
+                **({"statements.json": self.statements.as_json()} if self.statements.checked else {}),
+                **({"statement_review.json": self.review.as_json()} if self.review.status != "off" else {}),
                 **({"skipped.json": [p.as_json() for p in self.skipped]} if self.skipped else {})}
 
 
@@ -96,10 +122,16 @@ def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], cont
     root = settings.task_sources_dir
     catalog = Catalog(settings.catalog_path)
     sources = []
+    statements, reviews = StatementSummary(), ReviewOutcome()
     for i, (ref, res) in enumerate(loaded, start=1):
         progress("ingest", ref.key(root), i, len(loaded))
         derive_candidates(settings, res, client=client, progress=progress)
-        sources.append(SourceIngest(ref.key(root), ref.kind, fingerprint(ref), res))
+        checked = apply_statement_policy(res.tasks, config.statements, settings.data_dir,  # type: ignore[arg-type]
+                                         review=config.review)
+        res.tasks, res.rejects = checked.tasks, [*res.rejects, *checked.rejects]
+        statements.merge(checked.summary)
+        reviews.merge(checked.review)
+        sources.append(SourceIngest(ref.key(root), ref.kind, fingerprint(ref), res, statements=checked.summary))
     owners = catalog.current_owners(t.id for s in sources for t in s.result.tasks)
     for s in sources:
         _reject_ids_of_other_sources(owners, s.result, s.key)
@@ -114,7 +146,7 @@ def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], cont
         summaries.append(s.summary)
     summary = IngestSummary(summaries[0].batch_id if summaries else "", sum(x.added for x in summaries),
                             sum(x.unchanged for x in summaries), sum(x.rejected for x in summaries))
-    return IngestResult(list(paths), combined, summary, sources, discovery.skipped)
+    return IngestResult(list(paths), combined, summary, sources, discovery.skipped, statements, reviews)
 
 
 def _reject_ids_of_other_sources(owners: dict[str, list[tuple[str, str]]], result: LoadResult, key: str) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 from envforge.environment import PythonEnvironment, merge_env, split_assignments
 from envforge.sandbox.container import Sandbox
 from envforge.task import VERIFIER_DIR, WORKSPACE, ShellCheckpoint, Task, TestCheckpoint
-from envforge.verify.parsers import ReportError, ReportIncomplete, parse_pattern, parse_report, parse_tap
+from envforge.verify.parsers import (ReportError, ReportIncomplete, parse_failure_messages, parse_pattern, parse_report,
+                                     parse_tap)
 from envforge.verify.result import CheckpointResult
 from envforge.verify.selection import SUITE, TARGETED, TestRun, selection_env, unittest_ids
 
@@ -96,6 +97,7 @@ class SuiteRun:
     statuses: dict[str, str]
     reasons: list[str]
     collect_errors: dict[str, str] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)  # failed test -> its one-line failure
 
 
 def _run_reported(sandbox: Sandbox, check: TestCheckpoint, run: TestRun,
@@ -111,6 +113,7 @@ def _run_reported(sandbox: Sandbox, check: TestCheckpoint, run: TestRun,
     sandbox.kill_processes()
     reasons: list[str] = []
     collect_errors: dict[str, str] = {}
+    messages: dict[str, str] = {}
     if res.timed_out:
         reasons.append("timeout")
     if res.oom_killed:
@@ -122,6 +125,7 @@ def _run_reported(sandbox: Sandbox, check: TestCheckpoint, run: TestRun,
                 statuses = {}
             else:
                 statuses, collect_errors = parse_report(res.report)
+                messages = parse_failure_messages(res.report)
         elif check.framework == "tap":
             statuses = parse_tap(res.text())
         else:
@@ -132,7 +136,7 @@ def _run_reported(sandbox: Sandbox, check: TestCheckpoint, run: TestRun,
     except ReportError:
         statuses = {}
         reasons.append("report_unreadable")
-    return SuiteRun(statuses, reasons, collect_errors)
+    return SuiteRun(statuses, reasons, collect_errors, messages)
 
 
 def run_tests(sandbox: Sandbox, check: TestCheckpoint, run: TestRun = TARGETED,

@@ -63,6 +63,22 @@ def parse_report(text: str | bytes, require_finished: bool = True) -> tuple[dict
     return statuses, collect_errors
 
 
+def parse_failure_messages(text: str | bytes) -> dict[str, str]:
+    """The one-line failure message of each failed test in a runner's JSON lines (`{"id", "status",
+    "message"}`), for describing a task's observable failure; lines it cannot read are left to
+    `parse_report`, which decides whether the report counts."""
+    raw = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+    messages: dict[str, str] = {}
+    for line in raw.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "id" in rec and isinstance(rec.get("message"), str):
+            messages[str(rec["id"])] = rec["message"][:500]
+    return messages
+
+
 def error_summary(message: str, lines: int = 3) -> str:
     """The lines of a pytest failure that say what went wrong (`E   ModuleNotFoundError: ...`), else its first."""
     errors = [ln[1:].strip() for ln in message.splitlines() if ln.startswith("E ") and ln[1:].strip()]

@@ -31,7 +31,7 @@ from envforge.verify.result import VerificationResult
 from envforge.verify.selection import TARGETED
 from envforge.verify.special_case import literal_cases, special_case_diff, split_test_id
 
-__all__ = ["StrengthReport", "measure_strength", "not_applicable"]
+__all__ = ["StrengthReport", "measure_strength", "not_applicable", "strength_text"]
 
 SPECIAL_CASE = "special_case"
 MAX_FILE_BYTES = 1 << 20  # a changed file larger than this is not mutated (generated code, data)
@@ -64,6 +64,17 @@ class StrengthReport:
     @classmethod
     def from_json(cls, doc: dict) -> "StrengthReport":
         return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
+
+
+def strength_text(doc: dict) -> str:
+    """A strength for people: the score, or `>= lower (<= upper)` when grading stopped early, since
+    the score is then a bound, not the task's value ("-": not measured)."""
+    lower, upper = doc.get("strength"), doc.get("strength_upper")
+    if lower is None:
+        return "-"
+    if upper is not None and upper > lower:
+        return f">= {lower:.2f} (<= {upper:.2f})"
+    return f"{lower:.2f}"
 
 
 def not_applicable(task: Task) -> str | None:

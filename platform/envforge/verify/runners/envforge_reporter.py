@@ -30,6 +30,7 @@ _fd = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, random.randint(300, 900))
 os.close(3)
 _out = os.fdopen(_fd, "w", buffering=1)
 _outcomes: dict = {}
+_messages: dict = {}
 _collect_errors: dict = {}
 _files = os.environ.pop("ENVFORGE_TEST_FILES", None)
 _ONLY = frozenset(Path(p).as_posix() for p in json.loads(_files)) if _files else None
@@ -95,14 +96,29 @@ def pytest_runtest_logreport(report):
     old = _outcomes.get(report.nodeid)
     if old is None or _ORDER.index(status) > _ORDER.index(old):
         _outcomes[report.nodeid] = status
+        if status in ("failed", "error"):
+            _messages[report.nodeid] = _crash_message(report)
     if status != "passed" and report.nodeid in _FAIL_FAST and _session is not None:
         _session.shouldfail = f"envforge fail fast: {report.nodeid} did not pass"
+
+
+def _crash_message(report):
+    """What went wrong, in one line (`AssertionError: assert 3 == 5`): how a reporter would quote it."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    text = getattr(crash, "message", None)
+    if not text:
+        lines = [ln for ln in str(getattr(report, "longreprtext", "") or "").splitlines() if ln.strip()]
+        text = lines[-1] if lines else ""
+    return str(text)[:500]
 
 
 def pytest_sessionfinish(session, exitstatus):
     for nodeid, message in sorted(_collect_errors.items()):
         _out.write(json.dumps({"collect_error": nodeid, "message": message}) + "\n")
     for nodeid, status in sorted(_outcomes.items()):
-        _out.write(json.dumps({"id": nodeid, "status": status}) + "\n")
+        record = {"id": nodeid, "status": status}
+        if _messages.get(nodeid):
+            record["message"] = _messages[nodeid]
+        _out.write(json.dumps(record) + "\n")
     _out.write(json.dumps({"finished": True, "exitstatus": int(exitstatus)}) + "\n")
     _out.flush()

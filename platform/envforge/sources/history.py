@@ -1,0 +1,297 @@
+"""Plain git history as a task source: no ticket export needed.
+
+A `history.yaml` names a repository and which of its commits to consider; every commit that
+changes both source and test files (the SWE-rebench-style pre-filter) and passes the filters
+becomes a candidate, exactly like a ticket's fix commit: the source change is the reference
+solution, the test change is held back, FAIL_TO_PASS is derived by running the suite before and
+after (`sources.derive`), and the task goes through the statement check and the gate like any
+other. The statement is the linked issue's title and body when the message says `Fixes #526`
+and an issue export has #526, else the commit message (which the statement check cleans and,
+when it is only a subject line, describes by the failure the tests showed).
+
+    repository: ../billing.bundle     # git dir, .bundle or patch-series project (relative to this file)
+    project: billing                  # task ids become <project>-<sha12>
+    range: {branch: main, last: 50, since: v1.4}   # since: a tag/ref (commits after it) or a date
+    filters:                          # defaults shown in HistoryFilters
+      skip_authors: ["*[bot]"]
+      skip_messages: ["^(?i)bump "]
+    issues: [{file: issues.csv, preset: github}]   # optional: the tracker's own statements
+    tests: {command: python3 -m pytest}             # as every history source (tickets, reviews)
+
+Commits the filters leave out are not rejects (a docs commit is not a bad record): they are
+listed with their reason in `LoadResult.skipped`, which `envforge sources scan` shows.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, StrictStr, field_validator
+
+from envforge.errors import Problem, SpecError
+from envforge.sources import guard
+from envforge.sources.candidate import (Candidate, HistorySourceConfig, check_repo_footprint, load_config,
+                                        open_repository, relative_to_source, slug)
+from envforge.sources.fields import Ref, StrictModel
+from envforge.sources.gitrepo import git, resolve_commit, split_change
+from envforge.sources.policy import SourcePolicy
+from envforge.sources.records import blank, get_path, iter_records
+from envforge.sources.result import LoadResult
+from envforge.sources.tickets import PRESETS
+
+CONFIG_NAME = "history.yaml"
+MAX_SCAN = 5000  # commits examined at most per load, newest first
+
+DEPENDENCY_FILES = ("requirements*.txt", "requirements/*.txt", "*.lock", "Pipfile", "Pipfile.lock", "poetry.lock",
+                    "uv.lock", "pdm.lock", "constraints*.txt", "package.json", "package-lock.json", "yarn.lock",
+                    "go.sum", "Cargo.lock", "renovate.json", ".pre-commit-config.yaml")
+DOCS_FILES = ("*.md", "*.rst", "*.txt", "docs/*", "doc/*", "CHANGELOG*", "CHANGES*", "HISTORY*", "NEWS*", "AUTHORS*",
+              "LICENSE*", ".github/*", ".gitlab-ci.yml", ".circleci/*", "azure-pipelines.yml", ".travis.yml",
+              "appveyor.yml", ".readthedocs.y*ml", "mkdocs.yml", "*.cfg.example")
+_LINK = re.compile(r"\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s*:?\s+(?:[\w.-]+/[\w.-]+)?#(\d+)\b|"
+                   r"\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s*:?\s+([A-Z][A-Z0-9]{1,9}-\d+)\b", re.I)
+
+
+class HistoryRange(StrictModel):
+    branch: Ref = Field("HEAD", description="the branch (or ref) whose first-parent history is read")
+    last: int | None = Field(None, ge=1, le=MAX_SCAN, description="at most this many candidates, newest first "
+                                                                  "(counted after the filters)")
+    since: StrictStr | None = Field(None, description="only commits after this tag/ref, or committed on or "
+                                                      "after this date (YYYY-MM-DD)")
+
+
+class HistoryFilters(StrictModel):
+    skip_merges: bool = Field(True, description="merge commits are left out (their change is their parents')")
+    skip_authors: list[StrictStr] = Field(
+        default_factory=lambda: ["*[bot]*", "dependabot*", "renovate*", "pre-commit-ci*", "github-actions*"],
+        description="author names or emails (glob, case-insensitive) whose commits are left out")
+    skip_messages: list[StrictStr] = Field(
+        default_factory=lambda: [r"(?i)^(bump|build\(deps\)|chore\(deps\)|update dependency|\[pre-commit\.ci\])",
+                                 r"(?i)^revert\b", r"(?i)^(release|prepare release|version bump)\b"],
+        description="regular expressions on the commit message; a match leaves the commit out")
+    dependency_files: list[StrictStr] = Field(default_factory=lambda: list(DEPENDENCY_FILES),
+                                              description="a commit whose non-test change touches only these "
+                                                          "(glob) is a dependency bump")
+    docs_files: list[StrictStr] = Field(default_factory=lambda: list(DOCS_FILES),
+                                        description="a commit whose non-test change touches only these (glob) is "
+                                                    "docs or CI only")
+
+    @field_validator("skip_messages")
+    @classmethod
+    def _compiles(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+        return v
+
+
+class IssueExport(StrictModel):
+    file: StrictStr = Field(description="an issue export (JSONL or CSV), relative to history.yaml")
+    format: Literal["jsonl", "csv"] | None = None
+    preset: Literal["jira", "jira-csv", "github", "none"] = "github"
+    fields: dict[str, str] = Field(default_factory=dict, description="id/title/body -> export field (dotted)")
+
+    def field_map(self) -> dict[str, str]:
+        base = {k: v for k, v in PRESETS.get(self.preset, {}).items() if k in ("id", "title", "body")}
+        return {**base, **self.fields}
+
+
+class HistoryConfig(HistorySourceConfig):
+    repository: StrictStr = Field(description="git directory, .bundle file or patch-series project")
+    project: StrictStr | None = Field(None, description="task id prefix; default: the repository folder's name")
+    range: HistoryRange = Field(default_factory=HistoryRange)
+    filters: HistoryFilters = Field(default_factory=HistoryFilters)
+    issues: list[IssueExport] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Commit:
+    sha: str
+    parents: tuple[str, ...]
+    author: str
+    email: str
+    committed: str  # ISO 8601
+    message: str
+
+
+def read_commits(git_dir: Path, rng: HistoryRange) -> list[Commit]:
+    """The branch's first-parent commits, newest first, within the range (at most MAX_SCAN examined)."""
+    rev = resolve_commit(git_dir, rng.branch)
+    if rev is None:
+        raise ValueError(f"range.branch: {rng.branch!r} does not name a commit in the repository")
+    args = ["log", "--first-parent", f"--max-count={MAX_SCAN}", "--format=%H%x00%P%x00%an%x00%ae%x00%cI%x00%B%x1e"]
+    if rng.since:
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", rng.since):
+            try:
+                date.fromisoformat(rng.since)
+            except ValueError:
+                raise ValueError(f"range.since: {rng.since!r} is not a date") from None
+            args.append(f"--since={rng.since}T00:00:00")
+            spec = rev
+        else:
+            base = resolve_commit(git_dir, rng.since)
+            if base is None:
+                raise ValueError(f"range.since: {rng.since!r} is neither a date (YYYY-MM-DD) nor a ref in the "
+                                 "repository")
+            spec = f"{base}..{rev}"
+    else:
+        spec = rev
+    proc = git(git_dir, *args, spec, "--")
+    if proc.returncode != 0:
+        raise ValueError(f"git log {spec}: {proc.stderr.decode(errors='replace').strip()[:300]}")
+    commits = []
+    for record in proc.stdout.decode(errors="replace").split("\x1e"):
+        parts = record.strip("\n").split("\x00")
+        if len(parts) != 6:
+            continue
+        sha, parents, author, email, committed, message = parts
+        commits.append(Commit(sha, tuple(parents.split()), author, email, committed, message.strip()))
+    return commits
+
+
+def _globbed(path: str, patterns: list[str]) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch(name, p) for p in patterns)
+
+
+def skip_reason(commit: Commit, filters: HistoryFilters) -> str | None:
+    """Why the commit is not a candidate by its metadata alone (None: look at its change)."""
+    if len(commit.parents) > 1 and filters.skip_merges:
+        return "merge commit"
+    if not commit.parents:
+        return "root commit: there is no state before it"
+    who = (commit.author.lower(), commit.email.lower())
+    for pattern in filters.skip_authors:
+        if any(fnmatch.fnmatch(w, pattern.lower()) for w in who):
+            return f"author {commit.author} <{commit.email}> matches skip_authors {pattern!r}"
+    for pattern in filters.skip_messages:
+        if re.search(pattern, commit.message, re.M):
+            return f"message matches skip_messages {pattern!r}"
+    return None
+
+
+def change_skip_reason(source_files: list[str], test_files: list[str], filters: HistoryFilters) -> str | None:
+    """Why the commit's change cannot be a task (None: it can)."""
+    if not test_files:
+        return "changes no test files (nothing to verify it with)"
+    if not source_files:
+        return "changes only tests (no source change to ask for)"
+    if all(_globbed(p, filters.dependency_files) for p in source_files):
+        return "dependency bump (its non-test change touches only dependency files)"
+    if all(_globbed(p, filters.docs_files) for p in source_files):
+        return "docs or CI only (its non-test change touches only docs/CI files)"
+    return None
+
+
+def load_issues(config_path: Path, exports: list[IssueExport], policy: SourcePolicy,
+                result: LoadResult) -> dict[str, tuple[str, str, str]]:
+    """Issue id -> (title, body, where) from the exports; unreadable records are rejects."""
+    issues: dict[str, tuple[str, str, str]] = {}
+    for i, export in enumerate(exports):
+        field = f"issues[{i}].file"
+        try:
+            path = guard.confined(config_path.parent, export.file, str(config_path), field, policy)
+        except SpecError as exc:
+            result.rejects.extend(exc.problems)
+            continue
+        if not path.exists():
+            result.rejects.append(Problem(str(config_path), field, f"{path} does not exist"))
+            continue
+        fmap = export.field_map()
+        for where, rec in iter_records(path, export.format, policy):
+            if isinstance(rec, Problem):
+                result.rejects.append(rec)
+                continue
+            values = {k: get_path(rec, v) for k, v in fmap.items()}
+            if blank(values.get("id")) or blank(values.get("title")) or not isinstance(values.get("title"), str):
+                result.rejects.append(Problem(where, fmap.get("title", "title"), "an issue needs an id and a title"))
+                continue
+            body = values.get("body") if isinstance(values.get("body"), str) else ""
+            title = guard.check_text(values["title"], where, fmap["title"], policy).strip()
+            body = guard.check_text(body, where, fmap.get("body", "body"), policy).strip()
+            issues[str(values["id"]).lstrip("#")] = (title, body, where)
+    return issues
+
+
+def linked_issue(message: str, issues: dict[str, tuple[str, str, str]]) -> tuple[str, tuple[str, str, str]] | None:
+    for match in _LINK.finditer(message):
+        key = match.group(1) or match.group(2)
+        if key in issues:
+            return key, issues[key]
+    return None
+
+
+def load_history_source(config_path: Path, policy: SourcePolicy | None = None) -> LoadResult:
+    """Every commit of the range that passes the filters and changes source and tests, as a candidate;
+    commits left out are in `skipped` with why, bad config and issue records are rejects."""
+    policy = policy or SourcePolicy.from_env()
+    result = LoadResult()
+    try:
+        cfg = load_config(config_path, HistoryConfig, policy)
+        git_dir = open_repository(config_path, "repository", cfg.repository, policy)
+        commits = read_commits(git_dir, cfg.range)
+    except SpecError as exc:
+        result.rejects.extend(exc.problems)
+        return result
+    except ValueError as exc:
+        field, _, reason = str(exc).partition(": ")
+        result.rejects.append(Problem(str(config_path), field if reason else "range", reason or str(exc)))
+        return result
+    base_dir = config_path.parent
+    project = cfg.project or (base_dir / cfg.repository).resolve().name.removesuffix(".bundle")
+    issues = load_issues(config_path, cfg.issues, policy, result)
+    for commit in commits:
+        if cfg.range.last is not None and len(result.candidates) >= cfg.range.last:
+            break
+        where = f"{config_path}:{commit.sha[:12]}"
+        reason = skip_reason(commit, cfg.filters)
+        if reason is None:
+            try:
+                change = split_change(git_dir, commit.parents[0], commit.sha)
+            except ValueError as exc:
+                result.rejects.append(Problem(where, "commit", str(exc)))
+                continue
+            reason = change_skip_reason(change.source_files, change.test_files, cfg.filters)
+        if reason is not None:
+            result.skipped.append(Problem(where, "commit", reason))
+            continue
+        try:
+            result.candidates.append(_candidate(commit, change, cfg, git_dir, project, base_dir, where, issues, policy))
+        except SpecError as exc:
+            result.rejects.extend(exc.problems)
+    return result
+
+
+def _candidate(commit: Commit, change: Any, cfg: HistoryConfig, git_dir: Path, project: str, base_dir: Path,
+               where: str, issues: dict[str, tuple[str, str, str]], policy: SourcePolicy) -> Candidate:
+    parent = commit.parents[0]
+    check_repo_footprint(git_dir, parent, cfg.limits, where, "commit")
+    message = guard.check_text(commit.message, where, "message", policy).strip()
+    metadata: dict[str, Any] = {"repo": project, "fix_commit": commit.sha, "base_commit": parent,
+                                "author": commit.author, "committed_at": commit.committed}
+    link = linked_issue(message, issues)
+    if link is not None:
+        key, (title, body, issue_where) = link
+        instruction = f"{title}\n\n{body}".strip()
+        metadata.update(issue=key, issue_record=issue_where)
+    else:
+        instruction = message
+    if not instruction:
+        raise SpecError([Problem(where, "message", "the commit has no message and no linked issue")])
+    candidate = Candidate(
+        id=slug(f"{project}-{commit.sha[:12]}"), kind="history", origin=where, field="commit",
+        instruction=instruction, git_dir=git_dir, workspace_commit=parent, change=change, config=cfg,
+        base_dir=base_dir, tags=["history"], metadata=metadata, repository=relative_to_source(cfg.repository, base_dir))
+    candidate.provisional_task()  # the spec is checked before any sandbox time
+    return candidate
+
+
+__all__ = ["CONFIG_NAME", "HistoryConfig", "HistoryFilters", "HistoryRange", "IssueExport", "load_history_source",
+           "read_commits"]

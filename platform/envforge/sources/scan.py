@@ -1,0 +1,54 @@
+"""What a dry run of sources shows: each record and what it would become, without a sandbox.
+
+Tasks (specs, runbooks, SWE-bench instances) are ready as they are; candidates (tickets, reviews,
+history commits) would have their tests derived at ingest; skipped commits and rejects say why.
+Each task and candidate also gets the statement check's verdict as far as it can be known
+before derivation (without the failure the tests will show, so a bare title stays flagged here
+and may be repaired at ingest).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from envforge.quality.fields import WorkspaceReader, WorkspaceScan
+from envforge.quality.statements import StatementContext, repair_statement
+from envforge.sources.discover import SourceRef
+from envforge.sources.result import LoadResult
+from envforge.task import Task
+
+
+def _statement(task: Task, reader: WorkspaceReader) -> tuple[str, list[str]]:
+    try:
+        workspace, _ = reader.files(task)
+    except (OSError, ValueError):
+        workspace = []
+    check = repair_statement(task.spec.instruction, StatementContext.of_task(task, workspace))
+    return check.verdict, [f"{f.rule}: {f.evidence}" for f in check.findings]
+
+
+def scan_rows(loaded: Sequence[tuple[SourceRef, LoadResult]], data_dir: Path | None = None) -> list[dict[str, Any]]:
+    """One row per record: source, kind, record, what it becomes, why (skips and rejects), statement verdict."""
+    reader = WorkspaceReader(WorkspaceScan(), data_dir)
+    rows: list[dict[str, Any]] = []
+    for ref, res in loaded:
+        source = str(ref.path)
+        for task in res.tasks:
+            verdict, findings = _statement(task, reader)
+            rows.append({"source": source, "kind": ref.kind, "record": task.origin, "becomes": "task",
+                         "reason": "", "statement": verdict, "findings": findings})
+        for cand in res.candidates:
+            verdict, findings = _statement(cand.provisional_task(), reader)
+            rows.append({"source": source, "kind": ref.kind, "record": cand.origin, "becomes": "candidate",
+                         "reason": "tests derived at ingest (FAIL_TO_PASS by running the suite before and after)",
+                         "statement": verdict, "findings": findings})
+        for kind, problems in (("skipped", res.skipped), ("rejected", res.rejects)):
+            for p in problems:
+                rows.append({"source": source, "kind": ref.kind, "record": p.source, "becomes": kind,
+                             "reason": f"{p.field}: {p.reason}" if p.field else p.reason, "statement": "-",
+                             "findings": []})
+    return rows
+
+
+__all__ = ["scan_rows"]

@@ -1,0 +1,160 @@
+"""The `history` source kind: a repository's plain commits as candidates (filters, ranges, linked
+issues, bad config), and one ingested for real with its tests derived in a sandbox."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from envforge.sources import scan_sources
+from envforge.sources.history import load_history_source
+from tests.test_history_sources import commit, git, make_calc_repo
+
+pytestmark = pytest.mark.usefixtures("allow_tmp_sources")
+
+
+@pytest.fixture
+def calc(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """make_calc_repo's history, then a bot's dependency bump and a commit linking issue #42."""
+    repo = tmp_path / "calc"
+    shas = make_calc_repo(repo)
+    git(repo, "config", "user.name", "x")
+    shas["bump"] = commit(repo, "Bump pytest from 7 to 8", {"requirements-dev.txt": "pytest==8\n",
+                                                           "tests/test_calc.py": (repo / "tests/test_calc.py")
+                                                           .read_text() + "\n"}, 6)
+    shas["linked"] = commit(repo, "add neg\n\nFixes #42", {
+        "calc.py": (repo / "calc.py").read_text() + "\n\ndef neg(a):\n    return -a\n",
+        "tests/test_neg.py": "from calc import neg\n\n\ndef test_neg():\n    assert neg(3) == -3\n"}, 7)
+    return repo, shas
+
+
+def write_history(root: Path, repo: Path, body: str = "") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "issues.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["number", "title", "body"])
+        w.writerow(["42", "calc cannot negate a number", "Callers write mul(x, -1) to negate, which is unclear; "
+                                                         "calc should offer a neg function returning -x."])
+    (root / "history.yaml").write_text(f"repository: {repo}\nproject: calc\n{body}"
+                                       "issues:\n  - file: issues.csv\n    preset: github\n")
+    return root / "history.yaml"
+
+
+def test_commits_that_change_source_and_tests_become_candidates_the_rest_are_skipped_with_why(calc, tmp_path):
+    repo, shas = calc
+    result = load_history_source(write_history(tmp_path / "h", repo))
+    ids = [c.id for c in result.candidates]
+    assert ids == [f"calc-{shas[k][:12]}" for k in ("linked", "follow_up", "characterization", "fix")]
+    by_sha = {c.metadata["fix_commit"]: c for c in result.candidates}
+    linked = by_sha[shas["linked"]]
+    assert linked.kind == "history" and linked.metadata["issue"] == "42"
+    assert linked.instruction.startswith("calc cannot negate a number")  # the issue's words, not the commit's
+    assert linked.workspace_commit == shas["bump"] and linked.change.test_files == ["tests/test_neg.py"]
+    assert by_sha[shas["fix"]].instruction == "Fix add (CALC-1) SECRET-FIX-MARKER"  # no issue: the message
+    skipped = {p.source.rsplit(":", 1)[1]: p.reason for p in result.skipped}
+    assert skipped[shas["bump"][:12]].startswith("message matches skip_messages")
+    assert skipped[shas["docs"][:12]] == "changes no test files (nothing to verify it with)"
+    assert skipped[shas["change"][:12]].startswith("changes no test files")
+    assert skipped[shas["initial"][:12]].startswith("root commit")
+    assert result.rejects == []
+
+
+def test_range_and_filters(calc, tmp_path):
+    repo, shas = calc
+    last = load_history_source(write_history(tmp_path / "a", repo, "range: {last: 2}\n"))
+    assert [c.metadata["fix_commit"] for c in last.candidates] == [shas["linked"], shas["follow_up"]]
+    since = load_history_source(write_history(tmp_path / "b", repo, f"range: {{since: {shas['change']}}}\n"))
+    assert {c.metadata["fix_commit"] for c in since.candidates} == {shas["linked"], shas["follow_up"]}
+    dated = load_history_source(write_history(tmp_path / "c", repo, "range: {since: '2024-01-06'}\n"))
+    assert {c.metadata["fix_commit"] for c in dated.candidates} == {shas["linked"], shas["follow_up"]}
+    bump_ok = load_history_source(write_history(tmp_path / "d", repo, "filters: {skip_messages: []}\n"))
+    reasons = {p.source.rsplit(":", 1)[1]: p.reason for p in bump_ok.skipped}
+    assert reasons[shas["bump"][:12]].startswith("dependency bump")
+    bots = load_history_source(write_history(tmp_path / "e", repo, "filters: {skip_authors: ['dev*']}\n"))
+    assert bots.candidates == [] and all("skip_authors" in p.reason or "root" in p.reason for p in bots.skipped)
+
+
+def test_bad_config_is_a_reject_naming_the_file_and_field(calc, tmp_path):
+    repo, _ = calc
+    for body, field, words in (("range: {since: v9.9}\n", "range.since", "neither a date"),
+                               ("range: {last: 0}\n", "range.last", "greater than or equal"),
+                               ("filters: {skip_messages: ['(']}\n", "filters.skip_messages", "not a regular"),
+                               ("range: {branch: nope}\n", "range.branch", "does not name a commit")):
+        cfg = write_history(tmp_path / field.replace(".", "-"), repo, body)
+        result = load_history_source(cfg)
+        assert result.candidates == [] and len(result.rejects) == 1, (body, result.rejects)
+        [problem] = result.rejects
+        assert problem.source == str(cfg) and problem.field == field and words in problem.reason, problem
+
+
+def test_history_sources_are_discovered_as_their_own_kind(calc, tmp_path):
+    repo, _ = calc
+    cfg = write_history(tmp_path / "h", repo)
+    assert [(r.kind, r.path) for r in scan_sources([tmp_path / "h"]).refs] == [("history", cfg)]
+
+
+@pytest.mark.docker
+def test_a_history_source_is_ingested_with_derived_tests_and_checked_statements(calc, tmp_path, settings,
+                                                                                docker_client):
+    from envforge.catalog import Catalog
+    from envforge.stages.configs import IngestConfig
+    from envforge.stages.ingest import ingest
+
+    repo, shas = calc
+    cfg = write_history(tmp_path / "h", repo, "range: {last: 2}\n")
+    report = ingest(settings, IngestConfig(), [cfg], client=docker_client)
+    [source] = report.sources
+    assert source.kind == "history"
+    tasks = {t.spec.metadata["fix_commit"]: t for t in source.result.tasks}
+    linked = tasks[shas["linked"]]
+    assert linked.spec.verification.tests.fail_to_pass == ["tests/test_neg.py::test_neg"]
+    assert linked.spec.instruction.startswith("calc cannot negate a number")
+    follow_up = tasks[shas["follow_up"]]
+    assert follow_up.spec.verification.tests.fail_to_pass == ["tests/test_div.py::test_div_zero"]
+    # a bare commit subject is described by the failure the test showed before the fix
+    assert follow_up.spec.metadata["statement"]["verdict"] == "repaired"
+    assert "Observed behaviour" in follow_up.spec.instruction and "test_div_zero" not in follow_up.spec.instruction
+    loads = Catalog(settings.catalog_path).source_loads()
+    assert loads["source_kind"].to_list() == ["history"] and loads["n_tasks"].to_list() == [2]
+
+
+def test_sources_scan_is_a_dry_run_listing_what_each_record_becomes(calc, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo, shas = calc
+    cfg = write_history(tmp_path / "h", repo)
+    envforge = os.path.join(os.path.dirname(sys.executable), "envforge")
+    proc = subprocess.run([envforge, "sources", "scan", str(cfg), "--json", "--data-dir", str(tmp_path / "data")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["counts"] == {"candidate": 4, "skipped": 4}
+    rows = {r["record"].rsplit(":", 1)[1]: r for r in doc["records"]}
+    assert rows[shas["fix"][:12]]["becomes"] == "candidate"
+    assert rows[shas["fix"][:12]]["statement"] == "flagged"  # a bare subject, before derivation shows the failure
+    assert rows[shas["docs"][:12]]["reason"].startswith("commit: changes no test files")
+    assert not (tmp_path / "data" / "catalog.duckdb").exists()  # nothing written
+
+
+def test_the_funnel_tells_envforges_losses_from_the_records():
+    from envforge.errors import Problem
+    from envforge.sources.funnel import Funnel, classify
+
+    rejects = [Problem("t.csv:row 1", "environment", "env layer build failed: setuptools too old"),
+               Problem("t.csv:row 2", "fix_commit", "the change has no failing-then-passing test: 3 tests ran"),
+               Problem("t.csv:row 3", "fix_commit", "the change has no failing-then-passing test: 2 tests ran; "
+                                                    "tests could not be collected after the change: x: Unknown "
+                                                    "pytest.mark.asyncio"),
+               Problem("t.csv:row 4", "instruction", "statement flagged: underspecified.bare_title: 'x'"),
+               Problem("t.csv:row 5", "title", "required field is missing")]
+    assert [(classify(p).stage, classify(p).owner) for p in rejects] == [
+        ("environment", "envforge"), ("derive", "record"), ("derive", "envforge"), ("statement", "record"),
+        ("parse", "record")]
+    funnel = Funnel.of(tasks=6, rejects=rejects, skipped=3)
+    assert (funnel.candidates, funnel.environment_built, funnel.derived, funnel.accepted) == (10, 9, 7, 6)
+    assert funnel.envforge_losses == 2 and funnel.lost["parse/record"] == 1

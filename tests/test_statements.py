@@ -1,0 +1,204 @@
+"""Task statements: cleaning, leak and underspecification rules, the deterministic repair and the
+ingest policy (no Docker here; the derivation that records failure messages is in test_derive.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envforge.quality.statement_policy import apply_statement_policy
+from envforge.quality.statements import (StatementContext, added_identifiers, check_statement, clean_statement,
+                                         hidden_test_names, leak_findings, repair_statement)
+from envforge.stages.configs import IngestConfig
+from envforge.task import Task, TaskSpec
+from envforge.verify.parsers import parse_failure_messages, parse_report
+
+REFERENCE = """diff --git a/shellargs.py b/shellargs.py
+--- a/shellargs.py
++++ b/shellargs.py
+@@ -1,7 +1,7 @@
+ import shlex
+ 
+-def args2sh(args):
+-    return " ".join(shlex.quote(a) for a in args)
++def args2sh(args, sep=" "):
++    return sep.join(shlex.quote(a) for a in args)
+ 
+-def args2cmd(args):
+-    return " ".join(args)
++def args2cmd(args, sep=" "):
++    return sep.join(args)
+"""
+TESTS = """diff --git a/tests/test_sep.py b/tests/test_sep.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_sep.py
+@@ -0,0 +1,6 @@
++from shellargs import args2cmd, args2sh
++def test_args2sh_sep():
++    assert args2sh(["a", "b"], sep=";") == "a;b"
++
++def test_args2cmd_sep():
++    assert args2cmd(["a", "b"], sep=";") == "a;b"
+"""
+WORKSPACE = [("shellargs.py", "import shlex\n\ndef args2sh(args):\n    return ' '.join(shlex.quote(a) for a in args)\n\n"
+                              "def args2cmd(args):\n    return ' '.join(args)\n")]
+FAILURE = "TypeError: args2sh() got an unexpected keyword argument 'sep'"
+
+
+def context(kind: str = "ticket", messages: tuple = ()) -> StatementContext:
+    text = "\n".join(body for _, body in WORKSPACE)
+    from envforge.quality.statements import _IDENT
+    return StatementContext(kind=kind, reference_patch=REFERENCE, test_patch=TESTS,
+                            fail_to_pass=("tests/test_sep.py::test_args2sh_sep", "tests/test_sep.py::test_args2cmd_sep"),
+                            failure_messages=messages, existing_identifiers=frozenset(_IDENT.findall(text)),
+                            existing_text=text)
+
+
+def rules(findings) -> set[str]:
+    return {f.rule for f in findings}
+
+
+def test_cleaning_removes_trailers_references_and_the_ticket_prefix():
+    text = ("Ticket c-3: fix(args): quote arguments on Windows (#526)\n\nThe joined command line is wrong for "
+            "arguments with spaces. See #12 and https://github.com/o/r/pull/527 for the discussion.\n\n"
+            "Fixes #526\nCo-authored-by: Dev <dev@example.com>\nSigned-off-by: Dev <dev@example.com>")
+    cleaned, removed = clean_statement(text, "ticket")
+    assert cleaned.startswith("quote arguments on Windows")
+    for gone in ("#526", "#12", "Co-authored-by", "Signed-off-by", "github.com", "Ticket c-3", "fix(args)"):
+        assert gone not in cleaned
+    assert "Fixes #526" in removed and any(r.startswith("Co-authored-by") for r in removed)
+    # a hand-written spec keeps its first words: only commit-derived kinds lose prefixes
+    assert clean_statement("fix: the parser", "spec")[0] == "fix: the parser"
+
+
+def test_hidden_test_names_and_new_test_files_are_leaks():
+    findings = leak_findings("Adds test_args2sh_sep in tests/test_sep.py.", context())
+    assert {("leak.test_name", "test_args2sh_sep"), ("leak.test_file", "tests/test_sep.py")} <= \
+        {(f.rule, f.evidence) for f in findings}
+    assert "test_args2sh_sep" in hidden_test_names(context())
+
+
+def test_identifiers_only_the_reference_adds_leak_but_the_problems_vocabulary_does_not():
+    assert added_identifiers(REFERENCE, context().existing_identifiers) == {"sep"}
+    assert rules(leak_findings("Use sep in both.", context())) >= {"leak.added_identifier", "leak.solution_step"}
+    # names that exist before the fix describe the problem: not a leak
+    assert leak_findings("`args2sh` joins its arguments with a space; the output is wrong on Windows.", context()) == []
+
+
+def test_add_a_test_instructions_and_reference_lines_are_leaks():
+    assert "leak.add_test" in rules(leak_findings("Quote the args. Add a regression test.", context()))
+    assert "leak.add_test" in rules(leak_findings("Fixed, with tests added for both helpers.", context()))
+    assert "leak.patch_line" in rules(leak_findings("Write it as return sep.join(shlex.quote(a) for a in args)",
+                                                    context()))
+    assert "leak.add_test" not in rules(leak_findings("The test suite runner hangs on Windows.", context()))
+
+
+def test_underspecified_statements_are_found():
+    assert rules(check_statement("TOML 1.1: Make seconds optional in Date-Time and Time", context())) >= \
+        {"underspecified.bare_title", "underspecified.no_behaviour"}
+    assert "underspecified.too_short" in rules(check_statement("Fix it", context("spec")))
+    report = ("Calling args2sh with a list containing an argument with spaces gives the wrong command line: "
+              "the argument is not quoted for cmd.exe, so Windows sees two arguments instead of one.")
+    assert check_statement(report, context()) == []
+
+
+def test_a_leaking_commit_message_is_repaired_and_what_it_shows_does_not_hand_over_the_fix():
+    text = ("Ticket c-3: Allow a separator in args2sh\n\nUse sep in both. Adds test_args2sh_sep and "
+            "test_args2cmd_sep.\n\nCo-authored-by: X <x@example.com>")
+    check = repair_statement(text, context(messages=(("tests/test_sep.py::test_args2sh_sep", FAILURE),)))
+    assert check.verdict == "repaired", check
+    assert "test_args2sh_sep" not in check.statement and "Use sep" not in check.statement
+    assert "Co-authored-by" not in check.statement
+    assert FAILURE in check.statement  # the observed failure, as a reporter would quote it
+    assert leak_findings(check.statement, context()) == []  # measured: the repair shows no leak
+    assert {"leak.test_name", "leak.solution_step"} <= rules(check.repaired)
+
+
+def test_failure_messages_are_masked_and_dropped_when_they_would_leak():
+    leaky = ("tests/test_sep.py::test_args2sh_sep", "AssertionError: test_args2sh_sep expected "
+                                                    "return sep.join(shlex.quote(a) for a in args)")
+    check = repair_statement("Ticket 9: args2sh separator", context(messages=(leaky,)))
+    assert "return sep.join" not in check.statement
+    assert check.verdict == "flagged"  # nothing safe to show: still a bare title
+
+
+def test_a_good_report_is_left_alone():
+    report = ("`args2sh([\"a b\"])` returns `'a b'` quoted for POSIX shells, but on Windows the command line is "
+              "split at the space: the result should keep the argument whole.")
+    check = repair_statement(report, context("swebench"))
+    assert check.verdict == "ok" and check.statement == report and not check.findings
+
+
+def task(instruction: str, source: str = "ticket") -> Task:
+    spec = TaskSpec.model_validate({
+        "id": "shellargs-c-3", "source": source, "instruction": instruction,
+        "environment": {"image": "base"},
+        "verification": {"tests": {"command": "python3 -m pytest", "fail_to_pass": list(context().fail_to_pass)}},
+        "reference_solution": {"patch": "<inline>"},
+        "metadata": {"failure_messages": {"tests/test_sep.py::test_args2sh_sep": FAILURE}}})
+    t = Task(spec=spec, origin="tickets.yaml:3", base_dir="/nonexistent", reference_patch=REFERENCE,
+             test_patch=TESTS)
+    return t.model_copy(update={"content_hash": t.compute_content_hash()})
+
+
+class _Reader:
+    def files(self, task):
+        return WORKSPACE, None
+
+
+LEAKY = "Ticket c-3: Allow a separator in args2sh\n\nUse sep in both. Adds test_args2sh_sep."
+THIN = "Ticket c-4: args2sh separator"
+
+
+def test_policy_flag_keeps_the_task_repaired_with_its_verdict_and_original():
+    out = apply_statement_policy([task(LEAKY)], "flag", reader=_Reader())
+    [kept] = out.tasks
+    record = kept.spec.metadata["statement"]
+    assert record["verdict"] == "repaired" and record["original"] == LEAKY
+    assert "test_args2sh_sep" not in kept.spec.instruction
+    assert kept.content_hash == kept.compute_content_hash() != task(LEAKY).content_hash
+    assert out.summary.verdicts == {"repaired": 1} and out.rejects == []
+
+
+def test_policy_strict_keeps_a_still_flagged_statement_out_as_a_reject_naming_the_field():
+    without_messages = task(THIN).spec.model_copy(update={"metadata": {}})
+    thin = task(THIN).model_copy(update={"spec": without_messages})
+    out = apply_statement_policy([thin, task(LEAKY)], "strict", reader=_Reader())
+    assert [t.id for t in out.tasks] == ["shellargs-c-3"]  # the repaired one goes through
+    [problem] = out.rejects
+    assert problem.source == "tickets.yaml:3" and problem.field == "instruction"
+    assert "underspecified.bare_title" in problem.reason and "strict" in problem.reason
+
+
+def test_policy_off_changes_nothing():
+    original = task(LEAKY)
+    out = apply_statement_policy([original], "off")
+    assert out.tasks == [original] and out.summary.checked == 0
+
+
+def test_the_ingest_config_names_the_policies():
+    assert IngestConfig().statements == "flag"
+    with pytest.raises(ValueError, match="IngestConfig.statements"):
+        IngestConfig(statements="lenient")
+
+
+def test_the_report_carries_failure_messages_beside_the_statuses():
+    report = ('{"id": "t.py::test_a", "status": "failed", "message": "AssertionError: assert 1 == 2"}\n'
+              '{"id": "t.py::test_b", "status": "passed"}\n{"finished": true, "exitstatus": 1}\n')
+    assert parse_report(report)[0] == {"t.py::test_a": "failed", "t.py::test_b": "passed"}
+    assert parse_failure_messages(report) == {"t.py::test_a": "AssertionError: assert 1 == 2"}
+
+
+def test_bundled_statements_raise_no_false_alarms():
+    """Every bundled spec, runbook and SWE-bench statement is a fair report: none is flagged."""
+    from envforge.sources import load_by_source, scan_sources
+
+    root = Path(__file__).resolve().parents[1] / "task_sources"
+    loaded, _ = load_by_source([root / "specs", root / "runbooks", root / "projects"],
+                               scan_sources([root / "specs", root / "runbooks", root / "projects"]))
+    tasks = [t for _, res in loaded for t in res.tasks]
+    assert len(tasks) >= 10
+    out = apply_statement_policy(tasks, "flag")
+    assert set(out.summary.verdicts) == {"ok"}, {i: c.findings for i, c in out.checks.items() if c.findings}
