@@ -65,8 +65,9 @@ class StreamedText:
     """How much of one choice's text is safe to send while it is being generated.
 
     Held back: an incomplete UTF-8 character, anything that may be the start of a stop
-    string, and (when tool calls are parsed) everything from `<tool_call>` on, plus
-    surrounding whitespace, since the final content of a turn with calls is stripped."""
+    string, and (when tool calls are parsed) everything from `<tool_call>` on and the
+    whitespace before it. The streamed content of a turn with calls keeps any leading
+    whitespace, which the non-streamed content (stripped, like the trajectory's) drops."""
 
     def __init__(self, policy: HFPolicy, stops: tuple[str, ...], stop_ids: set[int], tool_calls: bool) -> None:
         self.policy, self.stops, self.stop_ids, self.tool_calls = policy, stops, stop_ids, tool_calls
@@ -83,7 +84,7 @@ class StreamedText:
         if self.tool_calls:
             k = text.find(TOOL_CALL_OPEN)
             text = text[:k] if k >= 0 else text[:len(text) - _held_prefix(text, TOOL_CALL_OPEN)]
-            text = text.strip()
+            text = text.rstrip()
         return text
 
     def add(self, token: int) -> str:
@@ -99,10 +100,7 @@ class StreamedText:
 
     def rest(self, final: str) -> str:
         """What is left to send once the final content is known."""
-        for base in (final, final.lstrip()):
-            if base.startswith(self.sent):
-                return base[len(self.sent):]
-        return ""
+        return final[len(self.sent):] if final.startswith(self.sent) else ""
 
 
 def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | None = None,
