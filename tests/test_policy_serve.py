@@ -82,7 +82,8 @@ def health(base: str) -> dict[str, Any]:
 
 
 def test_chat_n_logprobs_and_seed(client):
-    kw = dict(model="tiny", messages=MESSAGES, max_tokens=12, seed=7, n=2, logprobs=True, top_logprobs=3)
+    kw = {"model": "tiny", "messages": MESSAGES, "max_tokens": 12, "seed": 7, "n": 2, "logprobs": True,
+          "top_logprobs": 3}
     first = client.chat.completions.create(**kw)
     again = client.chat.completions.create(**kw)
     assert [c.index for c in first.choices] == [0, 1]
@@ -116,7 +117,7 @@ def test_top_p_tiny_is_greedy(client):
 
 
 def test_chat_stream_matches_the_non_streamed_answer(client):
-    kw = dict(model="tiny", messages=MESSAGES, max_tokens=16, seed=11, n=2, logprobs=True)
+    kw = {"model": "tiny", "messages": MESSAGES, "max_tokens": 16, "seed": 11, "n": 2, "logprobs": True}
     whole = client.chat.completions.create(**kw)
     chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     text, roles, finish, logprobs = {0: "", 1: ""}, {}, {}, {0: [], 1: []}

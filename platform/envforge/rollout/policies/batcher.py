@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from envforge.observe import metrics as live
 from envforge.rollout.policies.hf import SamplingRow, TokenCallback
@@ -97,7 +98,7 @@ class Batcher:
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
 
     async def _run(self) -> None:
@@ -116,7 +117,8 @@ class Batcher:
             rows = [r for j in jobs for r in j.rows]
             owner = [(j, k) for j in jobs for k in range(len(j.rows))]
 
-            def on_token(i: int, tok: int, lp: float, top: list[tuple[int, float]] | None) -> None:
+            def on_token(i: int, tok: int, lp: float, top: list[tuple[int, float]] | None,
+                         owner: list[tuple[_Job, int]] = owner) -> None:
                 job, k = owner[i]
                 if job.on_token is not None:
                     loop.call_soon_threadsafe(job.on_token, k, tok, lp, top)

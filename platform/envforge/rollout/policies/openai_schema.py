@@ -72,7 +72,7 @@ class SamplingRequest(BaseModel):
     return_token_ids: StrictBool | None = None
 
     @model_validator(mode="after")
-    def _refusals(self) -> "SamplingRequest":
+    def _refusals(self) -> SamplingRequest:
         if self.logit_bias:
             raise ValueError("logit_bias is not supported by this server")
         if self.stream_options is not None and not self.stream:
@@ -114,7 +114,7 @@ class ChatRequest(SamplingRequest):
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _chat_refusals(self) -> "ChatRequest":
+    def _chat_refusals(self) -> ChatRequest:
         if self.tool_choice not in (None, "auto", "none"):
             raise ValueError(f"tool_choice {self.tool_choice!r} is not supported: this server cannot force a tool "
                              "call (the chat template has no constrained decoding); use \"auto\" or \"none\"")
@@ -160,7 +160,7 @@ class CompletionRequest(SamplingRequest):
     best_of: StrictInt | None = None
 
     @model_validator(mode="after")
-    def _completion_refusals(self) -> "CompletionRequest":
+    def _completion_refusals(self) -> CompletionRequest:
         if self.echo:
             raise ValueError("echo is not supported by this server")
         if self.suffix:

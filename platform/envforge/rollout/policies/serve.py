@@ -25,7 +25,8 @@ import json
 import secrets
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import jinja2
 from fastapi import FastAPI, Request
@@ -119,7 +120,7 @@ def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | 
         return model_name or policy.policy_id
 
     @app.exception_handler(Exception)
-    async def _unhandled(request: Request, exc: Exception) -> JSONResponse:  # noqa: ARG001 - FastAPI signature
+    async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
         return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
 
     if api_key:
