@@ -299,3 +299,43 @@ def test_penalized_logprobs_match_a_forward_pass():
         expected = torch.log_softmax(adjusted / 0.7, dim=-1)[tok_id]
         assert float(expected) == pytest.approx(gen.logprobs[step], abs=1e-4)
         counts[tok_id] += 1
+
+
+def test_reload_waits_for_the_running_batch(tmp_path, monkeypatch):
+    """`/v1/reload` during a batch lands after it: every row of the batch reports the old version, the next
+    request the new one (what the asynchronous training loop relies on)."""
+    import threading
+
+    model, tok = build_tiny_model(TinyModelConfig(seed=0))
+    other = save_pretrained_dir(*build_tiny_model(TinyModelConfig(seed=1)), tmp_path / "b")
+    policy = HFPolicy(model, tok)
+    inside, release = threading.Event(), threading.Event()
+    real = HFPolicy._sample_batch
+
+    def held(self, rows, on_token=None):
+        if not release.is_set():
+            inside.set()
+            assert release.wait(60)
+        return real(self, rows, on_token)
+
+    monkeypatch.setattr(HFPolicy, "_sample_batch", held)
+    with running_server(make_app(policy)) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+        answers: list[Any] = []
+        turn = threading.Thread(target=lambda: answers.append(client.chat.completions.with_raw_response.create(
+            model="m", messages=MESSAGES, max_tokens=4, n=3).http_response.json()))
+        turn.start()
+        assert inside.wait(30)  # the batch holds the policy's lock
+        reloaded: list[Any] = []
+        reload = threading.Thread(target=lambda: reloaded.append(client.post(
+            "/reload", body={"path": str(other)}, cast_to=object)))
+        reload.start()
+        reload.join(3)
+        assert reload.is_alive() and policy.version == 0  # waiting for the batch to end
+        release.set()
+        turn.join(60)
+        reload.join(60)
+        assert answers[0]["policy_version"] == 0 and len(answers[0]["choices"]) == 3
+        assert reloaded[0]["version"] == 1
+        after = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, max_tokens=2)
+        assert after.http_response.json()["policy_version"] == 1
