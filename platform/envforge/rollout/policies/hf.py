@@ -7,6 +7,8 @@ suite recomputes them with one forward pass over prompt + completion.
 
 Generation runs in a worker thread under a lock: the rollout scheduler's event loop stays
 responsive, and a `reload` (new weights from training) never swaps the model mid-turn.
+`generate_batch` samples many rows (prompts with their own sampling parameters and seeds) in
+one left-padded batch, for the policy server's batcher; a lone turn is a batch of one.
 """
 
 from __future__ import annotations
