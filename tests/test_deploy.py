@@ -328,7 +328,8 @@ def test_workspace_and_image_agree_on_the_code_location():
     dockerfile = (PROD / "Dockerfile").read_text()
     local_module = yaml.safe_load((REPO / "workspace.yaml").read_text())["load_from"][0]["python_module"]
     assert f'"-m", "{local_module["module_name"]}"' in dockerfile and f'"-p", "{grpc["port"]}"' in dockerfile
-    assert "pip install -c constraints.txt" in dockerfile and "dagster-postgres==" in dockerfile
+    assert "-c constraints.txt" in dockerfile and "dagster-postgres==" in dockerfile
+    assert "-c constraints-gpu.txt" in dockerfile  # EXTRAS=gpu installs against the GPU lock
     for svc in services.values():  # every build uses this Dockerfile from the repository root
         if "build" in svc:
             assert (PROD / svc["build"]["context"]).resolve() == REPO.resolve()
