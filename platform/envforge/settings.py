@@ -208,6 +208,9 @@ class _DeclaredSettings(BaseSettings):
     embeddings_api_key: Optional[SecretStr] = _var(
         "ENVFORGE_EMBEDDINGS_API_KEY", None, "quality", "API key of the embeddings server of the semantic stage "
         "(the variable `semantic.api_key_env` names by default)", secret=True)
+    policy_api_key: Optional[SecretStr] = _var(
+        "ENVFORGE_POLICY_API_KEY", None, "deployment", "API key `envforge policy serve` requires on its /v1 routes "
+        "(`--api-key` overrides; unset: no key)", secret=True)
     review_api_key: Optional[SecretStr] = _var(
         "ENVFORGE_REVIEW_API_KEY", None, "quality", "API key of the endpoint of the optional model review of task "
         "statements (the variable `review.api_key_env` names by default)", secret=True)
