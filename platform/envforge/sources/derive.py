@@ -45,7 +45,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence, TypeVar
 
 import docker
@@ -352,6 +352,8 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
         images = {"base": base, "env": build.env.tag if build.env else None}
         if build.env:
             images["env_freeze"] = build.env.freeze
+            images["env_plugins"] = build.env.plugins
+            candidate = replace(candidate, env_plugins=tuple(build.env.plugins))
         cached = cache_dir / f"{cache_key(candidate, build.tag)}.json"
         if cached.exists():
             derivation = Derivation.from_json(json.loads(cached.read_text()))
