@@ -256,6 +256,7 @@ def test_a_plugin_the_policy_writes_is_never_loaded(docker_client, task_image, g
     """Grading loads exactly the task's recorded plugins with -p and keeps autoload off: a plugin
     the policy installs into the work tree is not loaded, although pytest's autoload would load it."""
     from envforge.sources.specs import load_spec_file
+
     from tests.conftest import BUNDLED_SPECS
 
     task = load_spec_file(BUNDLED_SPECS / "inventory-median-even" / "task.yaml")

@@ -24,6 +24,9 @@ one, once each; ids that do not reproduce are dropped and the check runs once mo
 no FAIL_TO_PASS left is rejected with the reason: the counts, the excluded tests, and the
 first lines of any collection error (`ModuleNotFoundError: No module named 'freezegun'`).
 
+Every run loads the pytest plugins the candidate's env layer installed and recorded (`-p`, after
+the source's own `tests.plugins`; `sandbox/envlayer.py`), and the task keeps that list.
+
 Results are cached by (image, patches, test command) under the data directory, so
 re-ingesting an unchanged source (the sensor, the nightly refresh) costs no sandbox time. A
 derivation in which any run hit the test timeout is used but not cached: a timeout may be the

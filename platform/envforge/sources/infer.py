@@ -305,7 +305,8 @@ def _tox_ini(text: str, where: str, inf: InferredEnvironment) -> None:
 
 def _tox_toml(table: dict, where: str, inf: InferredEnvironment) -> None:
     """tox 4's TOML configuration: `[env_run_base]` (what `[testenv]` is in tox.ini) and `[env.NAME]`."""
-    envs = table.get("env") if isinstance(table.get("env"), dict) else {}
+    env = table.get("env")
+    envs = env if isinstance(env, dict) else {}
     sections = [("env_run_base", table.get("env_run_base")), *((f"env.{n}", envs.get(n)) for n in TEST_GROUPS)]
     for name, section in sections:
         deps = section.get("deps") if isinstance(section, dict) else None
