@@ -417,3 +417,47 @@ def test_build_requirements_are_the_newest_that_satisfy_the_range(tmp_path, dock
     from packaging.version import Version
 
     assert Version(freeze["setuptools"]) >= Version("77")
+
+
+TOX_PYPROJECT = """[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "slugs"
+version = "1.0"
+
+[dependency-groups]
+test = ["pytest>=8", {include-group = "async"}]
+async = ["pytest-asyncio>=0.23"]
+
+[tool.pytest.ini_options]
+asyncio_mode = "strict"
+"""
+TOX_TOML = 'env_list = ["3.11"]\n\n[env_run_base]\ndeps = ["text-unidecode"]\ncommands = [["pytest"]]\n'
+SLUGS_TEST = ("import pytest\nfrom text_unidecode import unidecode\nfrom slugs import slug\n\n\n@pytest.mark.asyncio\n"
+              "async def test_slug_joins_words():\n    assert await slug(unidecode('Héllo World')) == 'hello-world'\n")
+
+
+def test_tox_toml_deps_and_an_included_dependency_group_reach_the_tests(tmp_path, docker_client):
+    """Nothing declared: the test imports a package only tox.toml's [env_run_base] deps name, and
+    is async, with pytest-asyncio from a group the `test` group includes. (Made here: no small public
+    project with this shape was found in time.)"""
+    repo = tmp_path / "slugs"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    shas = {"initial": commit(repo, "initial", {
+        "pyproject.toml": TOX_PYPROJECT, "tox.toml": TOX_TOML,
+        "slugs/__init__.py": "async def slug(s):\n    return s.lower()\n"}, 0)}
+    shas["fix"] = commit(repo, "slug: dashes", {"slugs/__init__.py": "async def slug(s):\n    return s.lower()"
+                                                                     ".replace(' ', '-')\n",
+                                                "tests/test_slug.py": SLUGS_TEST}, 1)
+    src = _source(tmp_path / "src", repo, shas, tickets=("fix",))
+    settings = Settings.from_env().with_data_dir(tmp_path / "data")
+    settings.ensure_dirs()
+    result = derive_tasks(settings, load_ticket_source(src).candidates, client=docker_client)
+    assert not result.rejects, result.rejects
+    [task] = result.tasks
+    assert task.spec.verification.tests.fail_to_pass == ["tests/test_slug.py::test_slug_joins_words"]
+    assert "text-unidecode" in task.spec.environment.pip and "pytest-asyncio>=0.23" in task.spec.environment.pip
+    assert task.spec.verification.tests.plugins == ["pytest_asyncio.plugin"]
