@@ -254,7 +254,9 @@ PASS_EVERYTHING = _new_files_diff({
 
 def test_a_plugin_the_policy_writes_is_never_loaded(docker_client, task_image, grader):
     """Grading loads exactly the task's recorded plugins with -p and keeps autoload off: a plugin
-    the policy installs into the work tree is not loaded, although pytest's autoload would load it."""
+    the policy installs into the work tree is not loaded, although pytest's autoload would load it.
+    The task protects only its tests, so the plugin's dist-info reaches the graded copy (by default
+    `*.dist-info/**` is a protected path too) and autoload being off is what stops it."""
     from envforge.sources.specs import load_spec_file
 
     from tests.conftest import BUNDLED_SPECS
@@ -262,7 +264,7 @@ def test_a_plugin_the_policy_writes_is_never_loaded(docker_client, task_image, g
     task = load_spec_file(BUNDLED_SPECS / "inventory-median-even" / "task.yaml")
     tests = task.spec.verification.tests.model_copy(update={"plugins": ["pytester"]})
     task = task.model_copy(update={"spec": task.spec.model_copy(update={
-        "verification": task.spec.verification.model_copy(update={"tests": tests})})})
+        "verification": task.spec.verification.model_copy(update={"tests": tests, "protected_paths": ["tests/**"]})})})
     with Sandbox.start(docker_client, task_image) as sb:  # the control: with autoload, the plugin passes all
         sb.apply_patch(PASS_EVERYTHING)
         res = sb.exec("python3 -m pytest -q -p no:cacheprovider tests", timeout_s=120)
