@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/real_repos.py [--project NAME ...] [--cold] [--runs N] [--out FILE]
 
-For each project (humanize: declared environment; parse and marshmallow: inferred), as a user
+For each project (humanize: declared environment; parse, marshmallow and asgiref: inferred), as a user
 would run it, with no file of envforge's touched: `ingest` its tickets.yaml (derivation in
 sandboxes), build the images and put every task through the flakiness gate. Prints one JSON
 document with, per project and in total:
@@ -41,7 +41,7 @@ from envforge.config import Settings  # noqa: E402
 from envforge.errors import EnvforgeError  # noqa: E402
 from envforge.sandbox.engine import docker_client  # noqa: E402
 from envforge.sandbox.envlayer import build_env_image, env_recipe  # noqa: E402
-from envforge.sandbox.images import build_base_image, env_image_name, workspace_file  # noqa: E402
+from envforge.sandbox.images import build_base_image, build_requirements, env_image_name, workspace_file  # noqa: E402
 from envforge.stages.base import StageContext  # noqa: E402
 from envforge.stages.configs import ImagesConfig, IngestConfig  # noqa: E402
 from envforge.stages.gate import gate  # noqa: E402
@@ -50,7 +50,7 @@ from envforge.stages.ingest import ingest  # noqa: E402
 from envforge.verify.config import GateConfig  # noqa: E402
 
 EXAMPLES = REPO / "task_sources" / "examples" / "real-repos"
-PROJECTS = ("humanize", "parse", "marshmallow")
+PROJECTS = ("humanize", "parse", "marshmallow", "asgiref")
 
 
 def log(msg: str) -> None:
@@ -88,7 +88,8 @@ def _naive_env_builds_or_raise(client, settings: Settings, task) -> dict:
     if not env.needs_env_layer:
         return {}
     base = build_base_image(client, settings).tag
-    recipe = env_recipe(env_image_name(task), base, env, lambda rel: workspace_file(task, settings, rel))
+    recipe = env_recipe(env_image_name(task), base, env, lambda rel: workspace_file(task, settings, rel),
+                        build=build_requirements(task))
     out = {}
     for label, volume in (("warm_pip_cache", None), ("empty_pip_cache", f"envforge-bench-{uuid.uuid4().hex[:8]}")):
         tag = f"envforge/env-bench:{uuid.uuid4().hex[:12]}"

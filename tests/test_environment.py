@@ -127,6 +127,65 @@ def test_inference_reads_every_manifest_kind_in_a_fixed_order(tmp_path):
     assert bare.pip == [] and bare.install == "none"
 
 
+def test_tox_configuration_is_read_where_tox_4_reads_it(tmp_path):
+    toml = ('env_list = ["3.12", "type"]\n[env_run_base]\ndeps = ["pytest>=8", "-r{tox_root}/requirements-test.txt", '
+            '{ replace = "ref", of = ["env", "x", "deps"] }, "py38: mock"]\n'
+            '[env.test]\ndeps = ["hypothesis"]\n[env.type]\ndeps = ["mypy"]\n')
+    repo, sha = _repo(tmp_path / "a", {"tox.toml": toml, "requirements-test.txt": "freezegun\n"})
+    inf = infer_environment(repo, sha)
+    assert inf.pip == ["-r requirements-test.txt", "pytest>=8", "hypothesis"]
+    assert [r.split(" (")[0] for r in inf.read][-2:] == ["tox.toml [env_run_base] deps", "tox.toml [env.test] deps"]
+    # tox.ini comes first, as in tox: tox.toml beside it is not read.
+    ini, sha = _repo(tmp_path / "b", {"tox.ini": "[testenv]\ndeps = coverage\n", "tox.toml": toml})
+    assert infer_environment(ini, sha).pip == ["coverage"]
+    native, sha = _repo(tmp_path / "c", {"pyproject.toml": '[tool.tox.env_run_base]\ndeps = ["respx"]\n',
+                                         "tox.toml": toml})
+    assert infer_environment(native, sha).pip == ["respx"]
+    legacy, sha = _repo(tmp_path / "d", {"pyproject.toml": '[tool.tox]\nlegacy_tox_ini = """\n[testenv]\n'
+                                                           'deps = sybil\n"""\n'})
+    assert infer_environment(legacy, sha).pip == ["sybil"]
+
+
+def test_dependency_group_includes_are_followed_and_cycles_named(tmp_path, allow_tmp_sources):
+    from envforge.errors import SpecError
+    from envforge.sources.environment import HistoryEnvironment, resolve_environment
+
+    groups = ('[dependency-groups]\nTest = ["pytest", {include-group = "async"}]\n'
+              'async = ["pytest-asyncio", {include-group = "base"}]\nbase = ["anyio"]\nother = [{include-group = "other"}]\n')
+    repo, sha = _repo(tmp_path / "a", {"pyproject.toml": '[project]\nname = "x"\n' + groups.replace("Test", "test")})
+    assert infer_environment(repo, sha).pip == ["pytest", "pytest-asyncio", "anyio"]  # `other`'s cycle is not used
+    cyclic = groups.replace('base = ["anyio"]', 'base = [{include-group = "TEST"}]').replace("Test", "test")
+    repo, sha = _repo(tmp_path / "b", {"pyproject.toml": '[project]\nname = "x"\n' + cyclic})
+    with pytest.raises(SpecError, match=r"environment: cannot infer .*include-group cycle: test -> async -> base -> test"):
+        resolve_environment(HistoryEnvironment(), repo, sha, "tickets.yaml")
+    assert resolve_environment(HistoryEnvironment(pip=["pytest"]), repo, sha, "tickets.yaml").fields["pip"] == ["pytest"]
+    unknown = '[project]\nname = "x"\n[dependency-groups]\ntest = [{include-group = "lint"}]\n'
+    repo, sha = _repo(tmp_path / "c", {"pyproject.toml": unknown})
+    with pytest.raises(SpecError, match=r"\[dependency-groups\]\.test includes 'lint', which is not a group"):
+        resolve_environment(HistoryEnvironment(), repo, sha, "tickets.yaml")
+
+
+def test_build_requirements_are_upgraded_and_legacy_layers_keep_their_tags():
+    from envforge.sandbox.envlayer import _build_script
+
+    env = PythonEnvironment(pip=["setuptools>=61", "wheel", "attrs"])
+    plain = env_recipe("demo", "envforge/base:abc", env, {}.get)
+    build = env_recipe("demo", "envforge/base:abc", env, {}.get, build=["setuptools>=61", "wheel", "not-in-pip"])
+    legacy = env_recipe("demo", "envforge/base:abc", env, {}.get, build=["setuptools>=61"], legacy=True)
+    assert build.build == ("setuptools>=61", "wheel") and legacy.build == ()
+    assert len({plain.tag, build.tag, legacy.tag}) == 3
+    # The tag a task stored before env-layer-3 records (the digest as env-layer-2 computed it).
+    from envforge.hashing import digest_parts
+
+    old = digest_parts("env-layer-2", "envforge/base:abc", "", "[]", json.dumps(list(env.pip)))
+    assert legacy.tag == f"envforge/env-demo:{old[:16]}"
+    script = _build_script(build)
+    assert "--upgrade --no-index --find-links /var/cache/envforge-pip/wheelhouse 'setuptools>=61' wheel" in script
+    assert script.index("pip wheel") < script.index("--upgrade") < script.index("plugins.txt")
+    assert "plugins.py" in _build_script(plain) and "--upgrade" not in _build_script(plain)
+    assert "plugins" not in _build_script(legacy) and "--upgrade" not in _build_script(legacy)
+
+
 def test_env_recipe_tags_follow_the_manifests_content():
     files = {"requirements-test.txt": b"-r base.txt\nmock==5.1\n-e .\n--index-url https://x\n", "base.txt": b"attrs\n"}
     env = PythonEnvironment(pip=["hatchling", "-r requirements-test.txt"])

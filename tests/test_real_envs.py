@@ -334,3 +334,130 @@ def test_a_real_fix_commit_of_a_bundled_repository(tmp_path, docker_client, grad
     image = build_task_image(docker_client, task, base_image, settings).tag
     assert grader.grade(task, image, task.reference_patch).resolved
     assert not grader.grade(task, image, "").resolved
+
+
+def test_a_bundled_repository_whose_async_tests_need_its_declared_plugin(tmp_path, docker_client, grader,
+                                                                        base_image):
+    """asgiref, nothing declared: pytest-asyncio comes from its `tests` extra; the env layer records
+    its pytest11 entry point and every run of the task loads it with -p (autoload stays off).
+    Without that, the async tests fail before and after the fix and the ticket is rejected."""
+    import yaml
+
+    project = REPO / "task_sources" / "examples" / "real-repos" / "asgiref"
+    for name in ("tickets.yaml", "github-issues.csv", "asgiref.bundle"):
+        shutil.copy(project / name, tmp_path / name)
+    settings = Settings.from_env().with_data_dir(tmp_path / "data")
+    settings.ensure_dirs()
+    result = derive_tasks(settings, load_ticket_source(tmp_path / "tickets.yaml").candidates, client=docker_client)
+    assert not result.rejects, result.rejects
+    [task] = result.tasks
+    expected = yaml.safe_load((project / "expected.yaml").read_text())["tickets"]["gh-1"]["fail_to_pass"]
+    assert task.spec.verification.tests.fail_to_pass == expected
+    assert task.spec.verification.tests.plugins == ["pytest_asyncio.plugin"]
+    assert task.spec.metadata["images"]["env_plugins"] == ["pytest_asyncio.plugin"]
+    assert task.spec.metadata["environment"]["declared"] is False
+    image = build_task_image(docker_client, task, base_image, settings).tag
+    assert grader.grade(task, image, task.reference_patch).resolved
+    assert not grader.grade(task, image, "").resolved
+    # A task stored before plugins were recorded (no env_plugins, no tests.plugins) keeps working on
+    # its own env-layer-2 recipe: it builds and grades, loading no plugin.
+    from envforge.sandbox.images import env_recipe, records_legacy_env
+
+    old_images = {k: v for k, v in task.spec.metadata["images"].items() if k != "env_plugins"}
+    old = task.model_copy(update={"spec": task.spec.model_copy(update={
+        "metadata": {**task.spec.metadata, "images": old_images},
+        "verification": task.spec.verification.model_copy(update={
+            "tests": task.spec.verification.tests.model_copy(update={"plugins": []})})})})
+    assert records_legacy_env(old)
+    recipe = env_recipe("asgiref", base_image, old.spec.environment, lambda rel: None, legacy=True)
+    old = old.model_copy(update={"spec": old.spec.model_copy(update={
+        "metadata": {**old.spec.metadata, "images": {**old_images, "env": recipe.tag}}})})
+    old_image = build_task_image(docker_client, old, base_image, settings).tag
+    assert not grader.grade(old, old_image, old.reference_patch).resolved  # its async test cannot run
+
+
+BUILD_PYPROJECT = """[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "spdx-demo"
+version = "1.0"
+license = "MIT"
+license-files = ["LICENSE"]
+
+[project.optional-dependencies]
+test = ["pytest"]
+"""
+
+
+def test_build_requirements_are_the_newest_that_satisfy_the_range(tmp_path, docker_client, base_image):
+    """A project that asks for setuptools>=61 but writes its licence as an SPDX expression (which
+    setuptools reads only from 77 on): the base image's Debian setuptools 66 satisfies the range,
+    and an isolated build, as the project's CI runs, would still install the newest one. (No small
+    public project with this shape was found in time; this repository is made here.)"""
+    repo = tmp_path / "spdx"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    shas = {"initial": commit(repo, "initial", {
+        "pyproject.toml": BUILD_PYPROJECT, "LICENSE": "MIT\n", "src/spdx_demo/__init__.py": "def add(a, b):\n    return a - b\n",
+        "tests/test_add.py": "from spdx_demo import add\n\n\ndef test_zero():\n    assert add(0, 0) == 0\n"}, 0)}
+    shas["fix"] = commit(repo, "add: add", {"src/spdx_demo/__init__.py": "def add(a, b):\n    return a + b\n",
+                                           "tests/test_add.py": "from spdx_demo import add\n\n\ndef test_zero():\n"
+                                           "    assert add(0, 0) == 0\n\n\ndef test_two():\n    assert add(1, 1) == 2\n"}, 1)
+    src = _source(tmp_path / "src", repo, shas, tickets=("fix",))
+    settings = Settings.from_env().with_data_dir(tmp_path / "data")
+    settings.ensure_dirs()
+    result = derive_tasks(settings, load_ticket_source(src).candidates, client=docker_client)
+    assert not result.rejects, result.rejects
+    [task] = result.tasks
+    assert task.spec.verification.tests.fail_to_pass == ["tests/test_add.py::test_two"]
+    assert task.spec.metadata["environment"]["build_requires"] == ["setuptools>=61", "wheel"]
+    freeze = dict(line.split("==", 1) for line in task.spec.metadata["images"]["env_freeze"] if "==" in line)
+    from packaging.version import Version
+
+    assert Version(freeze["setuptools"]) >= Version("77")
+
+
+TOX_PYPROJECT = """[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "slugs"
+version = "1.0"
+
+[dependency-groups]
+test = ["pytest>=8", {include-group = "async"}]
+async = ["pytest-asyncio>=0.23"]
+
+[tool.pytest.ini_options]
+asyncio_mode = "strict"
+"""
+TOX_TOML = 'env_list = ["3.11"]\n\n[env_run_base]\ndeps = ["text-unidecode"]\ncommands = [["pytest"]]\n'
+SLUGS_TEST = ("import pytest\nfrom text_unidecode import unidecode\nfrom slugs import slug\n\n\n@pytest.mark.asyncio\n"
+              "async def test_slug_joins_words():\n    assert await slug(unidecode('Héllo World')) == 'hello-world'\n")
+
+
+def test_tox_toml_deps_and_an_included_dependency_group_reach_the_tests(tmp_path, docker_client):
+    """Nothing declared: the test imports a package only tox.toml's [env_run_base] deps name, and
+    is async, with pytest-asyncio from a group the `test` group includes. (Made here: no small public
+    project with this shape was found in time.)"""
+    repo = tmp_path / "slugs"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    shas = {"initial": commit(repo, "initial", {
+        "pyproject.toml": TOX_PYPROJECT, "tox.toml": TOX_TOML,
+        "slugs/__init__.py": "async def slug(s):\n    return s.lower()\n"}, 0)}
+    shas["fix"] = commit(repo, "slug: dashes", {"slugs/__init__.py": "async def slug(s):\n    return s.lower()"
+                                                                     ".replace(' ', '-')\n",
+                                                "tests/test_slug.py": SLUGS_TEST}, 1)
+    src = _source(tmp_path / "src", repo, shas, tickets=("fix",))
+    settings = Settings.from_env().with_data_dir(tmp_path / "data")
+    settings.ensure_dirs()
+    result = derive_tasks(settings, load_ticket_source(src).candidates, client=docker_client)
+    assert not result.rejects, result.rejects
+    [task] = result.tasks
+    assert task.spec.verification.tests.fail_to_pass == ["tests/test_slug.py::test_slug_joins_words"]
+    assert "text-unidecode" in task.spec.environment.pip and "pytest-asyncio>=0.23" in task.spec.environment.pip
+    assert task.spec.verification.tests.plugins == ["pytest_asyncio.plugin"]

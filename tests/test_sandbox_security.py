@@ -230,3 +230,47 @@ def test_streamed_output_stops_at_the_cap(docker_client, task_image):
         seen = []
         res = sb.exec("head -c 5000000 /dev/zero", on_output=lambda s, d: seen.append(len(d)))
         assert sum(seen) <= 10_000 and len(res.stdout) == 10_000 and res.stdout_truncated
+
+
+def _new_files_diff(files: dict[str, str]) -> str:
+    out = []
+    for path, text in files.items():
+        lines = text.splitlines()
+        out += [f"diff --git a/{path} b/{path}", "new file mode 100644", "--- /dev/null", f"+++ b/{path}",
+                f"@@ -0,0 +1,{len(lines)} @@", *("+" + line for line in lines)]
+    return "\n".join(out) + "\n"
+
+
+# What a policy leaves in the work tree instead of a fix: a pytest plugin that passes every test
+# without running it, registered as a distribution on sys.path (what `pip install --target .` writes),
+# so pytest's autoload would find its pytest11 entry point.
+PASS_EVERYTHING = _new_files_diff({
+    "evilpass.py": "import pytest\n\n\n@pytest.hookimpl(tryfirst=True)\ndef pytest_pyfunc_call(pyfuncitem):\n"
+                   "    return True\n",
+    "evilpass-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: evilpass\nVersion: 1.0\n",
+    "evilpass-1.0.dist-info/entry_points.txt": "[pytest11]\nevilpass = evilpass\n",
+})
+
+
+def test_a_plugin_the_policy_writes_is_never_loaded(docker_client, task_image, grader):
+    """Grading loads exactly the task's recorded plugins with -p and keeps autoload off: a plugin
+    the policy installs into the work tree is not loaded, although pytest's autoload would load it.
+    The task protects only its tests, so the plugin's dist-info reaches the graded copy (by default
+    `*.dist-info/**` is a protected path too) and autoload being off is what stops it."""
+    from envforge.sources.specs import load_spec_file
+
+    from tests.conftest import BUNDLED_SPECS
+
+    task = load_spec_file(BUNDLED_SPECS / "inventory-median-even" / "task.yaml")
+    tests = task.spec.verification.tests.model_copy(update={"plugins": ["pytester"]})
+    task = task.model_copy(update={"spec": task.spec.model_copy(update={
+        "verification": task.spec.verification.model_copy(update={"tests": tests, "protected_paths": ["tests/**"]})})})
+    with Sandbox.start(docker_client, task_image) as sb:  # the control: with autoload, the plugin passes all
+        sb.apply_patch(PASS_EVERYTHING)
+        res = sb.exec("python3 -m pytest -q -p no:cacheprovider tests", timeout_s=120)
+        assert res.exit_code == 0 and " passed" in res.text() and "failed" not in res.text(), res.text()
+    result = grader.grade(task, task_image, PASS_EVERYTHING)
+    assert not result.resolved
+    assert result.tests["tests/test_stats.py::test_median_even_length"] == "failed"
+    assert grader.grade(task, task_image, (BUNDLED_SPECS / "inventory-median-even" / "solution.patch").read_text()
+                        ).resolved  # the recorded plugin itself loads

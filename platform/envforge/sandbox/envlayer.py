@@ -17,6 +17,20 @@ network is used only here, at build time; sandboxes have none. The container car
 label, so another envforge process's orphan cleanup leaves it alone while this one lives, and
 a build killed from outside is an infrastructure fault (retried), not a bad environment.
 `pip freeze` of what was installed is kept in the image's labels, for the task's metadata.
+
+Two things make the env layer behave like the project's own CI, which installs into a fresh
+virtualenv and builds the project in an isolated build environment:
+
+- build requirements (`[build-system].requires`, `setup_requires`) are upgraded, after the rest,
+  to the newest version in the wheelhouse that satisfies them (`pip wheel` put the newest
+  satisfying one there, whatever the image had). An isolated build installs exactly that; a
+  plain install keeps whatever satisfies the range, such as the base image's Debian setuptools,
+  which may be too old for the project's metadata;
+- the `pytest11` entry points of the distributions this layer installed (the declared
+  requirements and what they pulled in; not the parent image's, not the project itself, which
+  is installed per task from a work tree a policy edits) are recorded in the image's labels.
+  CI's pytest autoloads them; envforge keeps autoload off and loads exactly these by module
+  name (`-p`), so a plugin a policy installs or writes is never loaded.
 """
 
 from __future__ import annotations
@@ -48,8 +62,12 @@ PIP_CACHE_VOLUME = "envforge-pip-cache"
 PIP_CACHE_DIR = "/var/cache/envforge-pip"
 WHEELHOUSE_DIR = f"{PIP_CACHE_DIR}/wheelhouse"
 FREEZE_LABEL = "envforge.env.freeze"
+PLUGINS_LABEL = "envforge.env.plugins"
 BUILD_TIMEOUT_S = 1800
-BUILDER_VERSION = "env-layer-2"  # part of every env tag: a change to how env layers are built rebuilds them
+BUILDER_VERSION = "env-layer-3"  # part of every env tag: a change to how env layers are built rebuilds them
+# The builder of env layers recorded by tasks stored before build requirements were upgraded and
+# plugins recorded: such a task keeps its recorded tag (and loads no plugins).
+LEGACY_BUILDER_VERSION = "env-layer-2"
 _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 _MAX_MANIFEST_FILES = 64
 _MAX_MANIFEST_BYTES = 1 << 20
@@ -73,12 +91,17 @@ class EnvRecipe:
     # Exact versions recorded when a task was first built (its `pip freeze`): a rebuild elsewhere
     # installs the same ones. Not part of the tag, which names the recipe.
     constraints: tuple[str, ...] = ()
+    # Build requirements, upgraded after the rest to the newest version that satisfies them.
+    build: tuple[str, ...] = ()
+    legacy: bool = False  # built as before env-layer-3 (a stored task that records such a layer)
 
     @property
     def tag(self) -> str:
         files = [part for path in sorted(self.files) for part in (path, self.files[path])]
-        digest = digest_parts(BUILDER_VERSION, self.parent, self.python or "", json.dumps(list(self.apt)),
-                              json.dumps(list(self.pip)), *files)
+        builder = LEGACY_BUILDER_VERSION if self.legacy else BUILDER_VERSION
+        build = [] if self.legacy else [json.dumps(list(self.build))]
+        digest = digest_parts(builder, self.parent, self.python or "", json.dumps(list(self.apt)),
+                              json.dumps(list(self.pip)), *build, *files)
         return f"{ENV_REPO_PREFIX}{self.name}:{digest[:16]}"
 
     def requirements_txt(self) -> str:
@@ -132,8 +155,12 @@ def _collect(path: str, read: ReadFile, files: dict[str, bytes], problems: list[
 
 
 def env_recipe(name: str, parent: str, env: PythonEnvironment, read: ReadFile,
-               constraints: list[str] | None = None) -> EnvRecipe:
-    """The recipe of a task's env layer; ImageBuildError when a requirements file it names is missing."""
+               constraints: list[str] | None = None, build: list[str] | None = None,
+               legacy: bool = False) -> EnvRecipe:
+    """The recipe of a task's env layer; ImageBuildError when a requirements file it names is missing.
+
+    `build`: the lines of `env.pip` that are build requirements (upgraded to the newest satisfying
+    version); `legacy`: the recipe of a layer a task stored before env-layer-3 records."""
     files: dict[str, bytes] = {}
     problems: list[str] = []
     for line in env.pip:
@@ -143,7 +170,28 @@ def env_recipe(name: str, parent: str, env: PythonEnvironment, read: ReadFile,
     if problems:
         raise ImageBuildError(f"environment.pip: {'; '.join(problems)}")
     slug = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._")[:60] or "env"
-    return EnvRecipe(slug, parent, env.python, tuple(env.apt), tuple(env.pip), files, tuple(constraints or ()))
+    kept_build = () if legacy else tuple(b for b in build or () if b in env.pip and pip_file_reference(b) is None)
+    return EnvRecipe(slug, parent, env.python, tuple(env.apt), tuple(env.pip), files, tuple(constraints or ()),
+                     kept_build, legacy)
+
+
+# Run with the parent's interpreter before anything is installed (argument: where to write the
+# parent's distributions), then after (arguments: that file and where to write the plugins): the
+# `pytest11` entry points of distributions that are new or of another version than the parent's.
+_PLUGIN_SCRIPT = """import json, sys
+from importlib import metadata
+def dists():
+    return {((d.metadata['Name'] or '').lower().replace('_', '-'), d.version): d for d in metadata.distributions()}
+if len(sys.argv) == 2:
+    json.dump(sorted(map(list, dists())), open(sys.argv[1], 'w'))
+    sys.exit(0)
+parent = {tuple(x) for x in json.load(open(sys.argv[1]))}
+found = set()
+for key, dist in dists().items():
+    if key not in parent:
+        found.update(ep.value.split(':')[0].strip() for ep in dist.entry_points if ep.group == 'pytest11')
+open(sys.argv[2], 'w').write(''.join(m + '\\n' for m in sorted(found) if m))
+"""
 
 
 def _build_script(recipe: EnvRecipe) -> str:
@@ -171,8 +219,11 @@ def _build_script(recipe: EnvRecipe) -> str:
         pkgs = " ".join(shlex.quote(p) for p in recipe.apt)
         lines.append(f"apt-get update -q && apt-get install -y -q --no-install-recommends {pkgs} "
                      "&& rm -rf /var/lib/apt/lists/*")
+    if not recipe.legacy:
+        lines.append(f"cat > {ENV_DIR}/plugins.py <<'EOF'\n{_PLUGIN_SCRIPT}EOF\n"
+                     f"python3 -I {ENV_DIR}/plugins.py {ENV_DIR}/parent-dists.json")
+    pin = " -c constraints.envforge.txt" if recipe.constraints else ""
     if recipe.pip:
-        pin = " -c constraints.envforge.txt" if recipe.constraints else ""
         reqs = f"-r requirements.envforge.txt{pin}"
         # Wheels go to the engine's wheelhouse first (one writer at a time; a wheel already there is
         # not downloaded again, whatever caching headers the index or a proxy sends), then the
@@ -187,6 +238,15 @@ def _build_script(recipe: EnvRecipe) -> str:
             "  echo 'envforge: the wheelhouse install failed; installing from the index'\n"
             f"  python3 -m pip install --no-warn-script-location {reqs}\n"
             "fi")
+    if recipe.build:
+        # As an isolated build would: the newest satisfying version (pip wheel above put it in the
+        # wheelhouse even where the image already had an older one that satisfies the range).
+        build = " ".join(shlex.quote(b) for b in recipe.build) + pin
+        lines.append(
+            f"python3 -m pip install --no-warn-script-location --upgrade --no-index --find-links {WHEELHOUSE_DIR} "
+            f"{build} || python3 -m pip install --no-warn-script-location --upgrade {build}")
+    if not recipe.legacy:
+        lines.append(f"python3 -I {ENV_DIR}/plugins.py {ENV_DIR}/parent-dists.json {ENV_DIR}/plugins.txt")
     lines.append(f"python3 -m pip freeze --all > {ENV_DIR}/freeze.txt")
     lines.append(f"chmod -R a+rX {ENV_DIR}")
     return "\n".join(lines) + "\n"
@@ -218,11 +278,15 @@ class EnvBuild:
     freeze: list[str]
     downloaded: int = 0
     from_cache: int = 0
+    plugins: list[str] = field(default_factory=list)  # modules of the pytest11 entry points it installed
 
 
-def _freeze_of(client: docker.DockerClient, tag: str) -> list[str]:
+def _labels_of(client: docker.DockerClient, tag: str) -> tuple[list[str], list[str]]:
+    """(pip freeze, plugin modules) recorded in an env image's labels (a layer built before plugins
+    were recorded has none)."""
     labels = client.images.get(tag).labels or {}
-    return [x for x in (labels.get(FREEZE_LABEL) or "").split(";") if x]
+    return ([x for x in (labels.get(FREEZE_LABEL) or "").split(";") if x],
+            [x for x in (labels.get(PLUGINS_LABEL) or "").split(";") if x])
 
 
 def _ensure_cache_volume(client: docker.DockerClient, name: str) -> None:
@@ -252,7 +316,8 @@ def build_env_image(client: docker.DockerClient, recipe: EnvRecipe, log: Log = l
     tag = tag or recipe.tag
     with _lock_for(tag):
         try:
-            return EnvBuild(tag, True, time.perf_counter() - started, _freeze_of(client, tag))
+            freeze, plugins = _labels_of(client, tag)
+            return EnvBuild(tag, True, time.perf_counter() - started, freeze, plugins=plugins)
         except ImageNotFound:
             pass
         _ensure_cache_volume(client, cache_volume)
@@ -281,12 +346,14 @@ def build_env_image(client: docker.DockerClient, recipe: EnvRecipe, log: Log = l
             if code != 0:
                 raise ImageBuildError(f"env layer {tag}: build failed (exit {code}):\n" +
                                       "\n".join(logs.splitlines()[-25:]))
-            freeze = _read_freeze(container)
+            freeze = _read_lines(container, "freeze.txt")
+            plugins = [] if recipe.legacy else _read_lines(container, "plugins.txt")
             # A commit merges the container's labels into the image's: blank the build's own, or
             # every container made from this image (task builds, sandboxes) would claim its owner.
             container.commit(repository=tag.split(":")[0], tag=tag.split(":")[1], conf={
                 "Cmd": ["sleep", "infinity"], "User": "sandbox", "WorkingDir": WORKSPACE,
-                "Labels": {"envforge.image": "env", FREEZE_LABEL: ";".join(freeze), OWNER_LABEL: "",
+                "Labels": {"envforge.image": "env", FREEZE_LABEL: ";".join(freeze), PLUGINS_LABEL: ";".join(plugins),
+                           OWNER_LABEL: "",
                            "envforge.build": "", "envforge.env": ""}})
         except ReadTimeout:
             raise ImageBuildError(f"env layer {tag}: the build took longer than {timeout_s:.0f} s") from None
@@ -302,15 +369,17 @@ def build_env_image(client: docker.DockerClient, recipe: EnvRecipe, log: Log = l
                 pass  # the engine went away: orphan cleanup removes it once this process is gone
     downloaded = len(re.findall(r"^\s*Downloading \S+", logs, re.M))
     cached = len(re.findall(r"^\s*(Using cached|File was already downloaded) \S+", logs, re.M))
-    return EnvBuild(tag, False, time.perf_counter() - started, freeze, downloaded, cached)
+    return EnvBuild(tag, False, time.perf_counter() - started, freeze, downloaded, cached, plugins)
 
 
-def _read_freeze(container) -> list[str]:
-    stream, _ = container.get_archive(f"{ENV_DIR}/freeze.txt")
+def _read_lines(container, name: str) -> list[str]:
+    """The sorted lines of a file the build wrote in ENV_DIR (pip freeze, plugin modules)."""
+    stream, _ = container.get_archive(f"{ENV_DIR}/{name}")
     with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
         member = tar.getmembers()[0]
         data = tar.extractfile(member).read().decode("utf-8", errors="replace")  # type: ignore[union-attr]
     return sorted(line.strip() for line in data.splitlines() if line.strip() and ";" not in line)
 
 
-__all__ = ["ENV_REPO_PREFIX", "EnvBuild", "EnvRecipe", "PIP_CACHE_VOLUME", "build_env_image", "env_recipe"]
+__all__ = ["ENV_REPO_PREFIX", "EnvBuild", "EnvRecipe", "PIP_CACHE_VOLUME", "PLUGINS_LABEL", "build_env_image",
+           "env_recipe"]

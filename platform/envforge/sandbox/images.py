@@ -269,7 +269,8 @@ def workspace_file(task: Task, settings: Settings, rel: str) -> bytes | None:
 
 
 def recorded_images(task: Task) -> dict:
-    """The images a stored task records it was built on (`metadata.images`: base, env, env_freeze)."""
+    """The images a stored task records it was built on (`metadata.images`: base, env, env_freeze,
+    env_plugins)."""
     images = task.spec.metadata.get("images")
     return images if isinstance(images, dict) else {}
 
@@ -293,11 +294,26 @@ def _resolve_parent(client: docker.DockerClient, task: Task, base_tag: str, sett
     if not env.needs_env_layer:
         return parent, None
     recipe = env_recipe(env_image_name(task), parent, env, lambda rel: workspace_file(task, settings, rel),
-                        recorded.get("env_freeze") or [])
+                        recorded.get("env_freeze") or [], build_requirements(task), legacy=records_legacy_env(task))
     if recorded.get("env") and recorded["env"] != recipe.tag and not rebuild:
         _refuse_other_layer(task, "env", recorded["env"], recipe.tag, settings)
     build = build_env_image(client, recipe, log)
     return build.tag, build
+
+
+def build_requirements(task: Task) -> list[str]:
+    """The build requirements among the task's pip lines (`metadata.environment.build_requires`,
+    recorded by history sources for an editable install)."""
+    about = task.spec.metadata.get("environment")
+    build = about.get("build_requires") if isinstance(about, dict) else None
+    return [b for b in build if isinstance(b, str)] if isinstance(build, list) else []
+
+
+def records_legacy_env(task: Task) -> bool:
+    """Whether the task records an env layer built before plugins were recorded (no `env_plugins`):
+    it keeps that layer's recipe, so its recorded tag still matches."""
+    recorded = recorded_images(task)
+    return bool(recorded.get("env")) and "env_plugins" not in recorded
 
 
 def env_image_name(task: Task) -> str:

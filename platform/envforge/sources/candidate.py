@@ -88,6 +88,13 @@ class Candidate:
     tags: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     repository: str = ""  # as the config names it, relative to base_dir: stored tasks never hold absolute paths
+    # The pytest plugins the env layer installed (its recorded pytest11 modules), known once it is built.
+    env_plugins: tuple[str, ...] = ()
+
+    @property
+    def plugins(self) -> list[str]:
+        """What every pytest run of the task loads with `-p`: the source's `tests.plugins`, then the env layer's."""
+        return list(dict.fromkeys([*self.config.tests.plugins, *self.env_plugins]))
 
     @cached_property
     def environment(self) -> ResolvedEnvironment:
@@ -102,7 +109,7 @@ class Candidate:
                             "repository": {"path": self.repository or str(self.git_dir),
                                            "commit": self.workspace_commit}},
             "verification": {"tests": {"framework": self.config.tests.framework, "command": self.config.tests.command,
-                                       "plugins": self.config.tests.plugins, "timeout_s": self.config.tests.timeout_s,
+                                       "plugins": self.plugins, "timeout_s": self.config.tests.timeout_s,
                                        "fail_to_pass": fail_to_pass, "pass_to_pass": pass_to_pass}},
             "reference_solution": {"patch": "<inline>"},
             "max_turns": self.config.max_turns, "tags": sorted({*self.config.tags, *self.tags}),

@@ -24,6 +24,9 @@ one, once each; ids that do not reproduce are dropped and the check runs once mo
 no FAIL_TO_PASS left is rejected with the reason: the counts, the excluded tests, and the
 first lines of any collection error (`ModuleNotFoundError: No module named 'freezegun'`).
 
+Every run loads the pytest plugins the candidate's env layer installed and recorded (`-p`, after
+the source's own `tests.plugins`; `sandbox/envlayer.py`), and the task keeps that list.
+
 Results are cached by (image, patches, test command) under the data directory, so
 re-ingesting an unchanged source (the sensor, the nightly refresh) costs no sandbox time. A
 derivation in which any run hit the test timeout is used but not cached: a timeout may be the
@@ -45,7 +48,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence, TypeVar
 
 import docker
@@ -357,6 +360,8 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
         images = {"base": base, "env": build.env.tag if build.env else None}
         if build.env:
             images["env_freeze"] = build.env.freeze
+            images["env_plugins"] = build.env.plugins
+            candidate = replace(candidate, env_plugins=tuple(build.env.plugins))
         cached = cache_dir / f"{cache_key(candidate, build.tag)}.json"
         if cached.exists():
             derivation = Derivation.from_json(json.loads(cached.read_text()))

@@ -80,6 +80,9 @@ def resolve_environment(section: HistoryEnvironment, git_dir: Path, commit: str,
     if section.workdir and not any(p.startswith(section.workdir + "/") for p in tree.paths):
         problems.append(Problem(where, "environment.workdir", f"{section.workdir} is not a directory of the "
                                                               f"repository at {commit[:12]}"))
+    if not declared:
+        problems += [Problem(where, "environment", f"cannot infer the environment at {commit[:12]}: {e}")
+                     for e in inferred.errors]
     if problems:
         raise SpecError(problems)
     fields = {"image": section.image, "dockerfile": section.dockerfile, "python": section.python or inferred.python,

@@ -5,8 +5,9 @@ to the list; duplicates are dropped, pip merges specifiers of one package):
 
 1. `pyproject.toml`: `[build-system].requires` (the build backend, needed for the editable
    install), `[project].dependencies`, the optional-dependency extras and PEP 735 dependency
-   groups named `test`, `tests` or `testing` (`dev` only when none of those exists), and
-   `requires-python`;
+   groups named `test`, `tests` or `testing` (`dev` only when none of those exists; a group's
+   `{include-group = "..."}` entries are followed, and a cycle or an unknown group is an error
+   naming the groups), and `requires-python`;
 2. `setup.cfg`: `[options] install_requires`, `python_requires`, `setup_requires`, and the same
    extras under `[options.extras_require]`;
 3. `setup.py`, statically (never executed): literal `install_requires`, `tests_require`,
@@ -14,7 +15,10 @@ to the list; duplicates are dropped, pip merges specifiers of one package):
    names bound to literals at module level;
 4. requirements files at the root or in `requirements/`: `requirements.txt` and every file
    whose name mentions `test` (files mentioning `dev` only when there is none), as `-r FILE`;
-5. `tox.ini`: `deps` of `[testenv]`, without tox substitutions.
+5. tox's configuration, the first of the places tox 4 itself reads: `tox.ini`, the INI in
+   pyproject.toml's `[tool.tox] legacy_tox_ini`, pyproject.toml's native `[tool.tox]`, then
+   `tox.toml`: the `deps` of the base run environment (`[testenv]`, `[env_run_base]`) and of
+   environments named `test`, `tests` or `testing`, without tox substitutions.
 
 Whether the project itself is installed (`editable` when there is a pyproject.toml or a
 setup.py) and whether its version comes from VCS metadata (setuptools_scm, hatch-vcs,
@@ -57,6 +61,7 @@ class InferredEnvironment:
     skipped: list[str] = field(default_factory=list)
     found_test_group: bool = False
     dev_groups: list[tuple[list[str], str]] = field(default_factory=list)  # used only when no test group exists
+    errors: list[str] = field(default_factory=list)  # manifests that say something impossible (an include-group cycle)
 
     def add_group(self, available: dict, where: str, lines_of=lambda value: value) -> None:
         """The test extras/groups of one manifest table; `dev` ones are kept aside as a fallback."""
@@ -109,13 +114,29 @@ class RepoTree:
         return path in self.paths
 
 
-def _dependency_group(groups: dict, name: str, seen: frozenset = frozenset()) -> list[str]:
+class DependencyGroupError(ValueError):
+    """A PEP 735 dependency group that includes an unknown group or itself (directly or not)."""
+
+
+def _dependency_group(groups: dict, name: str, path: tuple[str, ...] = ()) -> list[str]:
+    """The requirements of one group with its `{include-group = ...}` entries expanded (PEP 735)."""
+    from packaging.utils import canonicalize_name
+
+    by_name = {canonicalize_name(str(k)): k for k in groups}
+    key = by_name.get(canonicalize_name(name))
+    if key is None:
+        raise DependencyGroupError(f"[dependency-groups].{path[-1]} includes {name!r}, which is not a group")
+    if canonicalize_name(name) in {canonicalize_name(p) for p in path}:
+        raise DependencyGroupError("[dependency-groups] include-group cycle: " + " -> ".join([*path, key]))
+    items = groups.get(key)
+    if not isinstance(items, list):
+        raise DependencyGroupError(f"[dependency-groups].{key} is not a list")
     out: list[str] = []
-    for item in groups.get(name) or []:
+    for item in items:
         if isinstance(item, str):
             out.append(item)
-        elif isinstance(item, dict) and isinstance(item.get("include-group"), str) and item["include-group"] not in seen:
-            out += _dependency_group(groups, item["include-group"], seen | {name})
+        elif isinstance(item, dict) and isinstance(item.get("include-group"), str):
+            out += _dependency_group(groups, item["include-group"], (*path, key))
     return out
 
 
@@ -143,7 +164,14 @@ def _pyproject(tree: RepoTree, inf: InferredEnvironment) -> None:
         inf.add(deps, "pyproject.toml [project.dependencies]")
     inf.add_group(project.get("optional-dependencies") or {}, "pyproject.toml [project.optional-dependencies]")
     groups = data.get("dependency-groups") or {}
-    inf.add_group({name: _dependency_group(groups, name) for name in groups}, "pyproject.toml [dependency-groups]")
+    if isinstance(groups, dict):
+        expanded = {}
+        for name in (g for g in groups if g in (*TEST_GROUPS, *FALLBACK_GROUPS)):
+            try:
+                expanded[name] = _dependency_group(groups, name)
+            except DependencyGroupError as exc:
+                inf.errors.append(f"pyproject.toml {exc}")
+        inf.add_group(expanded, "pyproject.toml [dependency-groups]")
     if isinstance(project.get("requires-python"), str):
         inf.python = project["requires-python"]
     tool = data.get("tool") or {}
@@ -246,29 +274,73 @@ def requirement_files(tree: RepoTree) -> list[str]:
     return list(dict.fromkeys(base + tests + dev))
 
 
-def _tox(tree: RepoTree, inf: InferredEnvironment) -> None:
-    text = tree.read("tox.ini")
-    if text is None:
-        return
-    cfg = configparser.ConfigParser(interpolation=None, strict=False)
-    try:
-        cfg.read_string(text)
-    except configparser.Error as exc:
-        inf.skipped.append(f"tox.ini: cannot parse ({exc.__class__.__name__})")
-        return
-    if not cfg.has_option("testenv", "deps"):
-        return
-    lines = []
-    for line in cfg["testenv"]["deps"].splitlines():
+def _tox_deps(lines: list[str]) -> list[str]:
+    """tox `deps` lines pip can take as they are: `-r {toxinidir}/x` becomes `-r x`; lines with other
+    substitutions, factor conditions (`py38: x`), editable and path installs are left out."""
+    kept = []
+    for line in lines:
         line = _strip_comment(line)
-        m = re.match(r"^-r\s*\{toxinidir\}/(?P<path>\S+)$", line)
+        m = re.match(r"^-r\s*\{(toxinidir|tox_root)\}/(?P<path>\S+)$", line)
         if m:
             line = f"-r {m.group('path')}"
         if not line or "{" in line or line.startswith(("-e", ".")) or re.match(r"^\S+:\s", line):
             continue
-        lines.append(line)
-    if lines:
-        inf.add(lines, "tox.ini [testenv] deps")
+        kept.append(line)
+    return kept
+
+
+def _tox_ini(text: str, where: str, inf: InferredEnvironment) -> None:
+    cfg = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        cfg.read_string(text)
+    except configparser.Error as exc:
+        inf.skipped.append(f"{where}: cannot parse ({exc.__class__.__name__})")
+        return
+    for section in ("testenv", *(f"testenv:{name}" for name in TEST_GROUPS)):
+        if cfg.has_option(section, "deps"):
+            lines = _tox_deps(cfg[section]["deps"].splitlines())
+            if lines:
+                inf.add(lines, f"{where} [{section}] deps")
+
+
+def _tox_toml(table: dict, where: str, inf: InferredEnvironment) -> None:
+    """tox 4's TOML configuration: `[env_run_base]` (what `[testenv]` is in tox.ini) and `[env.NAME]`."""
+    env = table.get("env")
+    envs = env if isinstance(env, dict) else {}
+    sections = [("env_run_base", table.get("env_run_base")), *((f"env.{n}", envs.get(n)) for n in TEST_GROUPS)]
+    for name, section in sections:
+        deps = section.get("deps") if isinstance(section, dict) else None
+        if isinstance(deps, str):
+            deps = deps.splitlines()
+        lines = _tox_deps([d for d in deps if isinstance(d, str)]) if isinstance(deps, list) else []
+        if lines:
+            inf.add(lines, f"{where} [{name}] deps")
+
+
+def _tox(tree: RepoTree, inf: InferredEnvironment) -> None:
+    """tox's configuration, from the first place tox 4 looks that has one (see the module docstring)."""
+    text = tree.read("tox.ini")
+    if text is not None:
+        _tox_ini(text, "tox.ini", inf)
+        return
+    try:
+        tool = tomllib.loads(tree.read("pyproject.toml") or "").get("tool") or {}
+    except tomllib.TOMLDecodeError:
+        tool = {}  # already reported by the pyproject.toml reader
+    tox = tool.get("tox") if isinstance(tool, dict) else None
+    if isinstance(tox, dict) and isinstance(tox.get("legacy_tox_ini"), str):
+        _tox_ini(tox["legacy_tox_ini"], "pyproject.toml [tool.tox] legacy_tox_ini", inf)
+        return
+    if isinstance(tox, dict) and tox:
+        _tox_toml(tox, "pyproject.toml [tool.tox]", inf)
+        return
+    text = tree.read("tox.toml")
+    if text is None:
+        return
+    try:
+        _tox_toml(tomllib.loads(text), "tox.toml", inf)
+    except tomllib.TOMLDecodeError as exc:
+        inf.skipped.append(f"tox.toml: not valid TOML ({exc})")
 
 
 def infer_environment(git_dir: Path, commit: str) -> InferredEnvironment:
@@ -316,4 +388,4 @@ def nearest_version(git_dir: Path, commit: str) -> str:
         return "0.0.0"
 
 
-__all__ = ["InferredEnvironment", "RepoTree", "infer_environment", "nearest_version", "requirement_files"]
+__all__ = ["DependencyGroupError", "InferredEnvironment", "RepoTree", "infer_environment", "nearest_version", "requirement_files"]
