@@ -44,7 +44,7 @@ def sources_scan(paths: List[Path] = typer.Argument(..., help="source files or f
     derived at ingest, skipped or rejected, with why), and the statement check's verdict on each. Nothing runs
     in a sandbox and nothing is written."""
     from envforge.sources import load_by_source, scan_sources
-    from envforge.sources.scan import scan_rows
+    from envforge.quality.source_scan import scan_rows
 
     settings = settings_for(data_dir)
     found = scan_sources(paths)

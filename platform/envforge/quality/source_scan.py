@@ -1,4 +1,4 @@
-"""What a dry run of sources shows: each record and what it would become, without a sandbox.
+"""What a dry run of sources shows (`envforge sources scan`): each record and what it would become, without a sandbox.
 
 Tasks (specs, runbooks, SWE-bench instances) are ready as they are; candidates (tickets, reviews,
 history commits) would have their tests derived at ingest; skipped commits and rejects say why.
