@@ -22,7 +22,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from envforge.config import Settings
 from envforge.observe import metrics as live
-from envforge.observe.health import BOTH, HEALTHY, INFRA, POLICY, batch_verdict, judge_stores, round_health
+from envforge.observe.health import BOTH, HEALTHY, INFRA, POLICY
+from envforge.rollout.health import batch_verdict, judge_stores, round_health
 from envforge.observe.http import MetricsServer
 from envforge.observe.logs import configure_logging
 from envforge.observe.traces import configure_tracing

@@ -28,8 +28,6 @@ from typing import Collection, Iterable, Mapping, Sequence
 from envforge.task import Task
 from envforge.verify.protect import split_diff
 
-TIERS = ("unsolved", "hard", "medium", "easy", "trivial")
-SPLITS = ("train", "eval", "audit")  # audit: unsolved tasks and weak verifiers, kept for review, never trained on
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

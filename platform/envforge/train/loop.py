@@ -22,13 +22,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from envforge.config import Settings
 from envforge.fleet.backend import fleet_pool_from_env
 from envforge.observe import metrics as live_metrics
-from envforge.observe.health import round_health
 from envforge.rollout.batch import BatchResult, record_batch, run_batch
 from envforge.rollout.policies.hf import HFPolicy
 from envforge.rollout.policies.server_process import PolicyServerProcess
 from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model
 from envforge.progress import Progress
 from envforge.rollout.config import RolloutConfig
+from envforge.rollout.health import round_health
 from envforge.rollout.scheduler import RolloutScheduler
 from envforge.rollout.store import TrajectoryStore
 from envforge.rollout.stream import GroupStream
