@@ -16,8 +16,8 @@ pytestmark = pytest.mark.docker
 
 
 def _items(settings, n_tasks: int = 2):
-    from envforge.stages.base import StageContext
     from envforge.demos.chores import chore_family
+    from envforge.stages.base import StageContext
     from envforge.stages.images import ensure_images
 
     train, _ = chore_family(0, train_per_chore=1, held_out_per_chore=0)

@@ -29,7 +29,6 @@ from envforge.task import Task
 from envforge.verify.protect import split_diff
 
 
-
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k estimator (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
     if n <= 0 or k <= 0:
