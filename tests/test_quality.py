@@ -16,7 +16,7 @@ from envforge.quality.confirm import confirm
 from envforge.quality.corpora import read_corpus
 from envforge.quality.lsh import BandIndex, banding, collision_probability
 from envforge.quality.minhash import EMPTY_SLOT, MinHasher, estimate_jaccard, exact_jaccard
-from envforge.quality.params import DedupConfig, IndexConfig
+from envforge.quality.params import RECALL_WEIGHTS, DedupConfig, IndexConfig
 from envforge.quality.reference_index import IndexMismatch, ReferenceIndex
 from envforge.quality.text import tokens
 
@@ -65,7 +65,7 @@ def test_estimates_match_exact_jaccard_and_datasketch_within_sampling_error():
 
 def test_recall_weighted_banding_catches_pairs_at_the_threshold():
     b_default, r_default = banding(0.5, 128, (0.5, 0.5))
-    b, r = banding(0.5, 128)
+    b, r = banding(0.5, 128, RECALL_WEIGHTS)
     assert collision_probability(0.5, b, r) > collision_probability(0.5, b_default, r_default)
     assert collision_probability(0.5, b, r) > 0.8 and collision_probability(0.8, b, r) > 0.999
 
@@ -85,7 +85,7 @@ def test_band_index_finds_near_duplicates_and_round_trips(tmp_path):
     base = [doc(rng) for _ in range(300)]
     near = [edit(rng, base[i], 0.03) for i in range(20)]
     h = MinHasher()
-    b, r = banding(0.5, 128)
+    b, r = banding(0.5, 128, RECALL_WEIGHTS)
     index = BandIndex(b, r)
     index.add(h.signatures(base[:150]))
     index.add(h.signatures(base[150:]))  # two batches, merged lazily

@@ -15,7 +15,6 @@ from envforge import track
 from envforge.catalog import Catalog
 from envforge.errors import Problem
 from envforge.report import NOT_RUN
-from envforge.rollout.tiers import TIERS
 from envforge.sources import LoadResult
 from envforge.stages.base import StageContext
 from envforge.stages.configs import IngestConfig, ReportConfig, TaskSetConfig, TierConfig
@@ -23,6 +22,7 @@ from envforge.stages.ingest import ingest
 from envforge.stages.report import report
 from envforge.stages.task_set import Lineage, publish_task_set
 from envforge.stages.tiers import tier_task_set
+from envforge.tier_names import TIERS
 from envforge.verify.gate import GateReport
 from envforge.verify.strength import StrengthReport
 from tests.conftest import BUNDLED_SPECS

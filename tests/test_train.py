@@ -300,11 +300,23 @@ def test_bench_smoke_prints_json():
     assert doc["results"]["sft"]["loss"] == pytest.approx(doc["results"]["baseline"]["loss"], rel=1e-4)
 
 
+def test_grpo_defaults_are_the_training_configs():
+    """One default per training setting: GRPORounds and GRPOConfig built without a TrainingConfig train as
+    the default TrainingConfig does (the CLI, Dagster and the demo go through it)."""
+    from envforge.train.config import TrainingConfig
+    from envforge.train.grpo import GRPOConfig
+    from envforge.train.loop import GRPORounds
+
+    assert GRPORounds() == GRPORounds.from_training(TrainingConfig(), pad_id=0)
+    assert GRPOConfig() == GRPOConfig.from_training(TrainingConfig(), pad_id=0)
+    assert (GRPORounds().rounds, GRPOConfig().lr) == (TrainingConfig().rl_rounds, TrainingConfig().rl_lr)
+
+
 def test_round_items_samples_a_seeded_batch_per_round():
     from envforge.train.loop import GRPORounds, round_items
 
     items = [(f"task-{i}", "image") for i in range(10)]
-    assert round_items(items, GRPORounds(), 0) == items  # no cap: every task every round
+    assert round_items(items, GRPORounds(tasks_per_round=None), 0) == items  # no cap: every task every round
     cfg = GRPORounds(tasks_per_round=4, seed=7)
     first, second = round_items(items, cfg, 0), round_items(items, cfg, 1)
     assert len(first) == len(second) == 4 and len(set(first)) == 4 and set(first) <= set(items)
@@ -321,7 +333,7 @@ def test_one_training_config_sets_sft_grpo_and_evaluation():
     from envforge.train.loop import GRPORounds
 
     cfg = TrainingConfig(temperature=0.7, max_tokens=32, tasks_per_round=0, seed=3)
-    rounds = cfg.grpo_rounds(pad_id=5)
+    rounds = GRPORounds.from_training(cfg, pad_id=5)
     assert rounds.grpo.temperature == 0.7 and "temperature" not in {f.name for f in fields(GRPORounds)}
     assert rounds.max_tokens == 32 and rounds.tasks_per_round is None and rounds.seed == rounds.grpo.seed == 3
     sft = cfg.sft_config(pad_id=5)
@@ -389,6 +401,7 @@ def test_off_policy_refuses_samples_without_behaviour_logprobs(tiny):
 
 def test_training_config_rejects_bad_values_and_drives_off_policy():
     from envforge.train.config import TrainingConfig
+    from envforge.train.loop import GRPORounds
 
     with pytest.raises(ValueError, match="max_staleness=-1"):
         TrainingConfig(max_staleness=-1)
@@ -396,11 +409,11 @@ def test_training_config_rejects_bad_values_and_drives_off_policy():
         TrainingConfig(truncated="cut")
     with pytest.raises(ValueError, match="rl_epochs_per_batch=0"):
         TrainingConfig(rl_epochs_per_batch=0)
-    assert TrainingConfig(rl_epochs_per_batch=3).grpo_rounds(pad_id=0).grpo.epochs_per_batch == 3
-    rounds = TrainingConfig(max_staleness=2, kl_coef=0.01, truncated="penalize").grpo_rounds(pad_id=0)
+    assert GRPORounds.from_training(TrainingConfig(rl_epochs_per_batch=3), pad_id=0).grpo.epochs_per_batch == 3
+    rounds = GRPORounds.from_training(TrainingConfig(max_staleness=2, kl_coef=0.01, truncated="penalize"), pad_id=0)
     assert rounds.max_staleness == 2 and rounds.grpo.off_policy and rounds.grpo.kl_coef == 0.01
     assert rounds.grpo.truncated == "penalize"
-    assert not TrainingConfig().grpo_rounds(pad_id=0).grpo.off_policy
+    assert not GRPORounds.from_training(TrainingConfig(), pad_id=0).grpo.off_policy
 
 
 # -- asynchronous schedule and the one training configuration --------------------------------------------
@@ -455,9 +468,10 @@ def test_training_config_reaches_the_async_loop_dagster_and_mlflow():
 
     from assets.defs.config import TrainingResource, training_config
     from envforge.train.config import TrainingConfig
+    from envforge.train.loop import GRPORounds
 
     cfg = TrainingConfig(max_staleness=1, rollout_policy="served", policy_threads=1, trainer_threads=1)
-    rounds = cfg.grpo_rounds(pad_id=0)
+    rounds = GRPORounds.from_training(cfg, pad_id=0)
     assert (rounds.rollout_policy, rounds.policy_threads, rounds.trainer_threads) == ("served", 1, 1)
     assert set(cfg.as_params()) == {f.name for f in fields(TrainingConfig)}
     assert set(TrainingResource.model_fields) == {f.name for f in fields(TrainingConfig)}

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.docker
 
 
 def _items(settings, n_tasks: int = 2):
+    from envforge.demos.chores import chore_family
     from envforge.stages.base import StageContext
     from envforge.stages.images import ensure_images
-    from envforge.train.demo_tasks import chore_family
 
     train, _ = chore_family(0, train_per_chore=1, held_out_per_chore=0)
     train = train[:n_tasks]
@@ -27,9 +27,11 @@ def _items(settings, n_tasks: int = 2):
 
 def _rounds(max_staleness: int):
     from envforge.train.config import TrainingConfig
+    from envforge.train.loop import GRPORounds
 
-    return TrainingConfig(base_model="tiny:64x2", rl_rounds=3, group_size=2, tasks_per_round=0, max_tokens=24,
-                          rl_lr=1e-3, max_staleness=max_staleness, concurrency=4).grpo_rounds(pad_id=0)
+    return GRPORounds.from_training(TrainingConfig(base_model="tiny:64x2", rl_rounds=3, group_size=2, tasks_per_round=0,
+                                                   max_tokens=24, rl_lr=1e-3, max_staleness=max_staleness,
+                                                   concurrency=4), pad_id=0)
 
 
 def _check_versions(run, settings, rounds: int, max_staleness: int) -> None:

@@ -94,7 +94,7 @@ def tier_histogram(rows: list[dict], path: Path, title: str = "Difficulty tiers 
 
     rows: dicts with tier, source, method.
     """
-    from envforge.rollout.tiers import TIERS
+    from envforge.tier_names import TIERS
 
     sources = sorted({r["source"] for r in rows}) or ["-"]
     methods = sorted({r["method"] for r in rows})

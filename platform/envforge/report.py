@@ -26,10 +26,11 @@ import polars as pl
 
 from envforge import objectstore, track
 from envforge.catalog import Catalog
-from envforge.observe.health import catalog_verdicts, thresholds_from_env
+from envforge.observe.health import thresholds_from_env
 from envforge.config import Settings
 from envforge.quality.statement_policy import statement_verdicts
 from envforge.errors import Problem
+from envforge.rollout.health import catalog_verdicts
 from envforge.safefs import write_atomic
 
 NOT_RUN = "not run yet"
@@ -147,7 +148,7 @@ def _task_set_section(cat: Catalog, version: str | None, charts: _Charts) -> dic
     if version is None:
         return {"ran": False}
     from envforge.charts import tier_histogram
-    from envforge.rollout.tiers import SPLITS, TIERS
+    from envforge.tier_names import SPLITS, TIERS
 
     row = cat.task_sets().filter(pl.col("version") == version).row(0, named=True)
     members = cat.task_set_frame(version)

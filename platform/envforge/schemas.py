@@ -13,8 +13,8 @@ from datetime import datetime
 import pandera.polars as pa
 import polars as pl
 
-from envforge.rollout.tiers import SPLITS, TIERS
 from envforge.task import TASK_ID_PATTERN as TASK_ID
+from envforge.tier_names import SPLITS, TIERS
 
 SHA256 = r"^[0-9a-f]{64}$"
 

@@ -6,7 +6,7 @@ import dagster as dg
 from assets.defs.metadata import upstream
 from assets.defs.resources import CatalogResource, DockerResource, MlflowResource, settings_from
 from assets.defs.rollouts.assets import rollout_batch, tiered_task_set
-from envforge.observe.health import batch_verdict
+from envforge.rollout.health import batch_verdict
 from envforge.settings import read_env
 from envforge.stages.tiers import split_leaks
 

@@ -33,7 +33,7 @@ def train_demo(quick: bool = typer.Option(False, help="a shortened run (one seed
     measured before, after SFT and after GRPO by the sandbox verifier (learning_demo.json, curve PNG, MLflow).
     Every training option defaults to the demo's setting."""
     from envforge.progress import rich_progress
-    from envforge.train.learning_demo import LearningDemoConfig, run_learning_demo
+    from envforge.demos.learning import LearningDemoConfig, run_learning_demo
 
     settings = settings_for(data_dir)
     settings.ensure_dirs()

@@ -17,16 +17,17 @@ not touch). So the two sides are judged on separate figures:
 The verdict is one of `healthy`, `infrastructure anomaly`, `policy regression`, `both`, with the
 figures and the rules that fired. Thresholds are a dataclass (defaults documented in
 docs/observability.md); without a previous batch only the absolute infrastructure rules apply.
+
+This module judges plain figures (`BatchFigures`) and imports no domain package: reading them
+from a batch's stored trajectories, and the verdicts of the catalog's batches, are
+`envforge.rollout.health`'s.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
-
-from envforge.rollout.store import TrajectoryStore
-from envforge.rollout.trajectory import DroppedGroup, Trajectory
+from typing import Any
 
 HEALTHY, INFRA, POLICY, BOTH = "healthy", "infrastructure anomaly", "policy regression", "both"
 VERDICTS = (HEALTHY, INFRA, POLICY, BOTH)
@@ -65,7 +66,7 @@ class HealthThresholds:
 
 @dataclass
 class BatchFigures:
-    """What one batch's infrastructure and policy did, from its stored trajectories and dropped groups."""
+    """What one batch's infrastructure and policy did (`rollout.health` reads it from the batch's store)."""
 
     batch_id: str
     policy_id: str
@@ -99,38 +100,6 @@ class BatchFigures:
                 "dropped_groups": self.dropped_groups, "drop_rate": r(self.drop_rate),
                 "sandbox_reset_p50_s": r(self.reset_p50_s), "sandbox_step_p50_s": r(self.step_p50_s),
                 "clean_tasks": len(self.clean_tasks)}
-
-    @classmethod
-    def from_trajectories(cls, batch_id: str, trajectories: Sequence[Trajectory], dropped: Sequence[DroppedGroup],
-                          n_tasks: int | None = None, policy_id: str = "") -> "BatchFigures":
-        attempts = sum(1 + t.infra_retries for t in trajectories)
-        faults = sum(t.infra_retries for t in trajectories)
-        for g in dropped:
-            # A dropped group's samples are not stored: count its attempts from the record (every
-            # attempt of a failed sample was a fault; a finished sample's last attempt was not).
-            done = set(g.completed_samples)
-            for sample, n in g.attempts.items():
-                attempts += int(n)
-                faults += int(n) - 1 if int(sample) in done else int(n)
-        resets = [t.timings["reset_s"] for t in trajectories if "reset_s" in t.timings]
-        steps = [t.timings["env_s"] / len(t.turns) for t in trajectories if t.turns and "env_s" in t.timings]
-        by_task: dict[str, list[Trajectory]] = {}
-        for t in trajectories:
-            by_task.setdefault(t.task_id, []).append(t)
-        clean = {task: (statistics.fmean(t.reward for t in ts), statistics.fmean(float(t.resolved) for t in ts))
-                 for task, ts in by_task.items() if all(t.infra_retries == 0 for t in ts)}
-        tasks = n_tasks if n_tasks is not None else len(by_task) + len({g.task_id for g in dropped})
-        policy = policy_id or (trajectories[0].policy_id if trajectories else "")
-        return cls(batch_id, policy, tasks, len(trajectories), attempts, faults,
-                   sum(1 for t in trajectories if t.infra_retries), len(dropped),
-                   statistics.median(resets) if resets else None, statistics.median(steps) if steps else None, clean)
-
-    @classmethod
-    def from_store(cls, store: TrajectoryStore) -> "BatchFigures":
-        manifest = store.manifest() or {}
-        tasks = manifest.get("tasks")
-        return cls.from_trajectories(store.batch_id, store.trajectories(), store.dropped(),
-                                     len(tasks) if tasks is not None else None, manifest.get("policy_id", ""))
 
 
 @dataclass
@@ -215,52 +184,6 @@ def judge(current: BatchFigures, baseline: BatchFigures | None,
                          thresholds)
 
 
-def judge_stores(current: TrajectoryStore, baseline: TrajectoryStore | None,
-                 thresholds: HealthThresholds = HealthThresholds()) -> HealthVerdict:
-    return judge(BatchFigures.from_store(current), BatchFigures.from_store(baseline) if baseline else None,
-                 thresholds)
-
-
-def store_at(location: str, batch_id: str) -> TrajectoryStore:
-    """The store of a catalog row (`location` is `<root>/<batch_id>`)."""
-    suffix = "/" + batch_id
-    root = location[: -len(suffix)] if location.endswith(suffix) else location
-    return TrajectoryStore(root, batch_id)
-
-
-def catalog_verdicts(batches: Sequence[dict[str, Any]],
-                     thresholds: HealthThresholds = HealthThresholds()) -> dict[str, HealthVerdict]:
-    """Every batch's verdict against the batch registered before it on the same task-set version.
-
-    `batches`: catalog rows (Catalog.rollout_batches(), oldest first)."""
-    out: dict[str, HealthVerdict] = {}
-    figures: dict[str, BatchFigures] = {}
-    previous: dict[str, str] = {}
-    for row in batches:
-        bid = row["batch_id"]
-        figures[bid] = BatchFigures.from_store(store_at(row["location"], bid))
-        prev = previous.get(row["task_set_version"])
-        out[bid] = judge(figures[bid], figures[prev] if prev else None, thresholds)
-        previous[row["task_set_version"]] = bid
-    return out
-
-
-def round_health(batch: Any, previous: Any | None, thresholds: HealthThresholds = HealthThresholds()
-                 ) -> dict[str, float]:
-    """A training round's verdict as metrics (0/1 flags and the figures behind them), for the round's
-    MLflow history: `batch` and `previous` are BatchResults of consecutive rounds' rollouts."""
-    import logging
-
-    verdict = judge_stores(batch.store, previous.store if previous is not None else None, thresholds)
-    logging.getLogger("envforge.observe").info("round health", extra={"verdict": verdict.verdict,
-                                                                     "health": verdict.as_json()})
-    cur = verdict.figures["current"]
-    return {"health_infra_anomaly": float(verdict.verdict in (INFRA, BOTH)),
-            "health_policy_regression": float(verdict.verdict in (POLICY, BOTH)),
-            "health_fault_rate": float(cur["fault_rate"]), "health_drop_rate": float(cur["drop_rate"]),
-            "health_clean_tasks": float(cur["clean_tasks"])}
-
-
 def thresholds_from_env(environ: dict[str, str] | None = None) -> HealthThresholds:
     """HealthThresholds with each field overridable as ENVFORGE_HEALTH_<FIELD> (e.g.
     ENVFORGE_HEALTH_MAX_REWARD_DROP=0.05): how the Dagster check and the run report are tuned."""
@@ -271,20 +194,3 @@ def thresholds_from_env(environ: dict[str, str] | None = None) -> HealthThreshol
     env = read_env(environ)
     values = {f.name: getattr(env, f"health_{f.name}") for f in fields(HealthThresholds)}
     return HealthThresholds(**{name: value for name, value in values.items() if value is not None})
-
-
-def batch_verdict(batches: Sequence[dict[str, Any]], batch_id: str,
-                  thresholds: HealthThresholds | None = None) -> HealthVerdict:
-    """The verdict of `batch_id` against the batch registered just before it on the same task-set version.
-
-    `batches`: catalog rows (Catalog.rollout_batches(), oldest first)."""
-    rows = {r["batch_id"]: r for r in batches}
-    if batch_id not in rows:
-        raise ValueError(f"rollout batch {batch_id!r} is not registered in the catalog")
-    row = rows[batch_id]
-    before = [r for r in batches if r["task_set_version"] == row["task_set_version"]]
-    index = [r["batch_id"] for r in before].index(batch_id)
-    prev = before[index - 1] if index else None
-    return judge(BatchFigures.from_store(store_at(row["location"], batch_id)),
-                 BatchFigures.from_store(store_at(prev["location"], prev["batch_id"])) if prev else None,
-                 thresholds or thresholds_from_env())

@@ -23,9 +23,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envforge import gitstore
 from envforge.quality.code import is_python_path
 from envforge.quality.params import WorkspaceScan
-from envforge.sources import store
 from envforge.sources.gitrepo import repository_dir
 from envforge.task import Task
 from envforge.verify.protect import matches, protected_globs, split_diff
@@ -256,7 +256,7 @@ class WorkspaceReader:
         def source() -> Path:
             return repository_dir(base_dir, path)
 
-        return source() if self.data_dir is None else store.commit_dir(self.data_dir, commit, source)
+        return source() if self.data_dir is None else gitstore.commit_dir(self.data_dir, commit, source)
 
 
 def task_fields(task: Task, reader: WorkspaceReader) -> tuple[list[FieldText], ScanReport]:

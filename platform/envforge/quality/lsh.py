@@ -22,13 +22,13 @@ import numpy as np
 from scipy.integrate import quad
 
 from envforge.quality.minhash import EMPTY_SLOT
-from envforge.quality.params import RECALL_WEIGHTS
 from envforge.safefs import atomic_writer
 
 
 @functools.lru_cache(maxsize=64)
-def banding(threshold: float, num_perm: int, weights: tuple[float, float] = RECALL_WEIGHTS) -> tuple[int, int]:
-    """(bands, rows) minimising the weighted false-positive/false-negative area at `threshold`."""
+def banding(threshold: float, num_perm: int, weights: tuple[float, float]) -> tuple[int, int]:
+    """(bands, rows) minimising the weighted false-positive/false-negative area at `threshold`; `weights`
+    (false positives, false negatives) are the caller's (`quality.params.IndexConfig.banding`)."""
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold {threshold} must be in (0, 1)")
     best, best_error = (0, 0), float("inf")

@@ -68,6 +68,10 @@ class Submit:
 
 Action = Union[Run, ReadFile, WriteFile, ApplyPatch, Submit]
 
+# What every policy is told first: the rollout scheduler, the verl export and the environment service use it.
+SYSTEM_PROMPT = ("You are a software engineer working in a sandboxed repository. Use the tools to inspect and change "
+                 "files and to run commands; call `submit` when the task is done.")
+
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
         "name": "run", "description": "Run a shell command in /workspace and see its exit code and output.",

@@ -30,7 +30,7 @@ from envforge.observe.logs import bind, log_context
 from envforge.observe.traces import set_attributes, span
 from envforge.progress import Progress
 from envforge.rollout.config import RolloutConfig
-from envforge.rollout.actions import TOOLS, ActionError, parse_text, parse_tool_call
+from envforge.rollout.actions import SYSTEM_PROMPT, TOOLS, ActionError, parse_text, parse_tool_call
 from envforge.rollout.env import EnvLimits, RolloutEnv
 from envforge.rollout.policies.base import PolicyError, PolicyOutput
 from envforge.rollout.store import TrajectoryStore
@@ -41,10 +41,6 @@ from envforge.task import Task
 from envforge.verify.grader import Grader
 
 log = logging.getLogger("envforge.rollout")
-
-SYSTEM_PROMPT = ("You are a software engineer working in a sandboxed repository. Use the tools to inspect and change "
-                 "files and to run commands; call `submit` when the task is done.")
-
 
 @dataclass
 class BatchReport:

@@ -28,9 +28,6 @@ from typing import Collection, Iterable, Mapping, Sequence
 from envforge.task import Task
 from envforge.verify.protect import split_diff
 
-TIERS = ("unsolved", "hard", "medium", "easy", "trivial")
-SPLITS = ("train", "eval", "audit")  # audit: unsolved tasks and weak verifiers, kept for review, never trained on
-
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k estimator (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""

@@ -29,8 +29,7 @@ from typing import Any, Iterable, Mapping
 import polars as pl
 
 from envforge.objectstore import write_url
-from envforge.rollout.actions import TOOLS
-from envforge.rollout.scheduler import SYSTEM_PROMPT
+from envforge.rollout.actions import SYSTEM_PROMPT, TOOLS
 from envforge.rollout.trajectory import Trajectory
 from envforge.task import WORKSPACE
 

@@ -31,7 +31,7 @@ import docker
 import yaml
 from docker.errors import APIError, BuildError, DockerException, ImageNotFound
 
-from envforge import safefs
+from envforge import gitstore, safefs
 from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError
 from envforge.hashing import digest_parts, tree_digest
@@ -255,11 +255,8 @@ def workspace_file(task: Task, settings: Settings, rel: str) -> bytes | None:
     """One file of the task's initial workspace (its repository commit, or its files folder), or None."""
     repo = task.spec.environment.repository
     if repo is not None:
-        from envforge.sources import store
-        from envforge.sources.gitrepo import git
-
-        git_dir = store.commit_dir(settings.data_dir, repo.commit, lambda: _repository_dir(task))
-        proc = git(git_dir, "show", f"{repo.commit}:{rel}")
+        git_dir = gitstore.commit_dir(settings.data_dir, repo.commit, lambda: _repository_dir(task))
+        proc = gitstore.git(git_dir, "show", f"{repo.commit}:{rel}")
         return proc.stdout if proc.returncode == 0 else None
     root = task.workspace_path()
     if root is None:
@@ -382,17 +379,14 @@ def _write_workspace(task: Task, dest: Path, settings: Settings) -> None:
         return
     repo = task.spec.environment.repository
     if repo is not None:
-        from envforge.sources import store
-        from envforge.sources.gitrepo import git
-
-        git_dir = store.commit_dir(settings.data_dir, repo.commit, lambda: _repository_dir(task))
-        archive = git(git_dir, "archive", "--format=tar", repo.commit)
+        git_dir = gitstore.commit_dir(settings.data_dir, repo.commit, lambda: _repository_dir(task))
+        archive = gitstore.git(git_dir, "archive", "--format=tar", repo.commit)
         if archive.returncode != 0:
             raise ImageBuildError(f"task {task.id}: environment.repository: git archive {repo.commit} failed: "
                                   f"{archive.stderr.decode(errors='replace').strip()}")
-        if git_dir != store.store_dir(settings.data_dir):  # first build from the source: keep the commit
+        if git_dir != gitstore.store_dir(settings.data_dir):  # first build from the source: keep the commit
             try:
-                store.keep_commit(settings.data_dir, git_dir, repo.commit)
+                gitstore.keep_commit(settings.data_dir, git_dir, repo.commit)
             except ValueError:
                 pass  # the build goes on from the source; only a later move of the source would notice
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tf:

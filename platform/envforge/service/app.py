@@ -27,8 +27,7 @@ from starlette.routing import Match
 from envforge import track
 from envforge.catalog import Catalog
 from envforge.config import Settings
-from envforge.rollout.actions import TOOLS
-from envforge.rollout.scheduler import SYSTEM_PROMPT
+from envforge.rollout.actions import SYSTEM_PROMPT, TOOLS
 from envforge.service import models as m
 from envforge.service.backend import EnvBackend, backend_from_env
 from envforge.service.config import ServiceConfig

@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envforge.errors import EnvforgeError, InfraError
-from envforge.rollout.actions import TOOLS, ActionError, parse_text, parse_tool_call
+from envforge.rollout.actions import SYSTEM_PROMPT, TOOLS, ActionError, parse_text, parse_tool_call
 from envforge.rollout.env import EnvLimits, Observation, RolloutEnv
-from envforge.rollout.scheduler import SYSTEM_PROMPT
 from envforge.service.backend import EnvBackend
 from envforge.service.config import ServiceConfig
 from envforge.service.metrics import ServiceMetrics

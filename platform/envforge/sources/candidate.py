@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
@@ -28,8 +28,6 @@ from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import built_records
 from envforge.task import Limits, Task, TaskSpec, valid_test_id
 
-if TYPE_CHECKING:
-    from envforge.sources.result import LoadResult
 
 # Stands in for the test ids while a candidate's image is built: the image depends on the
 # environment and workspace only, never on the verification, so it is the task's real image.
@@ -172,27 +170,26 @@ def derivable_ids(ids: list[str]) -> tuple[list[str], list[str]]:
     return ok, [t for t in ids if not valid_test_id(t)]
 
 
-def add_candidates(result: "LoadResult", config_path: Path, field: str, rel: str, fmt: str | None,
-                   to_candidate: Callable[[dict, str], "Candidate"], seen: dict[str, str], policy: SourcePolicy,
-                   id_field: str = "id") -> None:
-    """Every record of one record file as a candidate (spec checked before any sandbox time), into result;
+def record_candidates(config_path: Path, field: str, rel: str, fmt: str | None,
+                      to_candidate: Callable[[dict, str], "Candidate"], policy: SourcePolicy,
+                      rejects: list[Problem]) -> Iterator["Candidate"]:
+    """Every record of one record file as a candidate (spec checked before any sandbox time), as it is read;
     a missing or outside file, an unreadable record or an invalid one becomes a reject and the rest still load."""
     path = config_path.parent / rel
     try:
         guard.confined(config_path.parent, rel, str(config_path), field, policy)
     except SpecError as exc:
-        result.rejects.extend(exc.problems)
+        rejects.extend(exc.problems)
         return
     if not path.exists():
-        result.rejects.append(Problem(str(config_path), field, f"{path} does not exist"))
+        rejects.append(Problem(str(config_path), field, f"{path} does not exist"))
         return
     def build(rec: dict, where: str) -> "Candidate":
         cand = to_candidate(rec, where)
         cand.provisional_task()  # the spec is checked before any sandbox time is spent
         return cand
 
-    for cand in built_records(path, fmt, policy, result.rejects, build):
-        result.add_unique_candidate(cand, seen, id_field)
+    yield from built_records(path, fmt, policy, rejects, build)
 
 
 def load_config(path: Path, model: type[BaseModel], policy: SourcePolicy) -> BaseModel:

@@ -54,6 +54,7 @@ from typing import Callable, Sequence, TypeVar
 import docker
 from requests.exceptions import RequestException
 
+from envforge import gitstore
 from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError, Problem, SpecError
 from envforge.fleet.backend import fleet_pool_from_env
@@ -63,7 +64,6 @@ from envforge.safefs import write_atomic
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import build_base_image, build_task_image
 from envforge.sandbox.pool import SandboxPool
-from envforge.sources import store
 from envforge.sources.candidate import Candidate, derivable_ids
 from envforge.sources.result import LoadResult
 from envforge.task import Task
@@ -350,7 +350,7 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
 
     def one(candidate: Candidate, pool: SandboxPool) -> Task:
         try:
-            store.keep_commit(settings.data_dir, candidate.git_dir, candidate.workspace_commit)
+            gitstore.keep_commit(settings.data_dir, candidate.git_dir, candidate.workspace_commit)
         except ValueError as exc:
             raise SpecError([Problem(candidate.origin, candidate.field, str(exc))]) from None
         try:

@@ -6,8 +6,8 @@ series* directory (`patches/*.patch` from `git format-patch`, plus `repo.yaml` n
 committer) that is rebuilt with `git am` into the same commits every time. Bundles and
 series are materialized once into a cache keyed by their content digest.
 
-The helpers here are the only place sources run git, always with the user's and the
-system's git configuration switched off so a hook or alias can't change the result.
+Sources run git through `envforge.gitstore.git`, always with the user's and the system's git
+configuration switched off so a hook or alias can't change the result.
 """
 
 from __future__ import annotations
@@ -22,21 +22,13 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 
 from envforge.errors import SpecError
+from envforge.gitstore import GIT_ENV, git
 from envforge.sources.fields import StrictModel
 from envforge.verify.protect import TEST_GLOBS, matches, split_diff
 
 REPO_CACHE = Path(tempfile.gettempdir()) / "envforge-repos"
 # Files that belong to the test change of a fix: held back from the policy, applied at grading.
 TEST_CHANGE_GLOBS = TEST_GLOBS + ["**/conftest.py"]
-_GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
-            "LC_ALL": "C"}
-
-
-def git(repo: Path, *args: str, input: bytes | None = None, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess:
-    """git -C repo ARGS with a neutral configuration; never raises on a non-zero exit."""
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, input=input,
-                          env={**os.environ, **_GIT_ENV, **(env or {})})
 
 
 def _stderr(proc: subprocess.CompletedProcess) -> str:
@@ -132,7 +124,7 @@ def materialize_repo(path: Path) -> Path:
     if path.is_file() and path.suffix == ".bundle":
         def clone(dest: Path) -> Path:
             proc = subprocess.run(["git", "clone", "-q", "--bare", "--mirror", str(path), str(dest)],
-                                  capture_output=True, env={**os.environ, **_GIT_ENV})
+                                  capture_output=True, env={**os.environ, **GIT_ENV})
             if proc.returncode != 0:
                 raise ValueError(f"cannot read bundle {path}: {_stderr(proc)}")
             return dest
@@ -191,7 +183,7 @@ def patch_applies(repo: Path, commit: str, patch: str) -> str | None:
             return _stderr(archive)
         subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
         proc = subprocess.run(["git", "apply", "--check", "-"], cwd=tmp, input=patch.encode(), capture_output=True,
-                              env={**os.environ, **_GIT_ENV})
+                              env={**os.environ, **GIT_ENV})
         return None if proc.returncode == 0 else _stderr(proc)[:300]
 
 

@@ -30,8 +30,8 @@ from typing_extensions import Annotated
 
 from envforge.errors import Problem, SpecError
 from envforge.sources import guard
-from envforge.sources.candidate import (Candidate, HistorySourceConfig, add_candidates, check_change,
-                                       check_repo_footprint, load_config, open_repository, relative_to_source, slug)
+from envforge.sources.candidate import (Candidate, HistorySourceConfig, check_change, check_repo_footprint, load_config,
+                                       open_repository, record_candidates, relative_to_source, slug)
 from envforge.sources.fields import Identifier, Ref
 from envforge.sources.gitrepo import git, is_ancestor, resolve_commit, split_change
 from envforge.sources.policy import SourcePolicy
@@ -165,6 +165,8 @@ def load_review_source(config_path: Path, policy: SourcePolicy | None = None) ->
     files = list(cfg.files) if cfg.files is not None else sorted(f.name for f in base_dir.glob("*.jsonl"))
     seen: dict[str, str] = {}
     for i, rel in enumerate(files):
-        add_candidates(result, config_path, f"files[{i}]", rel, "jsonl",
-                       lambda rec, where: review_to_candidate(rec, where, cfg, repos, base_dir, policy), seen, policy)
+        for cand in record_candidates(config_path, f"files[{i}]", rel, "jsonl",
+                                      lambda rec, where: review_to_candidate(rec, where, cfg, repos, base_dir, policy),
+                                      policy, result.rejects):
+            result.add_unique_candidate(cand, seen)
     return result

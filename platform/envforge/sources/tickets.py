@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, f
 
 from envforge.errors import Problem, SpecError
 from envforge.sources import guard
-from envforge.sources.candidate import (Candidate, HistorySourceConfig, add_candidates, check_change,
-                                       check_repo_footprint, load_config, open_repository, relative_to_source, slug)
+from envforge.sources.candidate import (Candidate, HistorySourceConfig, check_change, check_repo_footprint, load_config,
+                                       open_repository, record_candidates, relative_to_source, slug)
 from envforge.sources.fields import Identifier, Ref, StrictModel
 from envforge.sources.gitrepo import first_parent, resolve_commit, split_change
 from envforge.sources.policy import SourcePolicy
@@ -161,8 +161,9 @@ def load_ticket_source(config_path: Path, policy: SourcePolicy | None = None) ->
     project = cfg.project or (base_dir / cfg.repository).resolve().name
     seen: dict[str, str] = {}
     for i, export in enumerate(cfg.exports):
-        add_candidates(result, config_path, f"exports[{i}].file", export.file, export.format,
-                       lambda rec, where, export=export: ticket_to_candidate(rec, where, export, cfg, git_dir, project,
-                                                                             base_dir, policy),
-                       seen, policy, export.field_map().get("id", "id"))
+        for cand in record_candidates(config_path, f"exports[{i}].file", export.file, export.format,
+                                      lambda rec, where, export=export: ticket_to_candidate(
+                                          rec, where, export, cfg, git_dir, project, base_dir, policy),
+                                      policy, result.rejects):
+            result.add_unique_candidate(cand, seen, export.field_map().get("id", "id"))
     return result

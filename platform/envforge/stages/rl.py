@@ -47,12 +47,12 @@ def rl(settings: Settings, config: TrainingConfig, version: str, start: Path, im
        context: StageContext = StageContext()) -> RLStageResult:
     """GRPO rounds from checkpoint `start` (the SFT checkpoint) on the train split, saved to
     <data dir>/checkpoints/rl-<version>."""
-    from envforge.train.loop import grpo_rounds, load_model
+    from envforge.train.loop import GRPORounds, grpo_rounds, load_model
 
     train_tasks = Catalog(settings.catalog_path).load_split(version, "train")
     train_items = ensure_images(settings, train_tasks, images, context).items(train_tasks)
     model, tokenizer = load_model(str(start), config.seed)
-    rounds = config.grpo_rounds(tokenizer.pad_token_id or 0)
+    rounds = GRPORounds.from_training(config, tokenizer.pad_token_id or 0)
 
     def on_round(r: int, metrics: dict) -> None:
         context.log_metrics(metrics, r)

@@ -11,11 +11,11 @@ from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.quality.dedup import DuplicatePair, cluster_keys, near_duplicate_pairs, straddling_pairs
 from envforge.quality.params import DedupConfig
-from envforge.rollout.tiers import SPLITS, TIERS
 from envforge.stages.base import StageContext, StageResult, counts, stage
 from envforge.stages.configs import TierConfig
 from envforge.stages.images import ImageSet, ensure_images
 from envforge.task import Task
+from envforge.tier_names import SPLITS, TIERS
 
 @dataclass
 class TiersResult(StageResult):

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from envforge.train.loop import GRPORounds
     from envforge.train.sft import SFTConfig
 
 
@@ -68,20 +67,6 @@ class TrainingConfig:
 
         return SFTConfig(lr=self.sft_lr, epochs=self.sft_epochs, seed=self.seed, eval_every=20, pad_id=pad_id)
 
-    def grpo_rounds(self, pad_id: int) -> "GRPORounds":
-        from envforge.train.grpo import GRPOConfig
-        from envforge.train.loop import GRPORounds
-
-        return GRPORounds(rounds=self.rl_rounds, group_size=self.group_size, max_tokens=self.max_tokens,
-                          concurrency=self.concurrency, seed=self.seed, tasks_per_round=self.tasks_per_round or None,
-                          max_staleness=self.max_staleness, rollout_policy=self.rollout_policy,
-                          policy_threads=self.policy_threads, trainer_threads=self.trainer_threads,
-                          grpo=GRPOConfig(lr=self.rl_lr, seed=self.seed, pad_id=pad_id, temperature=self.temperature,
-                                          epochs_per_batch=self.rl_epochs_per_batch, clip_eps=self.clip_eps,
-                                          clip_eps_high=self.clip_eps_high,
-                                          loss_agg=self.loss_agg, kl_coef=self.kl_coef, truncated=self.truncated,
-                                          off_policy=self.max_staleness > 0))
-
     def __post_init__(self) -> None:
         checks = {"temperature": self.temperature > 0, "max_tokens": self.max_tokens > 0,
                   "group_size": self.group_size >= 2, "rl_epochs_per_batch": self.rl_epochs_per_batch >= 1,
@@ -101,7 +86,11 @@ class TrainingConfig:
 
 _HELP = {f.name: f.metadata.get("help", "") for f in fields(TrainingConfig)}
 
-# The learning demo's training (train/learning_demo.py, `envforge train demo`): a model small enough to learn
+# Every training setting's one default: GRPOConfig and GRPORounds, which a Python caller may build
+# without a TrainingConfig, take their defaults from here (`GRPORounds.from_training` builds both from one).
+TRAINING_DEFAULTS = TrainingConfig()
+
+# The learning demo's training (demos/learning.py, `envforge train demo`): a model small enough to learn
 # the chores on CPU in minutes, many SFT epochs over few demonstrations,
 # a short GRPO schedule on sampled training tasks, short completions.
 # T=0.6: at T=1 the tiny model's tail (blended, malformed commands) buries the slip choice GRPO can fix

@@ -55,6 +55,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from envforge.observe import metrics as live
 from envforge.train.batching import Batch, micro_batches, per_sample_mean, token_logprobs
 from envforge.train.checkpoint import load_trainer_state, load_weights, save_checkpoint
+from envforge.train.config import TRAINING_DEFAULTS, TrainingConfig
 from envforge.train.samples import TurnSample
 from envforge.train.sft import autocast_for, build_optimizer, build_scheduler, model_device
 
@@ -63,34 +64,42 @@ Groups = Mapping[str, Sequence[tuple[float, Sequence[TurnSample]]]]
 
 @dataclass
 class GRPOConfig:
-    lr: float = 1e-5
-    clip_eps: float = 0.2  # lower clip: ratio >= 1 - clip_eps
-    clip_eps_high: float = 0.28  # upper clip: ratio <= 1 + clip_eps_high
-    kl_coef: float = 0.0  # weight of the k3 KL to the reference model (needs a ref model when > 0)
-    loss_agg: str = "token-mean"  # "token-mean" | "seq-mean", see the module docstring
+    lr: float = TRAINING_DEFAULTS.rl_lr
+    clip_eps: float = TRAINING_DEFAULTS.clip_eps  # lower clip: ratio >= 1 - clip_eps
+    clip_eps_high: float = TRAINING_DEFAULTS.clip_eps_high  # upper clip: ratio <= 1 + clip_eps_high
+    kl_coef: float = TRAINING_DEFAULTS.kl_coef  # weight of the k3 KL to the reference model (needs a ref model when > 0)
+    loss_agg: str = TRAINING_DEFAULTS.loss_agg  # "token-mean" | "seq-mean", see the module docstring
     equal_reward_groups: str = "skip"  # "skip" | "keep", see the module docstring
     scale_advantages: bool = True  # divide by the group std + adv_eps
     adv_eps: float = 1e-6
     micro_batch_size: int = 8  # samples per forward (packed rows when `packing`)
-    epochs_per_batch: int = 1  # optimizer steps per rollout batch (each over all its samples)
+    epochs_per_batch: int = TRAINING_DEFAULTS.rl_epochs_per_batch  # optimizer steps per rollout batch (each over all its samples)
     max_grad_norm: float = 1.0
     lr_schedule: str = "constant"  # "cosine" | "linear" | "constant" (after linear warmup)
     warmup_steps: int = 0
     total_steps: int = 1000  # horizon of the cosine/linear decay, in optimizer steps
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    temperature: float = 1.0  # the sampler's temperature (behaviour log-probs are of logits / T)
+    temperature: float = TRAINING_DEFAULTS.temperature  # the sampler's temperature (behaviour log-probs are of logits / T)
     packing: bool = False
     pack_len: int = 8192  # packed row capacity (no truncation: RL never cuts a sample)
     dtype: str = "auto"
     chunk_tokens: int = 1024
     pad_id: int = 0
     fused_adam: bool | None = None
-    seed: int = 0
+    seed: int = TRAINING_DEFAULTS.seed
     log_ratio_clamp: float = 20.0  # |logp_new - logp_behaviour| is clamped to this before exp
-    truncated: str = "mask"  # "mask" | "penalize" | "keep": completions that hit max_tokens, see the docstring
+    truncated: str = TRAINING_DEFAULTS.truncated  # "mask" | "penalize" | "keep": completions that hit max_tokens, see the docstring
     overlong_penalty: float = 1.0  # "penalize": truncated turns get advantage min(A, -overlong_penalty)
     off_policy: bool = False  # samples may come from older policy versions: behaviour log-probs required
+
+    @classmethod
+    def from_training(cls, config: TrainingConfig, pad_id: int) -> "GRPOConfig":
+        """The GRPO update of the pipeline's one training configuration."""
+        return cls(lr=config.rl_lr, seed=config.seed, pad_id=pad_id, temperature=config.temperature,
+                   epochs_per_batch=config.rl_epochs_per_batch, clip_eps=config.clip_eps,
+                   clip_eps_high=config.clip_eps_high, loss_agg=config.loss_agg, kl_coef=config.kl_coef,
+                   truncated=config.truncated, off_policy=config.max_staleness > 0)
 
 
 @dataclass

@@ -22,13 +22,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from envforge.config import Settings
 from envforge.fleet.backend import fleet_pool_from_env
 from envforge.observe import metrics as live_metrics
-from envforge.observe.health import round_health
 from envforge.rollout.batch import BatchResult, record_batch, run_batch
 from envforge.rollout.policies.hf import HFPolicy
 from envforge.rollout.policies.server_process import PolicyServerProcess
 from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model
 from envforge.progress import Progress
 from envforge.rollout.config import RolloutConfig
+from envforge.rollout.health import round_health
 from envforge.rollout.scheduler import RolloutScheduler
 from envforge.rollout.store import TrajectoryStore
 from envforge.rollout.stream import GroupStream
@@ -38,7 +38,7 @@ from envforge.verify.grader import Grader
 from envforge.task import Task
 from envforge.train.data import TeacherPolicy, rl_groups, turn_samples
 from envforge.train.checkpoint import save_checkpoint, weights_snapshot
-from envforge.train.config import ROLLOUT_POLICIES
+from envforge.train.config import ROLLOUT_POLICIES, TRAINING_DEFAULTS, TrainingConfig
 from envforge.train.grpo import GRPOConfig, GRPOTrainer
 from envforge.train.samples import TurnSample
 
@@ -92,19 +92,28 @@ class GRPORounds:
     (`rollout_policy`: a copy of the weights in this process, or an `envforge policy serve`
     process this loop starts and stops)."""
 
-    rounds: int = 3
-    group_size: int = 4
-    max_tokens: int = 64
-    concurrency: int = 4
-    seed: int = 0
+    rounds: int = TRAINING_DEFAULTS.rl_rounds
+    group_size: int = TRAINING_DEFAULTS.group_size
+    max_tokens: int = TRAINING_DEFAULTS.max_tokens
+    concurrency: int = TRAINING_DEFAULTS.concurrency
+    seed: int = TRAINING_DEFAULTS.seed
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     # Tasks sampled per round (the prompt batch); None: every task every round. Sampling keeps a round's
     # cost fixed as the task set grows, and a different seeded sample per round still covers the split.
-    tasks_per_round: int | None = None
-    max_staleness: int = 0
-    rollout_policy: str = "in-process"  # asynchronous rollouts: "in-process" | "served" (see TrainingConfig)
-    policy_threads: int = 0  # torch threads of the served policy process (0: torch's default)
-    trainer_threads: int = 0  # torch threads of this process while the loop runs (0: leave as is)
+    tasks_per_round: int | None = TRAINING_DEFAULTS.tasks_per_round or None
+    max_staleness: int = TRAINING_DEFAULTS.max_staleness
+    rollout_policy: str = TRAINING_DEFAULTS.rollout_policy  # asynchronous rollouts: "in-process" | "served"
+    policy_threads: int = TRAINING_DEFAULTS.policy_threads  # torch threads of the served policy (0: torch's)
+    trainer_threads: int = TRAINING_DEFAULTS.trainer_threads  # of this process while the loop runs (0: as is)
+
+    @classmethod
+    def from_training(cls, config: TrainingConfig, pad_id: int) -> "GRPORounds":
+        """The rounds of the pipeline's one training configuration (`tasks_per_round` 0 there: every task)."""
+        return cls(rounds=config.rl_rounds, group_size=config.group_size, max_tokens=config.max_tokens,
+                   concurrency=config.concurrency, seed=config.seed, tasks_per_round=config.tasks_per_round or None,
+                   max_staleness=config.max_staleness, rollout_policy=config.rollout_policy,
+                   policy_threads=config.policy_threads, trainer_threads=config.trainer_threads,
+                   grpo=GRPOConfig.from_training(config, pad_id))
 
 
 @dataclass

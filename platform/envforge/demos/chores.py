@@ -77,7 +77,7 @@ def chore_task(chore: Chore, service: str, phrasing: int, note: str, split: str)
         "max_turns": 3, "tags": ["learning-demo", chore.name],
         "metadata": {"chore": chore.name, "service": service, "split": split},
     })
-    task = Task(spec=spec, origin=f"envforge.train.demo_tasks:{spec.id}", base_dir=".", workspace_digest="demo")
+    task = Task(spec=spec, origin=f"envforge.demos.chores:{spec.id}", base_dir=".", workspace_digest="demo")
     return task.model_copy(update={"content_hash": task.compute_content_hash()})
 
 

@@ -4,7 +4,7 @@ and GRPO has something to add over SFT.
 1. A small Qwen2-shaped model is built from a config, with the locally built tokenizer.
 2. Its held-out pass@1 is measured *before*: greedy rollouts and sampled rollouts (at the
    training temperature), graded by the real sandbox verifier.
-3. Demonstrations are *operator logs* of the training chores (`demo_tasks.operator_logs`):
+3. Demonstrations are *operator logs* of the training chores (`chores.operator_logs`):
    recorded sessions that hold slips next to the fixes, imitated as recorded. SFT learns
    which command each chore takes, slips included, so a sampled rollout after SFT is a
    fix or a slip about as often as the logs are: headroom that more imitation cannot close.
@@ -43,8 +43,8 @@ from envforge.stages.images import ensure_images
 from envforge.task import Task
 from envforge.train.checkpoint import log_checkpoint
 from envforge.train.config import DEMO_TRAINING, TrainingConfig
-from envforge.train.demo_tasks import CHORES, OUTCOMES, chore_family, first_command_outcome, operator_logs
-from envforge.train.loop import demonstrations, evaluate, grpo_rounds, load_model
+from envforge.demos.chores import CHORES, OUTCOMES, chore_family, first_command_outcome, operator_logs
+from envforge.train.loop import GRPORounds, demonstrations, evaluate, grpo_rounds, load_model
 from envforge.train.registry import promote_if_better
 from envforge.train.samples import TurnSample
 from envforge.train.sft import train_sft
@@ -201,7 +201,7 @@ def held_out_sampled(settings: Settings, model: Any, tokenizer: Any, data: DemoS
 
 
 def outcome_counts(trajectories: Iterable[Any], chore_of: dict[str, str]) -> dict[str, int]:
-    """How many rollouts' first commands were each outcome (`demo_tasks.first_command_outcome`)."""
+    """How many rollouts' first commands were each outcome (`chores.first_command_outcome`)."""
     counts = dict.fromkeys(OUTCOMES, 0)
     for t in trajectories:
         counts[first_command_outcome(chore_of[t.task_id], t.turns)] += 1
@@ -257,7 +257,7 @@ def _one_seed(settings: Settings, config: LearningDemoConfig, training: Training
                          f"per task (max_staleness {training.max_staleness})", 3, 5)
         with clock("grpo"):
             grpo = grpo_rounds(settings, model, tokenizer, data.train_items,
-                               training.grpo_rounds(tokenizer.pad_token_id or 0), f"{tag}-grpo",
+                               GRPORounds.from_training(training, tokenizer.pad_token_id or 0), f"{tag}-grpo",
                                on_round=lambda r, m: track.log_metrics({f"grpo_{k}": v for k, v in m.items()},
                                                                        step=r))
         rewards = [m["rollout_mean_reward"] for m in grpo.history]

@@ -6,19 +6,33 @@ absolute path ties the task to one machine and one folder; instead, ingest copie
 builds read the workspace from there. A stored task therefore refers to its workspace by
 content digest (the commit SHA) and to its repository only relative to its source, so it still
 builds after the source folder moves, and two tasks of one repository share every object.
+
+Below both the sources (which keep commits at ingest) and the sandbox (which builds a task's
+image from the store), with `git`: git on this machine with the user's and the system's
+configuration switched off.
 """
 
 from __future__ import annotations
 
 import fcntl
+import os
+import subprocess
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from envforge.sources.gitrepo import git
-
+# git with the user's and the system's configuration switched off, so a hook or alias can't change a result.
+GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+           "LC_ALL": "C"}
 _LOCK = threading.Lock()
+
+
+def git(repo: Path, *args: str, input: bytes | None = None, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess:
+    """git -C repo ARGS with a neutral configuration; never raises on a non-zero exit."""
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, input=input,
+                          env={**os.environ, **GIT_ENV, **(env or {})})
 
 
 def store_dir(data_dir: Path) -> Path:
@@ -67,4 +81,4 @@ def commit_dir(data_dir: Path, sha: str, repository: Callable[[], Path]) -> Path
     return store_dir(data_dir) if has_commit(data_dir, sha) else repository()
 
 
-__all__ = ["commit_dir", "has_commit", "keep_commit", "store_dir"]
+__all__ = ["GIT_ENV", "commit_dir", "git", "has_commit", "keep_commit", "store_dir"]
