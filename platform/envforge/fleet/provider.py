@@ -15,7 +15,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
-from envforge.fleet.config import ADDRESS_ENV, FleetConfig
+from envforge.fleet.config import ADDRESS_ENV, FleetConfig, FleetConfigError
 from envforge.fleet.dispatcher import FleetDispatcher
 from envforge.fleet.pool import FleetSandboxPool
 from envforge.sandbox.container import SandboxOptions
@@ -103,7 +103,7 @@ class FleetSandboxProvider:
         if self._dispatcher is None:
             dispatcher = dispatcher_from_env(self._environ)
             if dispatcher is None:
-                raise ValueError(f"no fleet: {ADDRESS_ENV} is not set")
+                raise FleetConfigError(f"no fleet to join: {ADDRESS_ENV} is not set (or give the provider a dispatcher)")
             self._dispatcher = dispatcher
         return self._dispatcher
 
