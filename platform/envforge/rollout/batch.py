@@ -11,7 +11,7 @@ import asyncio
 import json
 import re
 import statistics
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -85,6 +85,7 @@ def run_batch(settings: Settings, items: Sequence[tuple[Task, str]], policy: Any
     `sandboxes` for this batch (the provider the process chose: the fleet, or, when none is given,
     a warm pool on this process's engine)."""
     client = client if client is not None or pool is not None else docker_client(settings)
+    lease: AbstractContextManager[Any]
     if pool is not None:  # a given pool (a benchmark's cold one) is the caller's to close
         lease = nullcontext(pool)
     else:

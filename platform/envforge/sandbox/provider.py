@@ -37,8 +37,12 @@ class SandboxProviderError(EnvforgeError, ValueError):
 class Pool(Protocol):
     """The sandbox-pool interface the scheduler, the grader, the gate and derivation use."""
 
-    client: Any  # the engine the pool's sandboxes run on, or None when they run elsewhere
-    stats: "PoolStats"
+    @property
+    def client(self) -> Any:
+        """The engine the pool's sandboxes run on, or None when they run elsewhere (the fleet's nodes)."""
+
+    @property
+    def stats(self) -> "PoolStats": ...
 
     def acquire(self, image: str, options: "SandboxOptions | None" = None) -> Any: ...
 
@@ -59,8 +63,12 @@ class PoolLease(Protocol):
     """A pool for one unit of work. As a context manager it yields the pool and closes the lease on
     exit: an owned pool (the local one) is closed; a shared one (the fleet's) is left running."""
 
-    pool: Pool
-    owned: bool
+    @property
+    def pool(self) -> Pool: ...
+
+    @property
+    def owned(self) -> bool:
+        """Whether closing the lease closes the pool (a local one) or leaves it to others (the fleet's)."""
 
     def expect(self, items: Items, sandboxes_per_task: int) -> None:
         """More work ahead (a derivation's image once built, a service session's task): the fleet
@@ -83,7 +91,9 @@ class PoolLease(Protocol):
 class SandboxProvider(Protocol):
     """Where a process's sandboxes come from (see the module docstring)."""
 
-    kind: str  # "local" | "fleet"
+    @property
+    def kind(self) -> str:
+        """"local" | "fleet"."""
 
     def start(self) -> "SandboxProvider":
         """Join what serves the sandboxes now, so a bad setting fails here (a no-op locally)."""
