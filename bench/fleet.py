@@ -43,15 +43,18 @@ sys.path.insert(0, str(REPO / "platform"))
 sys.path.insert(0, str(REPO))  # bench.bundled
 
 from bench.bundled import rollout_items  # noqa: E402
+from envforge.catalog import Catalog  # noqa: E402
 from envforge.config import Settings  # noqa: E402
 from envforge.fleet.config import FleetConfig  # noqa: E402
 from envforge.fleet.dispatcher import FleetDispatcher  # noqa: E402
 from envforge.fleet.images import ImageRecipe, export_image, parent_of  # noqa: E402
 from envforge.fleet.local import LocalCluster, own_engines, stop_engine  # noqa: E402
 from envforge.fleet.pool import FleetSandboxPool, seed_images  # noqa: E402
-from envforge.fleet.run import run_batch_on_fleet  # noqa: E402
+from envforge.fleet.provider import FleetSandboxProvider  # noqa: E402
+from envforge.rollout.batch import run_batch  # noqa: E402
 from envforge.rollout.config import RolloutConfig  # noqa: E402
 from envforge.rollout.policies.replay import ReplayPolicy  # noqa: E402
+from envforge.runtime import sandbox_provider  # noqa: E402
 from envforge.sandbox.container import Sandbox, SandboxOptions  # noqa: E402
 from envforge.sandbox.engine import docker_client  # noqa: E402
 from envforge.sandbox.envlayer import ENV_REPO_PREFIX  # noqa: E402
@@ -108,10 +111,12 @@ def bench_dispatch(client, dispatcher: FleetDispatcher, image: str, steps: int) 
 
 def batch(settings, dispatcher, items, samples: int, concurrency: int, client, label: str) -> tuple[float, dict]:
     t0 = time.perf_counter()
-    result = run_batch_on_fleet(settings, dispatcher, items, ReplayPolicy(),
-                                RolloutConfig(n_samples=samples, concurrency=concurrency, max_infra_retries=4,
-                                              backoff_s=0.1, seed=1),
-                                "bench", f"bench-fleet-{label}-{time.time_ns()}", local_client=client)
+    result = run_batch(settings, items, ReplayPolicy(),
+                       RolloutConfig(n_samples=samples, concurrency=concurrency, max_infra_retries=4, backoff_s=0.1,
+                                     seed=1),
+                       "bench", f"bench-fleet-{label}-{time.time_ns()}", client=client,
+                       sandboxes=FleetSandboxProvider(dispatcher),
+                       register=Catalog(settings.catalog_path).record_rollout_batch)
     wall = time.perf_counter() - t0
     n = int(result.metrics["trajectories"])
     assert n == len(items) * samples and result.metrics["pass_at_1"] == 1.0, result.metrics
@@ -184,7 +189,7 @@ def bench_derivation(driver_client, node_engine, cluster: LocalCluster, n: int) 
             os.environ["ENVFORGE_RAY_ADDRESS"] = cluster.address
         t0 = time.perf_counter()
         try:
-            result = derive_tasks(settings, candidates, client=client)
+            result = derive_tasks(settings, candidates, client=client, sandboxes=sandbox_provider())
         finally:
             os.environ.pop("ENVFORGE_RAY_ADDRESS", None)
         wall = time.perf_counter() - t0

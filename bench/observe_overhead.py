@@ -43,8 +43,11 @@ def worker(arm: str, samples: int, concurrency: int, data_dir: str) -> None:
     """One batch in this process; prints {"steps_per_s", "wall_s", ...}."""
     sys.path.insert(0, os.environ.get("BENCH_PLATFORM", str(REPO / "platform")))
     sys.path.insert(0, str(REPO))  # bench.bundled (it imports envforge from the path above)
+    import inspect
+
     import envforge
     from bench.bundled import rollout_items
+    from envforge.catalog import Catalog
     from envforge.config import Settings
     from envforge.rollout.batch import run_batch
     from envforge.rollout.policies.replay import ReplayPolicy
@@ -69,8 +72,11 @@ def worker(arm: str, samples: int, concurrency: int, data_dir: str) -> None:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu0 = usage.ru_utime + usage.ru_stime
     started = time.perf_counter()
+    # registered in the catalog as every batch is (a base commit's run_batch, without `register`, does it itself)
+    register = ({"register": Catalog(settings.catalog_path).record_rollout_batch}
+                if "register" in inspect.signature(run_batch).parameters else {})
     result = run_batch(settings, items, ReplayPolicy(), config, "bench", batch_id=f"obs-{arm}-{time.time_ns()}",
-                       client=client)
+                       client=client, **register)
     wall = time.perf_counter() - started
     assert result.metrics["pass_at_1"] == 1.0, result.metrics
     spans = 0

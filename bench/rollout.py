@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO / "platform"))
 sys.path.insert(0, str(REPO))  # bench.bundled
 
 from bench.bundled import rollout_items  # noqa: E402
+from envforge.catalog import Catalog  # noqa: E402
 from envforge.config import Settings  # noqa: E402
 from envforge.rollout.batch import run_batch  # noqa: E402
 from envforge.rollout.policies.replay import ReplayPolicy  # noqa: E402
@@ -44,7 +45,7 @@ def measure(settings, items, concurrency: int, samples: int, client, pool=None, 
     config = RolloutConfig(n_samples=samples, concurrency=concurrency, seed=1)
     started = time.perf_counter()
     result = run_batch(settings, items, ReplayPolicy(), config, "bench", batch_id=f"bench-{label}-{time.time_ns()}",
-                       client=client, pool=pool)
+                       client=client, pool=pool, register=Catalog(settings.catalog_path).record_rollout_batch)
     wall = time.perf_counter() - started
     rep = result.report
     n = int(result.metrics["trajectories"])

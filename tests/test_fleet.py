@@ -3,7 +3,8 @@ the main Docker engine and node-b on its own (platform/deploy/fleet-engine.sh). 
 (trajectories on S3) loses node-b mid-run and completes on node-a; a node joins and takes gate
 work; a killed dispatcher's batch resumes; bad nodes fail at start naming the setting; ticket
 test derivation loses its node mid-run and derives the same lists on a survivor; a node's engine
-dies under `run_batch` (the rollouts of tiering, training and evaluation) found by address.
+dies under `run_batch` (the rollouts of tiering, training and evaluation) handed the provider the
+address chooses (`envforge.runtime.sandbox_provider`, as the CLI and the Dagster assets hand it).
 
 The CI-sized version of `make fleet-demo` (which runs two nodes with their own engines)."""
 
@@ -25,13 +26,15 @@ from envforge.fleet.config import FleetConfig, FleetConfigError
 from envforge.fleet.dispatcher import FleetDispatcher
 from envforge.fleet.local import LocalCluster, start_engine, stop_engine
 from envforge.fleet.pool import FleetSandboxPool, seed_images
-from envforge.fleet.backend import dispatcher_from_env
-from envforge.fleet.run import run_batch_on_fleet
+from envforge.fleet.provider import FleetSandboxProvider, dispatcher_from_env
+from envforge.rollout.batch import run_batch
 from envforge.rollout.config import RolloutConfig
 from envforge.rollout.policies.replay import ReplayPolicy
 from envforge.rollout.store import TrajectoryStore
+from envforge.runtime import sandbox_provider
 from envforge.sandbox.images import build_task_image
 from envforge.sources import load_sources
+from envforge.stages.base import StageContext
 from envforge.stages.gate import gate
 from envforge.stages.images import ImageSet
 from envforge.verify.config import GateConfig
@@ -110,8 +113,8 @@ def test_a_node_killed_mid_batch_costs_retries_on_the_survivor_not_trajectories(
     killer.start()
     root = f"s3://{s3_bucket}/rollouts"
     config = RolloutConfig(n_samples=3, concurrency=6, max_infra_retries=4, backoff_s=0.05)
-    result = run_batch_on_fleet(settings, dispatcher, items, ThinkingReplay(), config, "v-fleet", "fleet-kill",
-                                root=root, local_client=docker_client)
+    result = run_batch(settings, items, ThinkingReplay(), config, "v-fleet", "fleet-kill", root=root,
+                       client=docker_client, sandboxes=FleetSandboxProvider(dispatcher))
     killer.join()
     assert killed.is_set()
     frame = TrajectoryStore(root, "fleet-kill").frame()
@@ -127,7 +130,8 @@ def test_a_node_killed_mid_batch_costs_retries_on_the_survivor_not_trajectories(
 
 def test_a_node_that_joins_takes_gate_work_of_the_gate_stage_configured_by_address(fleet, settings, docker_client,
                                                                                      monkeypatch):
-    """The gate stage, given no pool, finds the fleet from ENVFORGE_RAY_ADDRESS (as the CLI and Dagster run it)."""
+    """The gate stage runs on the fleet handed down as the provider ENVFORGE_RAY_ADDRESS chooses (as the CLI
+    and Dagster run it)."""
     cluster, dispatcher, items, host_b = fleet
     if "node-b" in cluster.nodes:
         pytest.fail("runs after the node-kill test (node-b is gone)")
@@ -144,7 +148,8 @@ def test_a_node_that_joins_takes_gate_work_of_the_gate_stage_configured_by_addre
     tasks = [t for t, _ in items]
     images = ImageSet("", {t.content_hash: img for t, img in items})
     try:
-        result = gate(settings, GateConfig(runs=1, shuffle=False, probes=False, concurrency=2), tasks, images)
+        result = gate(settings, GateConfig(runs=1, shuffle=False, probes=False, concurrency=2), tasks, images,
+                      context=StageContext(sandboxes=sandbox_provider()))
     finally:
         node_a.full_until = 0.0
     assert [r.verdict for r in result.reports] == ["accepted"] * len(tasks)
@@ -217,7 +222,8 @@ import sys
 from envforge.config import Settings
 from envforge.fleet.config import FleetConfig
 from envforge.fleet.dispatcher import FleetDispatcher
-from envforge.fleet.run import run_batch_on_fleet
+from envforge.fleet.provider import FleetSandboxProvider
+from envforge.rollout.batch import run_batch
 from envforge.rollout.config import RolloutConfig
 from envforge.rollout.policies.replay import ReplayPolicy
 from envforge.sources import load_sources
@@ -226,8 +232,8 @@ tasks = [t for r in load_sources([sys.argv[4]]).values() for t in r.tasks]
 items = [(t, images[t.id]) for t in tasks]
 settings = Settings.from_env()
 dispatcher = FleetDispatcher(FleetConfig(ray_address=sys.argv[1])).start()
-run_batch_on_fleet(settings, dispatcher, items, ReplayPolicy(), RolloutConfig(n_samples=4, concurrency=2),
-                   "v-fleet", "fleet-resume", root=sys.argv[2])
+run_batch(settings, items, ReplayPolicy(), RolloutConfig(n_samples=4, concurrency=2), "v-fleet", "fleet-resume",
+          root=sys.argv[2], sandboxes=FleetSandboxProvider(dispatcher))
 """
 
 
@@ -261,8 +267,8 @@ def test_a_killed_dispatcher_restarts_and_resumes_its_batch_from_the_store(fleet
     while held() and time.monotonic() - killed_at < 90:
         time.sleep(0.5)
     assert held() == 0, "the dead driver's leases were not reclaimed"
-    result = run_batch_on_fleet(settings, dispatcher, items, ReplayPolicy(), RolloutConfig(n_samples=4, concurrency=4),
-                                "v-fleet", "fleet-resume", root=root)
+    result = run_batch(settings, items, ReplayPolicy(), RolloutConfig(n_samples=4, concurrency=4), "v-fleet",
+                       "fleet-resume", root=root, sandboxes=FleetSandboxProvider(dispatcher))
     frame = result.store.frame()
     assert frame.height == len(items) * 4 and frame["trajectory_id"].n_unique() == frame.height
     assert result.report.resumed >= len(finished)
@@ -287,8 +293,8 @@ def test_a_node_without_an_engine_or_with_an_old_one_fails_at_start_naming_node_
 
 def test_derivation_configured_by_address_loses_its_node_mid_run_and_still_derives_the_right_lists(
         fleet, settings, docker_client, tmp_path, monkeypatch):
-    """`derive_tasks` (what the ingest stage runs for tickets and reviews), given no pool, runs its suite
-    runs and grader-way checks on the fleet found from ENVFORGE_RAY_ADDRESS. The node it runs on
+    """`derive_tasks` (what the ingest stage runs for tickets and reviews), handed the provider
+    ENVFORGE_RAY_ADDRESS chooses, runs its suite runs and grader-way checks on the fleet. The node it runs on
     builds the candidates' images from their recipes and is killed mid-derivation: each derivation
     is redone from its start on a surviving node, and the lists are the single machine's; the only
     reject is the record that has no failing-then-passing test, none is an infrastructure one."""
@@ -327,7 +333,7 @@ def test_derivation_configured_by_address_loses_its_node_mid_run_and_still_deriv
     killer = threading.Thread(target=kill_node_d_mid_derivation, daemon=True)
     killer.start()
     try:
-        result = derive_tasks(settings, candidates, client=docker_client)
+        result = derive_tasks(settings, candidates, client=docker_client, sandboxes=sandbox_provider())
     finally:
         for n in others:
             n.full_until = 0.0
@@ -347,11 +353,9 @@ def test_derivation_configured_by_address_loses_its_node_mid_run_and_still_deriv
 
 def test_a_node_whose_engine_dies_mid_batch_cools_down_and_its_trajectories_run_elsewhere(fleet, settings,
                                                                                            monkeypatch):
-    """Last: it stops node-b's engine, which node-c (node-b's host, rejoined) runs on. `run_batch`, given
-    no pool, finds the fleet from ENVFORGE_RAY_ADDRESS: the path of the rollout stage and of tiering,
-    training and evaluation rollouts."""
-    from envforge.rollout.batch import run_batch
-
+    """Last: it stops node-b's engine, which node-c (node-b's host, rejoined) runs on. `run_batch`, handed
+    the provider ENVFORGE_RAY_ADDRESS chooses: the path of the rollout stage and of tiering, training and
+    evaluation rollouts."""
     cluster, _, items, _ = fleet
     monkeypatch.setenv("ENVFORGE_RAY_ADDRESS", cluster.address)
     dispatcher = dispatcher_from_env()
@@ -374,7 +378,7 @@ def test_a_node_whose_engine_dies_mid_batch_cools_down_and_its_trajectories_run_
     before = sum(dispatcher.stats.placements.values())
     result = run_batch(settings, items, ReplayPolicy(),
                        RolloutConfig(n_samples=2, concurrency=4, max_infra_retries=5, backoff_s=0.2),
-                       "v-fleet", "fleet-engine-dies")
+                       "v-fleet", "fleet-engine-dies", sandboxes=sandbox_provider())
     thread.join()
     assert stopped.is_set()
     frame = result.store.frame()

@@ -137,15 +137,18 @@ def test_node_agent_leases_up_to_capacity_reclaims_abandoned_leases_and_follows_
         agent.close()
 
 
-# -- where a stage's sandboxes run: one rule, applied by `fleet_pool_from_env` -------------------------
+# -- where a stage's sandboxes run: a provider, chosen once by `envforge.runtime.sandbox_provider` --------
 
-def test_without_an_address_every_stage_keeps_its_local_pool_and_ray_is_never_imported():
+def test_without_an_address_every_stage_keeps_its_local_pool_and_neither_ray_nor_the_fleet_is_imported():
     code = ("import sys\n"
             "import envforge.rollout.batch, envforge.sources.derive, envforge.stages.gate, envforge.stages.tiers\n"
-            "import envforge.stages.evaluate, envforge.stages.rollout\n"
-            "from envforge.fleet.backend import fleet_pool_from_env\n"
-            "assert fleet_pool_from_env([], 4) is None\n"
-            "assert 'ray' not in sys.modules, 'the single-machine path imported Ray'\n")
+            "import envforge.stages.evaluate, envforge.stages.rollout, envforge.stages.ingest\n"
+            "import envforge.service.backend\n"
+            "from envforge.runtime import sandbox_provider\n"
+            "assert sandbox_provider().kind == 'local'\n"
+            "assert 'ray' not in sys.modules, 'the single-machine path imported Ray'\n"
+            "fleet = [m for m in sys.modules if m.startswith('envforge.fleet')]\n"
+            "assert not fleet, f'the single-machine path imported {fleet}'\n")
     env = {k: v for k, v in os.environ.items() if k != "ENVFORGE_RAY_ADDRESS"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -164,58 +167,73 @@ class _Dispatcher:
         self.recipes[recipe.tag] = recipe
 
 
-def test_with_an_address_the_pool_is_the_process_dispatchers_told_each_images_demand(monkeypatch):
-    from envforge.fleet import backend
+def test_with_an_address_the_provider_is_the_fleet_joined_lazily_and_its_pool_is_told_each_images_demand(
+        monkeypatch):
+    """The choice reads the address only: Ray is joined at the first unit of work (the process's dispatcher,
+    started once), whose pool is told the work ahead; withdrawing announces its images as wanted no more."""
+    from envforge.fleet import provider as fleet_provider
     from envforge.fleet.pool import FleetSandboxPool
+    from envforge.runtime import sandbox_provider
     from envforge.sources import load_sources
     from tests.conftest import REPO
 
     task = next(t for r in load_sources([REPO / "task_sources" / "specs"]).values() for t in r.tasks)
+    monkeypatch.setattr(fleet_provider, "_dispatcher", None)  # this process has joined no cluster yet
+    chosen = sandbox_provider({"ENVFORGE_RAY_ADDRESS": "ray-head:6379"})
+    assert isinstance(chosen, fleet_provider.FleetSandboxProvider) and chosen.kind == "fleet"
+    assert fleet_provider._dispatcher is None  # nothing joined by choosing
     fake = _Dispatcher()
-    monkeypatch.setattr(backend, "_dispatcher", fake)  # the process's dispatcher, already started
-    monkeypatch.setenv("ENVFORGE_RAY_ADDRESS", "ray-head:6379")
-    pool = backend.fleet_pool_from_env([(task, "envforge/task-x:1")], 5)
-    assert isinstance(pool, FleetSandboxPool) and pool.dispatcher is fake
+    monkeypatch.setattr(fleet_provider, "_dispatcher", fake)  # the process's dispatcher, already started
+    lease = chosen.lease([(task, "envforge/task-x:1")], 5)
+    assert isinstance(lease.pool, FleetSandboxPool) and lease.pool.dispatcher is fake and not lease.owned
     [demand] = fake.announced
     assert list(demand) == ["envforge/task-x:1"] and demand["envforge/task-x:1"][1] == 5
-    monkeypatch.delenv("ENVFORGE_RAY_ADDRESS")
-    assert backend.fleet_pool_from_env([(task, "envforge/task-x:1")], 5) is None
+    lease.withdraw()
+    assert fake.announced[-1]["envforge/task-x:1"][1] == 0
+    assert sandbox_provider({}).kind == "local"
 
 
 class _Chosen(Exception):
     pass
 
 
-def _choose(calls):
-    def fleet_pool_from_env(items, sandboxes_per_task, local_client=None, settings=None):
-        calls.append((list(items), sandboxes_per_task, settings))
+class _AskedProvider:
+    """A provider that records what it was told and stops the caller there."""
+
+    kind = "test"
+
+    def __init__(self):
+        self.calls = []
+
+    def start(self):
+        return self
+
+    def lease(self, items, sandboxes_per_task, *, client=None, settings=None, max_idle_per_key=8, max_starting=4):
+        self.calls.append((list(items), sandboxes_per_task, settings))
         raise _Chosen
-    return fleet_pool_from_env
 
 
 @pytest.mark.docker
-def test_run_batch_and_derivation_given_no_pool_ask_the_one_rule_with_their_demand(monkeypatch, settings,
-                                                                                     docker_client):
+def test_run_batch_and_derivation_lease_from_the_provider_handed_down_telling_it_their_demand(settings,
+                                                                                             docker_client):
     """run_batch (under the rollout stage, tiering, training and evaluation rollouts) and derive_tasks (the
-    ingest stage's ticket and review derivation) take their pool from `fleet_pool_from_env`, as the
-    gate stage does, telling it what each task will acquire; `tests/test_fleet.py` runs them on a
+    ingest stage's ticket and review derivation) take their pool from the provider they are handed, as
+    the gate stage does, telling it what each task will acquire; `tests/test_fleet.py` runs them on a
     real cluster."""
     from envforge.rollout import batch
     from envforge.rollout.config import RolloutConfig
     from envforge.rollout.policies.replay import ReplayPolicy
     from envforge.sources import derive
 
-    calls: list = []
-    monkeypatch.setattr(batch, "fleet_pool_from_env", _choose(calls))
-    monkeypatch.setattr(derive, "fleet_pool_from_env", _choose(calls))
+    provider = _AskedProvider()
     items = [(object(), "envforge/task-x:1")]
     with pytest.raises(_Chosen):
-        batch.run_batch(settings, items, ReplayPolicy(), RolloutConfig(n_samples=3))
-    assert calls[-1][:2] == (items, 6) and calls[-1][2] is settings  # an episode and a grade per sample
-    with pytest.raises(_Chosen):
-        derive.derive_tasks(settings, [object()], client=docker_client)  # chosen before any candidate is read
-    assert calls[-1][:2] == ([], derive.SANDBOXES_PER_DERIVATION)  # images are told as they are built
-    assert calls[-1][2] is settings
+        batch.run_batch(settings, items, ReplayPolicy(), RolloutConfig(n_samples=3), sandboxes=provider)
+    assert provider.calls[-1][:2] == (items, 6) and provider.calls[-1][2] is settings  # an episode and a grade each
+    with pytest.raises(_Chosen):  # chosen before any candidate is read
+        derive.derive_tasks(settings, [object()], client=docker_client, sandboxes=provider)
+    assert provider.calls[-1][:2] == ([], derive.SANDBOXES_PER_DERIVATION)  # images are told as they are built
+    assert provider.calls[-1][2] is settings
 
 
 @pytest.mark.docker

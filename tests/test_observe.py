@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.observe import metrics as live
 from envforge.observe.health import BOTH, HEALTHY, INFRA, POLICY
@@ -54,7 +55,7 @@ def batches(items, docker_client, tmp_path_factory):
     settings = Settings.from_env().with_data_dir(tmp_path_factory.mktemp("observe-data"))
     settings.ensure_dirs()
     baseline = run_batch(settings, items, ReplayPolicy(), CONFIG, "v-observe", batch_id="baseline",
-                         client=docker_client)
+                         client=docker_client, register=Catalog(settings.catalog_path).record_rollout_batch)
     assert baseline.metrics["pass_at_1"] == 1.0 and baseline.report.infra_retries == 0
     return settings, baseline
 
@@ -312,7 +313,8 @@ def test_a_slowed_engine_is_an_infrastructure_anomaly(items, batches, tmp_path):
     with SlowEngine(tmp_path / "slow-docker.sock", delay_s=0.3) as url:
         client = docker.DockerClient(base_url=url, timeout=120)
         try:
-            result = run_batch(settings, items[:4], ReplayPolicy(), CONFIG, "v-slow", batch_id="slow", client=client)
+            result = run_batch(settings, items[:4], ReplayPolicy(), CONFIG, "v-slow", batch_id="slow", client=client,
+                               register=Catalog(settings.catalog_path).record_rollout_batch)
         finally:
             client.close()
     verdict = judge_stores(result.store, baseline.store)
@@ -331,7 +333,8 @@ def test_containers_killed_mid_batch_are_an_infrastructure_anomaly_with_clean_re
                                                                                                docker_client):
     settings, baseline = batches
     with ContainerKiller(docker_client, seed=1) as killer:
-        result = run_batch(settings, items, ReplayPolicy(), CONFIG, "v-observe", batch_id="killed", client=docker_client)
+        result = run_batch(settings, items, ReplayPolicy(), CONFIG, "v-observe", batch_id="killed",
+                           client=docker_client, register=Catalog(settings.catalog_path).record_rollout_batch)
     assert killer.killed and result.report.infra_retries >= 1
     verdict = _verdict(settings, "killed")
     assert verdict.verdict == INFRA, verdict.summary()
@@ -347,7 +350,7 @@ def test_containers_killed_mid_batch_are_an_infrastructure_anomaly_with_clean_re
 def test_a_worse_policy_on_a_healthy_engine_is_a_policy_regression(items, batches, docker_client):
     settings, baseline = batches
     result = run_batch(settings, items, ReplayPolicy(skip_rate=0.5), CONFIG, "v-observe", batch_id="worse",
-                       client=docker_client)
+                       client=docker_client, register=Catalog(settings.catalog_path).record_rollout_batch)
     assert result.report.infra_retries == 0
     verdict = judge_stores(result.store, baseline.store)
     assert verdict.verdict == POLICY, verdict.summary()
@@ -361,7 +364,7 @@ def test_a_worse_policy_on_a_faulty_engine_is_both(items, batches, docker_client
     settings, baseline = batches
     with ContainerKiller(docker_client, seed=2):
         result = run_batch(settings, items, ReplayPolicy(skip_rate=0.5), CONFIG, "v-observe", batch_id="both",
-                           client=docker_client)
+                           client=docker_client, register=Catalog(settings.catalog_path).record_rollout_batch)
     verdict = judge_stores(result.store, baseline.store)
     assert verdict.verdict == BOTH, verdict.summary()
     assert verdict.infra_findings and verdict.policy_findings

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.rollout.batch import run_batch
 from envforge.rollout.policies.base import PolicyError, PolicyOutput
@@ -40,9 +41,11 @@ def items(docker_client, base_image, tmp_path_factory):
 
 def test_replay_rollouts_resolve_every_task_with_the_same_rewards_every_run(items, settings, docker_client):
     config = RolloutConfig(n_samples=2, concurrency=4)
-    first = run_batch(settings, items, ReplayPolicy(), config, "v-test", batch_id="det-1", client=docker_client)
+    register = Catalog(settings.catalog_path).record_rollout_batch  # what the stages pass: the batch's catalog row
+    first = run_batch(settings, items, ReplayPolicy(), config, "v-test", batch_id="det-1", client=docker_client,
+                      register=register)
     second = run_batch(settings, items, ReplayPolicy(as_text=True), config, "v-test", batch_id="det-2",
-                       client=docker_client)
+                       client=docker_client, register=register)
     a, b = first.store.trajectories(), second.store.trajectories()
     assert len(a) == len(b) == 16
     assert all(t.resolved and t.reward == 1.0 and t.end_reason == "submitted" for t in a + b)
@@ -54,7 +57,6 @@ def test_replay_rollouts_resolve_every_task_with_the_same_rewards_every_run(item
         assert (x.reward, vx, x.final_diff, x.seed) == (y.reward, vy, y.final_diff, y.seed)
     assert first.metrics["pass_at_1"] == 1.0 and first.metrics["dropped_groups"] == 0
     assert first.metrics["pool_hit_rate"] > 0
-    from envforge.catalog import Catalog
     assert set(Catalog(settings.catalog_path).rollout_batches()["batch_id"]) == {"det-1", "det-2"}
 
 

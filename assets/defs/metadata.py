@@ -70,7 +70,10 @@ def _values(metadata: dict) -> dict[str, Any]:
 
 
 def stage_context(context: dg.AssetExecutionContext) -> "StageContext":
-    """What a stage called from an asset gets: progress as Dagster log lines, and the Dagster run id."""
+    """What a stage called from an asset gets: progress as Dagster log lines, the Dagster run id, and
+    its sandboxes from the provider the environment chooses (the fleet when ENVFORGE_RAY_ADDRESS is set)."""
+    from envforge.runtime import sandbox_provider
     from envforge.stages.base import StageContext
 
-    return StageContext(progress=log_progress(context), dagster_run_id=context.run.run_id)
+    return StageContext(progress=log_progress(context), dagster_run_id=context.run.run_id,
+                        sandboxes=sandbox_provider())

@@ -230,7 +230,7 @@ def test_a_task_version_without_an_image_is_built_by_the_images_stage_and_record
                                                                                     base_image):
     import asyncio
 
-    from envforge.service.backend import LocalPoolBackend
+    from envforge.service.backend import SandboxBackend
     from envforge.sources.result import LoadResult
     from envforge.sources.specs import load_spec_file
     from tests.service.conftest import SERVED, SPECS
@@ -239,7 +239,7 @@ def test_a_task_version_without_an_image_is_built_by_the_images_stage_and_record
     cat = Catalog(settings.catalog_path)
     cat.ingest(LoadResult(tasks=[task]))
     assert task.content_hash not in cat.latest_images()
-    backend = LocalPoolBackend(settings, docker_client)
+    backend = SandboxBackend(settings, docker_client)
     try:
         image = asyncio.run(backend.image_for(task))
     finally:

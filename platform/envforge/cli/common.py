@@ -45,14 +45,17 @@ def resolve_version(settings: Settings, ref: str) -> str:
 
 
 def run_stage(stage: Any, *args: Any, progress: bool = True, **kwargs: Any) -> Any:
-    """A stage's tracked form (an MLflow run) with rich progress bars; library errors become a clean exit."""
+    """A stage's tracked form (an MLflow run) with rich progress bars, its sandboxes from the provider the
+    environment chooses (`envforge.runtime`); library errors become a clean exit."""
     from envforge.progress import no_progress, rich_progress
+    from envforge.runtime import sandbox_provider
     from envforge.stages.base import StageContext
 
     try:
         if not progress:
-            return stage.tracked(*args, context=StageContext(progress=no_progress), **kwargs)
+            return stage.tracked(*args, context=StageContext(progress=no_progress, sandboxes=sandbox_provider()),
+                                 **kwargs)
         with rich_progress(console) as bars:
-            return stage.tracked(*args, context=StageContext(progress=bars), **kwargs)
+            return stage.tracked(*args, context=StageContext(progress=bars, sandboxes=sandbox_provider()), **kwargs)
     except (EnvforgeError, ValueError, OSError) as exc:
         fail(exc)

@@ -21,7 +21,7 @@ def demo(json_out: Optional[Path] = typer.Option(None, "--json", help="also writ
          data_dir: Optional[Path] = DataDir) -> None:
     """A head and two worker nodes on this machine (each with its own dockerd), a rollout batch and a
     gate across them, one worker killed mid-batch: the batch completes, nothing lost or duplicated."""
-    from envforge.fleet.demo import DemoOptions, run_fleet_demo
+    from envforge.demos.fleet import DemoOptions, run_fleet_demo
 
     settings = settings_for(data_dir)
     settings.ensure_dirs()

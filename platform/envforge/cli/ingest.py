@@ -24,13 +24,15 @@ def ingest(paths: List[Path] = typer.Argument(..., help="source files or directo
     """Load task sources, derive tests for tickets and reviews in sandboxes, and store the tasks (and the
     rejects, with file, record, field and reason) in the catalog."""
     from envforge.progress import rich_progress
+    from envforge.runtime import sandbox_provider
     from envforge.stages.base import StageContext
     from envforge.stages.ingest import ingest as ingest_stage
 
     settings = settings_for(data_dir)
     try:
         with rich_progress(console) as progress:
-            tracked = ingest_stage.tracked(settings, config, paths, context=StageContext(progress=progress))
+            tracked = ingest_stage.tracked(settings, config, paths,
+                                           context=StageContext(progress=progress, sandboxes=sandbox_provider()))
     except BatchRejectedError as exc:
         if as_json:
             out.print_json(json.dumps({"valid": 0, "rejected": len(exc.problems), "written": False,

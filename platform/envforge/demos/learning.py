@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Iterator
 
 from envforge import track
+from envforge.catalog import Catalog
 from envforge.charts import learning_curve
 from envforge.config import Settings
 from envforge.progress import Progress, no_progress
@@ -196,7 +197,8 @@ def held_out_sampled(settings: Settings, model: Any, tokenizer: Any, data: DemoS
                        RolloutConfig(n_samples=config.eval_samples, concurrency=training.concurrency,
                                      temperature=training.temperature, max_tokens=training.max_tokens,
                                      seed=10_000 + training.seed), "learning-demo",
-                       batch_id=f"{tag}-eval-sampled-{label}")
+                       batch_id=f"{tag}-eval-sampled-{label}",
+                       register=Catalog(settings.catalog_path).record_rollout_batch)
     return float(result.metrics["pass_at_1"]), outcome_counts(result.store.trajectories(), data.chore_of)
 
 

@@ -13,13 +13,13 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from envforge.errors import EnvforgeError
+from envforge.sandbox.provider import SandboxProviderError
 
 ADDRESS_ENV = "ENVFORGE_RAY_ADDRESS"
 PREFIX = "ENVFORGE_FLEET_"
 
 
-class FleetConfigError(EnvforgeError, ValueError):
+class FleetConfigError(SandboxProviderError):
     """The fleet cannot start as configured; the message names the setting (and node) to fix."""
 
 

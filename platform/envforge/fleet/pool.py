@@ -3,8 +3,8 @@
 `FleetSandboxPool` has `SandboxPool`'s face (acquire / release / preheat, their asyncio twins,
 `stats`), and hands out `RemoteSandbox`es with `Sandbox`'s face (exec, write_file, apply_patch,
 diff, reset, ...). Each method is one call to the agent on the sandbox's node. So
-`RolloutScheduler`, `RolloutEnv`, `Grader` and `validate_task` run on the fleet unchanged: pass
-a `FleetSandboxPool` where they take a pool.
+`RolloutScheduler`, `RolloutEnv`, `Grader` and `validate_task` run on the fleet unchanged: the
+stages get one per unit of work from `provider.FleetSandboxProvider`.
 
     dispatcher = FleetDispatcher(FleetConfig.from_env()).start()
     pool = FleetSandboxPool(dispatcher)

@@ -1,6 +1,8 @@
-"""A rollout batch end to end: sandboxes, grader, scheduler, store, metrics and catalog entry.
+"""A rollout batch end to end: sandboxes, grader, scheduler, store, metrics and its catalog row.
 
-The synchronous entry point the CLI, the Dagster asset and the benchmark share.
+The synchronous entry point the CLI, the Dagster asset and the benchmark share. Where the batch
+is registered (the catalog) is the caller's to say (`register`), as is where its sandboxes come
+from (`sandboxes`, a provider; none: this process's engine).
 """
 
 from __future__ import annotations
@@ -9,14 +11,13 @@ import asyncio
 import json
 import re
 import statistics
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import docker
 
-from envforge.catalog import Catalog
 from envforge.config import Settings
-from envforge.fleet.backend import fleet_pool_from_env
 from envforge.progress import Progress
 from envforge.rollout.config import RolloutConfig
 from envforge.rollout.scheduler import BatchReport, RolloutScheduler
@@ -24,8 +25,12 @@ from envforge.rollout.store import TrajectoryStore
 from envforge.rollout.tiers import pass_at_k
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.pool import SandboxPool
+from envforge.sandbox.provider import SandboxProvider, or_local
 from envforge.task import Task
 from envforge.verify.grader import Grader
+
+# Where a finished batch's row goes (the catalog's `record_rollout_batch`): the caller's choice.
+BatchRegistry = Callable[[dict[str, Any]], None]
 
 
 def default_batch_id(task_set_version: str, policy_id: str, seed: int) -> str:
@@ -63,43 +68,48 @@ def batch_metrics(store: TrajectoryStore, report: BatchReport, k: int) -> dict[s
     }
 
 
+def rollout_sandboxes_per_task(config: RolloutConfig) -> int:
+    """Each trajectory takes an episode sandbox and then its grade's (what a provider is told to expect)."""
+    return config.n_samples * 2
+
+
 def run_batch(settings: Settings, items: Sequence[tuple[Task, str]], policy: Any, config: RolloutConfig,
               task_set_version: str = "", batch_id: str | None = None, root: str | None = None,
               client: docker.DockerClient | None = None, progress: Progress | None = None,
-              pool: SandboxPool | None = None) -> BatchResult:
-    """Roll out every (task, image) n_samples times into the store; register the batch in the catalog.
+              pool: SandboxPool | None = None, sandboxes: SandboxProvider | None = None,
+              register: BatchRegistry | None = None) -> BatchResult:
+    """Roll out every (task, image) n_samples times into the store; hand the batch's row to `register`
+    (the stages pass the catalog's `record_rollout_batch`; None: the batch is not registered).
 
-    The sandboxes run in `pool` when one is given, on the fleet when `ENVFORGE_RAY_ADDRESS` is set
-    (`fleet.backend.fleet_pool_from_env`: so every caller's rollouts, the rollout stage's, tiering's,
-    training's and evaluation's, follow the one rule), else in a warm pool on this process's engine."""
-    if pool is None:  # a given pool (a fleet) brings its own engines: no local one is needed
-        client = client or docker_client(settings)
-        from envforge.fleet.run import rollout_sandboxes_per_task
-
-        pool = fleet_pool_from_env(items, rollout_sandboxes_per_task(config), client, settings)
+    The sandboxes run in `pool` when one is given (it is not closed here), else in a pool leased from
+    `sandboxes` for this batch (the provider the process chose: the fleet, or, when none is given,
+    a warm pool on this process's engine)."""
+    client = client if client is not None or pool is not None else docker_client(settings)
+    lease: AbstractContextManager[Any]
+    if pool is not None:  # a given pool (a benchmark's cold one) is the caller's to close
+        lease = nullcontext(pool)
+    else:
+        lease = or_local(sandboxes).lease(items, rollout_sandboxes_per_task(config), client=client, settings=settings,
+                                          max_idle_per_key=max(2, config.concurrency), max_starting=4)
     batch_id = batch_id or default_batch_id(task_set_version, getattr(policy, "policy_id", "policy"), config.seed)
     store = TrajectoryStore(root or settings.artifact_root("rollouts"), batch_id)
-    own_pool = pool is None
-    pool = pool or SandboxPool(client, max_idle_per_key=max(2, config.concurrency), max_starting=4)
-    try:
-        grader = Grader(client, pool)
-        scheduler = RolloutScheduler(pool, grader, policy, store, config, progress=progress)
+    with lease as sandbox_pool:
+        grader = Grader(client, sandbox_pool)
+        scheduler = RolloutScheduler(sandbox_pool, grader, policy, store, config, progress=progress)
         report = asyncio.run(scheduler.run(items, task_set_version))
-    finally:
-        if own_pool:
-            pool.close()
-    return record_batch(settings, store, report, policy, config, task_set_version)
+    return record_batch(store, report, policy, config, task_set_version, register)
 
 
-def record_batch(settings: Settings, store: TrajectoryStore, report: BatchReport, policy: Any, config: RolloutConfig,
-                 task_set_version: str = "") -> BatchResult:
-    """A finished scheduler run's metrics, registered in the catalog (what every rollout batch gets)."""
+def record_batch(store: TrajectoryStore, report: BatchReport, policy: Any, config: RolloutConfig,
+                 task_set_version: str = "", register: BatchRegistry | None = None) -> BatchResult:
+    """A finished scheduler run's metrics, its row handed to `register` (what every rollout batch gets)."""
     metrics = batch_metrics(store, report, k=config.n_samples)
-    Catalog(settings.catalog_path).record_rollout_batch({
-        "batch_id": store.batch_id, "task_set_version": task_set_version,
-        "policy_id": getattr(policy, "policy_id", "?"), "location": f"{store.root}/{store.batch_id}",
-        "n_tasks": report.n_tasks, "n_samples": config.n_samples,
-        "n_trajectories": int(metrics["trajectories"]), "n_dropped_groups": len(store.dropped()),
-        "pass_at_1": metrics["pass_at_1"], "metrics_json": json.dumps(metrics, sort_keys=True),
-    })
+    if register is not None:
+        register({
+            "batch_id": store.batch_id, "task_set_version": task_set_version,
+            "policy_id": getattr(policy, "policy_id", "?"), "location": f"{store.root}/{store.batch_id}",
+            "n_tasks": report.n_tasks, "n_samples": config.n_samples,
+            "n_trajectories": int(metrics["trajectories"]), "n_dropped_groups": len(store.dropped()),
+            "pass_at_1": metrics["pass_at_1"], "metrics_json": json.dumps(metrics, sort_keys=True),
+        })
     return BatchResult(report, store, metrics)

@@ -2,10 +2,11 @@
 
 The service asks a backend for three things: the image of a task, an environment (the rollout
 `RolloutEnv`, the same one `envforge rollout` uses) over a sandbox of that image, and its
-statistics. `LocalPoolBackend` serves them from one Docker engine through the warm
-`SandboxPool`; `FleetBackend` from the sandbox fleet's nodes (Ray node agents, docs/fleet.md)
-through a `FleetSandboxPool`. `backend_from_env` picks between them by the stages' rule: the
-fleet when `ENVFORGE_RAY_ADDRESS` is set, else the local pool.
+statistics. `SandboxBackend` serves them from a pool leased, for the service's lifetime, from
+the sandbox provider the process chose (`envforge.runtime.sandbox_provider`, as the CLI and the
+Dagster assets choose theirs): a warm `SandboxPool` on one Docker engine, or the sandbox fleet's
+nodes (Ray node agents, docs/fleet.md) when `ENVFORGE_RAY_ADDRESS` is set. `backend_from_env`
+makes that choice.
 """
 
 from __future__ import annotations
@@ -19,15 +20,14 @@ from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.rollout.env import RolloutEnv
 from envforge.errors import ImageBuildError
-from envforge.sandbox.container import SandboxOptions, run_blocking
-from envforge.sandbox.pool import SandboxPool
+from envforge.sandbox.container import run_blocking
+from envforge.sandbox.provider import SandboxProvider, or_local
 from envforge.stages.configs import ImagesConfig
 from envforge.stages.images import build_images
 from envforge.task import Task
-from envforge.verify.grader import Grader, options_for
+from envforge.verify.grader import Grader
 
 if TYPE_CHECKING:
-    from envforge.fleet.dispatcher import FleetDispatcher
     from envforge.service.config import ServiceConfig
 
 # A session wants two sandboxes of its task's image: the episode's and, when it verifies, the grade's.
@@ -68,51 +68,31 @@ class TaskImages:
         return image
 
 
-class LocalPoolBackend:
-    """Sandboxes from the local (or DOCKER_HOST) engine via a warm pool."""
+class SandboxBackend:
+    """Sessions' sandboxes from one pool leased from `provider` (none: a warm pool on `client`'s engine).
 
-    def __init__(self, settings: Settings, client: docker.DockerClient, idle_per_image: int = 8,
-                 max_starting: int = 4):
+    Images are built (or found in the catalog) on this process's engine, as the stages do. The
+    first session of a task tells the lease its image (`expect`): on the fleet a node lacking the
+    image builds it from its recipe (or receives it) and nodes pre-heat it; locally nothing is needed."""
+
+    def __init__(self, settings: Settings, client: docker.DockerClient, provider: SandboxProvider | None = None,
+                 idle_per_image: int = 8, max_starting: int = 4):
         self.images = TaskImages(settings, client)
-        # Starting the pool removes containers whose owning process is dead: the sandboxes of a
+        # Starting a local pool removes containers whose owning process is dead: the sandboxes of a
         # service instance that was killed are cleaned up when the next one starts.
-        self.pool = SandboxPool(client, max_idle_per_key=idle_per_image, max_starting=max_starting)
-        self.grader = Grader(client, self.pool)
-
-    async def image_for(self, task: Task) -> str:
-        return await run_blocking(self.images.resolve, task)
-
-    def make_env(self, task: Task, image: str) -> RolloutEnv:
-        return RolloutEnv(self.pool, self.grader, task, image)
-
-    def stats(self) -> dict[str, Any]:
-        return {"backend": "local-pool", "idle_sandboxes": self.pool.idle_count(), **self.pool.stats.as_dict()}
-
-    def close(self) -> None:
-        self.pool.close()
-
-
-class FleetBackend:
-    """Sandboxes on the fleet's nodes. Images are built (or found in the catalog) on this process's
-    engine, as the stages do; the first session of a task registers it with the fleet pool, so a
-    node lacking the image builds it from its recipe (or receives it) and nodes pre-heat it."""
-
-    def __init__(self, settings: Settings, client: docker.DockerClient, dispatcher: "FleetDispatcher"):
-        from envforge.fleet.run import fleet_pool
-
-        self.images = TaskImages(settings, client)
-        self.dispatcher = dispatcher
-        self.pool = fleet_pool(dispatcher, [], SANDBOXES_PER_SESSION, local_client=client)
-        self.grader = Grader(None, self.pool)  # grading runs on the nodes: no local engine needed
-        self._registered: dict[str, SandboxOptions] = {}  # image -> the options its sandboxes start with
-        self._register_lock = threading.Lock()
+        self.lease = or_local(provider).lease([], SANDBOXES_PER_SESSION, client=client, settings=settings,
+                                              max_idle_per_key=idle_per_image, max_starting=max_starting)
+        self.pool = self.lease.pool
+        self.grader = Grader(self.pool.client, self.pool)  # on the fleet grading runs on the nodes: no engine here
+        self._expected: set[str] = set()  # images told to the lease
+        self._expect_lock = threading.Lock()
 
     def _image_blocking(self, task: Task) -> str:
         image = self.images.resolve(task)
-        with self._register_lock:
-            if image not in self._registered:
-                self.pool.register([(task, image)], SANDBOXES_PER_SESSION, local_client=self.images.client)
-                self._registered[image] = options_for(task)
+        with self._expect_lock:
+            if image not in self._expected:
+                self.lease.expect([(task, image)], SANDBOXES_PER_SESSION)
+                self._expected.add(image)
         return image
 
     async def image_for(self, task: Task) -> str:
@@ -122,31 +102,24 @@ class FleetBackend:
         return RolloutEnv(self.pool, self.grader, task, image)
 
     def stats(self) -> dict[str, Any]:
-        idle = self.pool.idle_count()  # re-reads every node's warm pool
-        nodes = [{"name": n.name, "capacity": n.capacity, "in_use": n.leased, "idle": sum(n.idle.values()),
-                  "images": len(n.images)} for n in self.dispatcher.alive_nodes()]
-        return {"backend": "fleet", "ray_address": self.dispatcher.config.ray_address, "nodes": nodes,
-                "in_use": sum(n["in_use"] for n in nodes), "idle_sandboxes": idle,
-                "nodes_lost": list(self.dispatcher.stats.nodes_lost), **self.pool.stats.as_dict()}
+        idle = self.pool.idle_count()  # on the fleet, re-reads every node's warm pool first
+        return {**self.lease.describe(), "idle_sandboxes": idle, **self.pool.stats.as_dict()}
 
     def close(self) -> None:
-        # The dispatcher and node agents are shared (other drivers, the process's stages); what this
-        # backend started is its demand: withdraw it so nodes let the service's warm sandboxes go.
-        with self._register_lock:
-            withdrawn = {image: (options, 0) for image, options in self._registered.items()}
-        if withdrawn:
-            self.dispatcher.announce(withdrawn)
-        self.pool.close()
+        # A shared pool (the fleet's dispatcher and node agents serve other drivers and the process's
+        # stages) is left running; what this backend started is its demand: withdraw it so nodes let
+        # the service's warm sandboxes go. A local pool is closed.
+        self.lease.withdraw()
+        self.lease.close()
 
 
 def backend_from_env(settings: Settings, config: "ServiceConfig") -> EnvBackend:
-    """The fleet when `ENVFORGE_RAY_ADDRESS` is set (the rule of the rollout and gate stages), else
-    the warm pool on the configured Docker engine. Blocking: joins the Ray cluster when configured."""
-    from envforge.fleet.backend import dispatcher_from_env
+    """Sessions on the provider the process's settings choose (`envforge.runtime.sandbox_provider`: the
+    fleet when `ENVFORGE_RAY_ADDRESS` is set, else the warm pool on the configured Docker engine).
+    Blocking: joins the Ray cluster when configured, before any engine is touched."""
+    from envforge.runtime import sandbox_provider
     from envforge.sandbox.engine import docker_client
 
-    dispatcher = dispatcher_from_env()  # first: a fleet that cannot be joined fails the start naming the setting
-    client = docker_client(settings)
-    if dispatcher is not None:
-        return FleetBackend(settings, client, dispatcher)
-    return LocalPoolBackend(settings, client, config.pool_idle_per_image, config.pool_max_starting)
+    provider = sandbox_provider().start()  # first: a fleet that cannot be joined fails the start naming the setting
+    return SandboxBackend(settings, docker_client(settings), provider, config.pool_idle_per_image,
+                          config.pool_max_starting)

@@ -37,9 +37,9 @@ DERIVATION_ATTEMPTS times, on a fresh sandbox (on the fleet, a surviving node); 
 failed attempt is used or cached. A candidate whose retries run out is reported as a reject with
 an `infra:` reason, never as a verdict on the record (the next ingest tries again).
 
-The sandboxes run on the fleet when `ENVFORGE_RAY_ADDRESS` is set (`fleet_pool_from_env`, the
-rule every stage follows; docs/fleet.md), else in a warm pool on this process's engine. Images
-are built here either way; a node that lacks a candidate's image builds it from the same recipe,
+The sandboxes come from the provider the caller hands down (`sandboxes`: the fleet when the
+process chose it, docs/fleet.md), else from a warm pool on this process's engine. Images are
+built here either way; a node that lacks a candidate's image builds it from the same recipe,
 after receiving its parent (the base, or the repository's env layer) from a holder.
 """
 
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence, TypeVar
 
@@ -57,13 +56,12 @@ from requests.exceptions import RequestException
 from envforge import gitstore
 from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError, Problem, SpecError
-from envforge.fleet.backend import fleet_pool_from_env
 from envforge.hashing import digest_parts
 from envforge.progress import Progress, no_progress
 from envforge.safefs import write_atomic
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import build_base_image, build_task_image
-from envforge.sandbox.pool import SandboxPool
+from envforge.sandbox.provider import Pool, SandboxProvider, or_local
 from envforge.sources.candidate import Candidate, derivable_ids
 from envforge.sources.result import LoadResult
 from envforge.task import Task
@@ -77,7 +75,7 @@ REVERSED_SUITE = TestRun("suite", "reverse")
 GRADER_CHECKS = 2
 DERIVATION_ATTEMPTS = 3  # as the gate's: a lost node costs one; a second fault in a row is still not a verdict
 # The sandboxes one derivation acquires at most: three suite runs, the lone before-run, and
-# GRADER_CHECKS grader-way checks of two grades each (what a fleet pool is told to expect).
+# GRADER_CHECKS grader-way checks of two grades each (what a sandbox provider is told to expect).
 SANDBOXES_PER_DERIVATION = 3 + 1 + 2 * GRADER_CHECKS
 T = TypeVar("T")
 
@@ -223,7 +221,7 @@ def not_reproduced(f2p: list[str], p2p: list[str], check: dict[str, Run]) -> dic
     return bad
 
 
-def _run(pool: SandboxPool, task: Task, image: str, patches: Sequence[str], run: TestRun = SUITE) -> Run:
+def _run(pool: Pool, task: Task, image: str, patches: Sequence[str], run: TestRun = SUITE) -> Run:
     """One run of the whole suite (in collection order, or reversed) after applying the patches."""
     check = task.spec.verification.tests
     assert check is not None
@@ -239,7 +237,7 @@ def _run(pool: SandboxPool, task: Task, image: str, patches: Sequence[str], run:
         pool.release(sandbox)
 
 
-def _grade(pool: SandboxPool, candidate: Candidate, image: str, f2p: list[str], p2p: list[str],
+def _grade(pool: Pool, candidate: Candidate, image: str, f2p: list[str], p2p: list[str],
            only: list[str] | None = None) -> dict[str, Run]:
     """The derived ids graded by the grader itself: the reference solution ('after', through the same
     protected-path filter) and the empty one ('before'). `only`: grade these ids alone, before only."""
@@ -255,7 +253,7 @@ def _grade(pool: SandboxPool, candidate: Candidate, image: str, f2p: list[str], 
     return runs
 
 
-def run_derivation(pool: SandboxPool, candidate: Candidate, image: str) -> Derivation:
+def run_derivation(pool: Pool, candidate: Candidate, image: str) -> Derivation:
     """The before/after runs (file order, reversed) and up to GRADER_CHECKS grader-way checks."""
     task = candidate.provisional_task()
     before_patches = [candidate.change.test_patch]
@@ -335,8 +333,11 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
 
 
 def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: docker.DockerClient | None = None,
-                 concurrency: int = 2, progress: Progress = no_progress) -> LoadResult:
-    """Run every candidate's suite before and after its change; derived tasks or rejects with reasons."""
+                 concurrency: int = 2, progress: Progress = no_progress,
+                 sandboxes: SandboxProvider | None = None) -> LoadResult:
+    """Run every candidate's suite before and after its change; derived tasks or rejects with reasons.
+    The sandboxes come from a pool leased from `sandboxes` (none: this process's engine), told each
+    candidate's image as it is built."""
     result = LoadResult()
     if not candidates:
         return result
@@ -346,9 +347,10 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
     base = build_base_image(client, settings).tag
     total = len(candidates)
     progress("derive", "building images", 0, total)
-    fleet = fleet_pool_from_env([], SANDBOXES_PER_DERIVATION, client, settings)  # None: this engine's pool
+    lease = or_local(sandboxes).lease([], SANDBOXES_PER_DERIVATION, client=client, settings=settings,
+                                      max_idle_per_key=1, max_starting=concurrency)
 
-    def one(candidate: Candidate, pool: SandboxPool) -> Task:
+    def one(candidate: Candidate, pool: Pool) -> Task:
         try:
             gitstore.keep_commit(settings.data_dir, candidate.git_dir, candidate.workspace_commit)
         except ValueError as exc:
@@ -367,9 +369,8 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
             derivation = Derivation.from_json(json.loads(cached.read_text()))
         else:
             try:
-                if fleet is not None:  # the fleet learns the image's recipe and the demand for it
-                    fleet.register([(candidate.provisional_task(), build.tag)], SANDBOXES_PER_DERIVATION,
-                                   local_client=client, settings=settings)
+                # a fleet learns the image's recipe and the demand for it; a local pool needs nothing
+                lease.expect([(candidate.provisional_task(), build.tag)], SANDBOXES_PER_DERIVATION)
                 derivation = with_retry(lambda: run_derivation(pool, candidate, build.tag), DERIVATION_ATTEMPTS)
             except ValueError as exc:
                 raise SpecError([Problem(candidate.origin, candidate.field,
@@ -378,9 +379,7 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
                 write_atomic(cached, json.dumps(derivation.as_json(), sort_keys=True))
         return task_from_derivation(candidate, derivation, {"images": images})
 
-    sandboxes = nullcontext(fleet) if fleet is not None else SandboxPool(client, max_idle_per_key=1,
-                                                                         max_starting=concurrency)
-    with sandboxes as pool:
+    with lease as pool:
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as ex:
             futures = {ex.submit(one, c, pool): c for c in candidates}
             done = 0

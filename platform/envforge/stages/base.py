@@ -20,6 +20,7 @@ from typing import Any, Callable, Generic, Mapping, ParamSpec, TypeVar
 
 from envforge.config import Settings
 from envforge.progress import Progress, no_progress
+from envforge.sandbox.provider import SandboxProvider
 
 MetricsSink = Callable[[Mapping[str, float], "int | None"], None]
 
@@ -37,6 +38,9 @@ class StageContext:
     nested: bool = False  # the MLflow run nests under the caller's active run
     mlflow_run_id: str | None = None  # set by `tracked`: the run the stage's records go to
     log_metrics: MetricsSink = _drop_metrics  # set by `tracked`: per-step metrics (losses, rewards)
+    # Where the stage's sandboxes come from, chosen once by the entry point (`envforge.runtime.sandbox_provider`:
+    # the fleet or the local engine); None: a warm pool on this process's engine.
+    sandboxes: SandboxProvider | None = None
 
 
 @dataclass(frozen=True)

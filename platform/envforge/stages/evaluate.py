@@ -63,7 +63,7 @@ def evaluate(settings: Settings, config: TrainingConfig, version: str, checkpoin
         model, tokenizer = load_model(source, config.seed)
         result = evaluate_model(settings, model, tokenizer, eval_items, f"eval-{version[:12]}-{label.replace(' ', '-')}",
                                 label, concurrency=config.concurrency, max_tokens=config.max_tokens,
-                                task_set_version=version, progress=context.progress)
+                                task_set_version=version, progress=context.progress, sandboxes=context.sandboxes)
         return {"pass_at_1": result.metrics["pass_at_1"], "batch_id": result.store.batch_id,
                 "by_tier": pass_at_1_by(result, tasks, lambda t: tier_of.get(t.id, "?")),
                 "by_source": pass_at_1_by(result, tasks, lambda t: t.spec.source)}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -15,15 +14,14 @@ from requests.exceptions import RequestException
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.errors import InfraError, Problem
-from envforge.fleet.backend import fleet_pool_from_env
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import image_digest
-from envforge.sandbox.pool import SandboxPool
+from envforge.sandbox.provider import or_local
 from envforge.stages.base import StageContext, StageResult, stage
 from envforge.stages.images import ImageSet
 from envforge.task import Task
 from envforge.verify.config import GateConfig
-from envforge.verify.gate import GateReport, gate_key, validate_task
+from envforge.verify.gate import GateReport, gate_key, gate_sandboxes_per_task, validate_task
 from envforge.verify.grader import Grader
 
 
@@ -119,17 +117,16 @@ def _digest(client: docker.DockerClient, images: ImageSet, tag: str) -> str | No
 
 @stage("validate")
 def gate(settings: Settings, config: GateConfig, tasks: Sequence[Task], images: ImageSet,
-         context: StageContext = StageContext(), client: docker.DockerClient | None = None,
-         pool: SandboxPool | None = None) -> GateResult:
+         context: StageContext = StageContext(), client: docker.DockerClient | None = None) -> GateResult:
     """Run the flakiness gate on every task (tasks in parallel, one warm pool) and record the verdicts.
 
     A task whose content hash, image digest and gate parameters (and the verifier's code) are
     unchanged keeps its stored verdict without a sandbox: the nightly refresh re-gates only what
     changed; `config.force` re-gates everything. A task without an image in `images` is not
-    gated; it is reported as an infrastructure failure. The sandboxes run in `pool` when one is
-    given (it is not closed here), on the fleet when `ENVFORGE_RAY_ADDRESS` is set
-    (docs/fleet.md), else in a warm pool on this process's engine. A task whose gate run hits an
-    infrastructure fault (a fleet node lost mid-run) is gated again from the start.
+    gated; it is reported as an infrastructure failure. The sandboxes run in a pool leased from
+    `context.sandboxes` (the provider the process chose: the fleet, docs/fleet.md; none: a warm
+    pool on this process's engine). A task whose gate run hits an infrastructure fault (a fleet
+    node lost mid-run) is gated again from the start.
     """
     from envforge.charts import flake_chart, strength_chart
 
@@ -153,15 +150,9 @@ def gate(settings: Settings, config: GateConfig, tasks: Sequence[Task], images: 
         progress("validate", f"{len(result.reports)} unchanged tasks keep their verdicts", 0, len(todo))
     new: list[GateReport] = []
     if todo:
-        if pool is None:
-            from envforge.fleet.run import gate_sandboxes_per_task
-
-            pool = fleet_pool_from_env([(t, image) for t, image, *_ in todo], gate_sandboxes_per_task(config),
-                                       client, settings)
-        if pool is None:
-            sandboxes = SandboxPool(client, max_idle_per_key=max(2, config.workers), max_starting=config.concurrency)
-        else:
-            sandboxes = nullcontext(pool)
+        sandboxes = or_local(context.sandboxes).lease(
+            [(t, image) for t, image, *_ in todo], gate_sandboxes_per_task(config), client=client,
+            settings=settings, max_idle_per_key=max(2, config.workers), max_starting=config.concurrency)
         progress("validate", "starting sandboxes", 0, len(todo))
         with sandboxes as pool:
             grader = Grader(client, pool)

@@ -11,11 +11,11 @@ import docker
 from envforge.catalog import Catalog, IngestSummary
 from envforge.config import Settings
 from envforge.errors import InfraError, Problem
-from envforge.fleet.config import FleetConfigError
 from envforge.progress import Progress, no_progress
 from envforge.quality.statement_policy import apply_statement_policy
 from envforge.quality.statement_review import ReviewOutcome
 from envforge.quality.statements import StatementSummary
+from envforge.sandbox.provider import SandboxProvider, SandboxProviderError
 from envforge.sources import LoadResult
 from envforge.sources.funnel import Funnel
 from envforge.sources.guard import unexpected
@@ -87,15 +87,15 @@ class IngestResult(StageResult):
 
 
 def derive_candidates(settings: Settings, result: LoadResult, client: docker.DockerClient | None = None,
-                      progress: Progress = no_progress) -> None:
+                      progress: Progress = no_progress, sandboxes: SandboxProvider | None = None) -> None:
     """Turn the result's candidates into tasks or rejects in place, by running their tests."""
     from envforge.sources.derive import derive_tasks
 
     if not result.candidates:
         return
     try:
-        derived = derive_tasks(settings, result.candidates, client=client, progress=progress)
-    except FleetConfigError:
+        derived = derive_tasks(settings, result.candidates, client=client, progress=progress, sandboxes=sandboxes)
+    except SandboxProviderError:
         raise  # ENVFORGE_RAY_ADDRESS names no usable fleet: the deployment's error, not the records'
     except InfraError as exc:
         derived = LoadResult(rejects=[Problem(c.origin, c.field, f"infra: cannot run the tests to derive "
@@ -125,7 +125,7 @@ def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], cont
     statements, reviews = StatementSummary(), ReviewOutcome()
     for i, (ref, res) in enumerate(loaded, start=1):
         progress("ingest", ref.key(root), i, len(loaded))
-        derive_candidates(settings, res, client=client, progress=progress)
+        derive_candidates(settings, res, client=client, progress=progress, sandboxes=context.sandboxes)
         checked = apply_statement_policy(res.tasks, config.statements, settings.data_dir,  # type: ignore[arg-type]
                                          review=config.review)
         res.tasks, res.rejects = checked.tasks, [*res.rejects, *checked.rejects]

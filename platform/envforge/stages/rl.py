@@ -60,7 +60,7 @@ def rl(settings: Settings, config: TrainingConfig, version: str, start: Path, im
                          rounds.rounds)
 
     run = grpo_rounds(settings, model, tokenizer, train_items, rounds, f"rl-{version[:12]}", on_round=on_round,
-                      task_set_version=version, progress=context.progress)
+                      task_set_version=version, progress=context.progress, sandboxes=context.sandboxes)
     lineage = {**lineage_tags(version, run.batch_ids, start), "mlflow_run_id": context.mlflow_run_id or "",
                "dagster_run_id": context.dagster_run_id or "", "stage": "rl"}
     path = run.trainer.save(settings.checkpoint_dir("rl", version), extra={"lineage": lineage})

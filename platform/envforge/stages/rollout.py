@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.rollout.batch import BatchResult
 from envforge.rollout.config import RolloutConfig
-from envforge.sandbox.pool import SandboxPool
 from envforge.stages.base import StageContext, StageResult, stage
 from envforge.stages.images import ImageSet, ensure_images
 from envforge.task import Task
@@ -44,17 +44,17 @@ class RolloutResult(StageResult):
 @stage("rollout")
 def rollout(settings: Settings, config: RolloutConfig, tasks: Sequence[Task], policy: str,
             task_set_version: str = "", images: ImageSet | None = None, batch_id: str | None = None,
-            root: str | None = None, context: StageContext = StageContext(),
-            pool: SandboxPool | None = None) -> RolloutResult:
+            root: str | None = None, context: StageContext = StageContext()) -> RolloutResult:
     """`config.n_samples` trajectories per task with `policy` (a policy spec), stored under `root`
     (default `<ENVFORGE_STORE_URL or data dir>/rollouts`); rerunning with the same batch id resumes.
 
-    The sandboxes run in `pool` when one is given, on the fleet when `ENVFORGE_RAY_ADDRESS` is set
-    (docs/fleet.md; `run_batch` applies the rule), else in a warm pool on this process's engine."""
+    The sandboxes come from `context.sandboxes` (the provider the process chose: the fleet,
+    docs/fleet.md; none: a warm pool on this process's engine); the batch is registered in the catalog."""
     from envforge.rollout.batch import run_batch
     from envforge.rollout.policies.factory import make_policy
 
     items = ensure_images(settings, tasks, images, context).items(tasks)
     batch = run_batch(settings, items, make_policy(policy), config, task_set_version=task_set_version,
-                      batch_id=batch_id, root=root, progress=context.progress, pool=pool)
+                      batch_id=batch_id, root=root, progress=context.progress, sandboxes=context.sandboxes,
+                      register=Catalog(settings.catalog_path).record_rollout_batch)
     return RolloutResult(batch, policy, task_set_version)

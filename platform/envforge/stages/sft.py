@@ -58,8 +58,10 @@ def sft(settings: Settings, config: TrainingConfig, version: str, images: ImageS
     model, tokenizer = load_model(config.base_model, config.seed)
     sft_config = config.sft_config(tokenizer.pad_token_id or 0)
     batches = (f"sft-{version[:12]}-teacher-train", f"sft-{version[:12]}-teacher-eval")
-    train = demonstrations(settings, train_items, tokenizer, batches[0], config.concurrency, version)
-    evals = demonstrations(settings, eval_items, tokenizer, batches[1], config.concurrency, version)
+    train = demonstrations(settings, train_items, tokenizer, batches[0], config.concurrency, version,
+                           sandboxes=context.sandboxes)
+    evals = demonstrations(settings, eval_items, tokenizer, batches[1], config.concurrency, version,
+                           sandboxes=context.sandboxes)
     total_steps = steps_per_epoch(len(train), sft_config, train) * sft_config.epochs
 
     def on_metrics(step: int, metrics: dict) -> None:

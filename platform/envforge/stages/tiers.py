@@ -88,7 +88,8 @@ def tier_task_set(settings: Settings, config: TierConfig, version: str, images: 
         batch = run_batch(settings, items, policy,
                           RolloutConfig(n_samples=config.k, concurrency=config.concurrency, seed=config.seed),
                           task_set_version=version, batch_id=f"tiers-{version[:12]}-k{config.k}-s{config.seed}",
-                          progress=context.progress)
+                          progress=context.progress, sandboxes=context.sandboxes,
+                          register=catalog.record_rollout_batch)
         solved: dict[str, tuple[int, int]] = {}
         for t in batch.store.trajectories():
             n, c = solved.get(t.task_id, (0, 0))

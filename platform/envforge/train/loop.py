@@ -19,10 +19,10 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from envforge.catalog import Catalog
 from envforge.config import Settings
-from envforge.fleet.backend import fleet_pool_from_env
 from envforge.observe import metrics as live_metrics
-from envforge.rollout.batch import BatchResult, record_batch, run_batch
+from envforge.rollout.batch import BatchResult, record_batch, rollout_sandboxes_per_task, run_batch
 from envforge.rollout.policies.hf import HFPolicy
 from envforge.rollout.policies.server_process import PolicyServerProcess
 from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model
@@ -33,7 +33,7 @@ from envforge.rollout.scheduler import RolloutScheduler
 from envforge.rollout.store import TrajectoryStore
 from envforge.rollout.stream import GroupStream
 from envforge.sandbox.engine import docker_client
-from envforge.sandbox.pool import SandboxPool
+from envforge.sandbox.provider import SandboxProvider, or_local
 from envforge.verify.grader import Grader
 from envforge.task import Task
 from envforge.train.data import TeacherPolicy, rl_groups, turn_samples
@@ -62,22 +62,27 @@ def load_model(source: str, seed: int = 0) -> tuple[Any, Any]:
 
 
 def demonstrations(settings: Settings, items: Items, tokenizer: Any, batch_id: str, concurrency: int = 4,
-                   task_set_version: str = "", only_resolved: bool = True) -> list[TurnSample]:
+                   task_set_version: str = "", only_resolved: bool = True,
+                   sandboxes: SandboxProvider | None = None) -> list[TurnSample]:
     """SFT samples: the teacher's rollouts (reference solutions through the tools), by default the
-    resolved ones only; `only_resolved=False` keeps every demonstration as recorded (operator logs)."""
+    resolved ones only; `only_resolved=False` keeps every demonstration as recorded (operator logs).
+    Every rollout batch of training is registered in the catalog; its sandboxes come from
+    `sandboxes` (the provider the stage was handed; none: this process's engine)."""
     result = run_batch(settings, items, TeacherPolicy(tokenizer), RolloutConfig(n_samples=1, concurrency=concurrency),
-                       task_set_version, batch_id=batch_id)
+                       task_set_version, batch_id=batch_id, sandboxes=sandboxes,
+                       register=Catalog(settings.catalog_path).record_rollout_batch)
     return turn_samples(result.store.trajectories(), only_resolved=only_resolved)
 
 
 def evaluate(settings: Settings, model: Any, tokenizer: Any, items: Items, batch_id: str, label: str,
              concurrency: int = 4, max_tokens: int = 64, task_set_version: str = "",
-             progress: Progress | None = None) -> BatchResult:
+             progress: Progress | None = None, sandboxes: SandboxProvider | None = None) -> BatchResult:
     """One greedy rollout per task, graded by the sandbox verifier: pass@1."""
     policy = HFPolicy((model, tokenizer), policy_id=f"eval@{label}")
     return run_batch(settings, items, policy, RolloutConfig(n_samples=1, concurrency=concurrency, temperature=0.0,
                                                             max_tokens=max_tokens), task_set_version,
-                     batch_id=batch_id, progress=progress)
+                     batch_id=batch_id, progress=progress, sandboxes=sandboxes,
+                     register=Catalog(settings.catalog_path).record_rollout_batch)
 
 
 @dataclass
@@ -207,7 +212,8 @@ class ServedPolicy:
 def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cfg: GRPORounds, batch_prefix: str,
                 on_round: Callable[[int, dict[str, float]], None] | None = None,
                 task_set_version: str = "", progress: Progress | None = None,
-                live: LivePolicy | None = None, checkpoint_dir: Path | None = None) -> GRPORun:
+                live: LivePolicy | None = None, checkpoint_dir: Path | None = None,
+                sandboxes: SandboxProvider | None = None) -> GRPORun:
     """`cfg.rounds` GRPO updates, each on one round's complete groups (see `GRPORounds`).
 
     Synchronous (max_staleness 0, no `live` policy): rollouts use the training model itself.
@@ -221,9 +227,10 @@ def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cf
     r - max_staleness (what its samples will carry). Groups more than max_staleness versions
     older than the trainer are dropped (reported in `stale_groups`); the others are corrected by
     the clipped ratio to their stored behaviour log-probs (`GRPOConfig.off_policy` makes missing
-    log-probs an error instead of "on-policy")."""
+    log-probs an error instead of "on-policy"). Every round's sandboxes come from one pool leased
+    from `sandboxes` (none: this process's engine); every round's batch is registered in the catalog."""
     return asyncio.run(_grpo_rounds(settings, model, tokenizer, items, cfg, batch_prefix, on_round,
-                                    task_set_version, progress, live, checkpoint_dir))
+                                    task_set_version, progress, live, checkpoint_dir, sandboxes))
 
 
 class PolicyVersions:
@@ -284,7 +291,7 @@ def _start_live_policy(model: Any, tokenizer: Any, cfg: GRPORounds, batch_prefix
 async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cfg: GRPORounds,
                        batch_prefix: str, on_round: Callable[[int, dict[str, float]], None] | None,
                        task_set_version: str, progress: Progress | None, live: LivePolicy | None,
-                       checkpoint_dir: Path | None) -> GRPORun:
+                       checkpoint_dir: Path | None, sandboxes: SandboxProvider | None = None) -> GRPORun:
     synchronous = cfg.max_staleness == 0 and live is None
     grpo = cfg.grpo if synchronous else replace(cfg.grpo, off_policy=True)
     trainer = GRPOTrainer(model, grpo, tokenizer=tokenizer)
@@ -299,10 +306,10 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
     run = GRPORun(trainer, [], [], [])
     client = docker_client(settings)
     first = RolloutConfig(n_samples=cfg.group_size, concurrency=cfg.concurrency)
-    from envforge.fleet.run import rollout_sandboxes_per_task
-
-    fleet = fleet_pool_from_env(list(items), rollout_sandboxes_per_task(first), client, settings)  # one rule
-    pool = fleet or SandboxPool(client, max_idle_per_key=max(2, cfg.concurrency), max_starting=4)
+    lease = or_local(sandboxes).lease(list(items), rollout_sandboxes_per_task(first), client=client, settings=settings,
+                                      max_idle_per_key=max(2, cfg.concurrency), max_starting=4)
+    pool = lease.pool
+    catalog = Catalog(settings.catalog_path)
     recorded: dict[str, asyncio.Task] = {}  # batch id -> its record_batch, run beside the next round
     publish_queue: asyncio.Queue = asyncio.Queue()
     previous: list[BatchResult] = []  # the round before, for the health verdict
@@ -334,8 +341,8 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
                              rollout: RolloutConfig = rollout, before: asyncio.Task | None = last) -> BatchResult:
                 if before is not None:  # one catalog writer at a time
                     await before
-                return await asyncio.to_thread(record_batch, settings, store, report, rollout_policy, rollout,
-                                               task_set_version)
+                return await asyncio.to_thread(record_batch, store, report, rollout_policy, rollout,
+                                               task_set_version, catalog.record_rollout_batch)
 
             last = recorded[store.batch_id] = asyncio.create_task(record())
             await stream.end_batch(store.batch_id)
@@ -411,8 +418,7 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
         rollout_policy = shared if live is None else live.policy
         await asyncio.gather(stream.run(produce()), train(), publish())
     finally:
-        if fleet is None:  # a fleet pool is the process's, shared with its other stages
-            await asyncio.to_thread(pool.close)
+        await asyncio.to_thread(lease.close)  # a local pool closes; the fleet's is the process's, shared
         if live is not None and hasattr(live.policy, "aclose"):
             await live.policy.aclose()
         if server is not None:

@@ -36,7 +36,7 @@ from envforge.task import Task
 from envforge.verify.batch import INFRA_RETRIES, Grading, grade_batch, with_retries
 from envforge.verify.config import GateConfig
 from envforge.verify.grader import Grader, options_for
-from envforge.verify.probes import Probe, applicable_probes, guard_for
+from envforge.verify.probes import STANDARD_PROBES, Probe, applicable_probes, guard_for
 from envforge.verify.protect import split_diff
 from envforge.verify.result import VerificationResult
 from envforge.verify.selection import SUITE, TARGETED, TestRun
@@ -122,6 +122,13 @@ def verifier_digest() -> str:
     """The grader, gate, probes and runners' code: a new envforge that grades differently re-gates."""
     root = Path(__file__).parent
     return digest_parts(*[f"{p.relative_to(root)}\0{p.read_text()}" for p in sorted(root.rglob("*.py"))])[:16]
+
+
+def gate_sandboxes_per_task(config: GateConfig) -> int:
+    """The sandboxes one task's gate acquires (what a sandbox provider is told to expect): the reference
+    and the empty solution graded `runs` times each, the reference diff and a shuffled run, and each
+    hack probe with its grade."""
+    return 2 * config.runs + 2 + (2 * len(STANDARD_PROBES) if config.probes else 0)
 
 
 def gate_key(task: Task, image_digest: str, config: GateConfig) -> str:

@@ -4,7 +4,8 @@ Docker engine), a rollout batch and a gate across it, one worker killed mid-batc
 What it shows: the batch completes; what ran on the dead node ran again on the survivor; no
 trajectory is lost or stored twice; a node that joins afterwards takes gate work. The figures
 go to `<data dir>/fleet_demo.json`. Like every entry point, it runs the rollout and the gate as
-their stages (tracked: one MLflow run each), handing them the fleet's pool.
+their stages (tracked: one MLflow run each), handing them the fleet as their sandbox provider
+(`StageContext.sandboxes`), on the cluster it starts rather than one found by address.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from envforge.fleet.config import FleetConfig
 from envforge.fleet.dispatcher import FleetDispatcher
 from envforge.fleet.local import LocalCluster, own_engines, stop_engine
 from envforge.fleet.pool import FleetSandboxPool, seed_images
-from envforge.fleet.run import gate_pool, rollout_pool
+from envforge.fleet.provider import FleetSandboxProvider
 from envforge.rollout.config import RolloutConfig
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import build_base_image, build_task_image
@@ -98,10 +99,11 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
         config_r = RolloutConfig(n_samples=options.samples, concurrency=options.concurrency, max_infra_retries=4,
                                  backoff_s=0.1)
         batch_id = f"fleet-demo-{int(time.time())}"
+        fleet = FleetSandboxProvider(dispatcher)
         progress = StageContext(progress=lambda _s, what, done, total: say(f"  rollout {done}/{total} {what}")
-                                if done % 8 == 0 or done == total else None)
+                                if done % 8 == 0 or done == total else None, sandboxes=fleet)
         result = rollout.tracked(settings, config_r, tasks, "replay", "fleet-demo", images, batch_id,
-                                 context=progress, pool=rollout_pool(dispatcher, items, config_r, client)).batch
+                                 context=progress).batch
         thread.join(timeout=1)
         frame = result.store.frame()
         summary["rollout"] = {
@@ -124,8 +126,7 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
         spec_tasks = [t for t in tasks if t.spec.source == "spec"] or tasks[:3]
         t0 = time.perf_counter()
         config_g = GateConfig(runs=options.gate_runs, shuffle=True, probes=False, concurrency=2)
-        gated = gate.tracked(settings, config_g, spec_tasks, images,
-                             pool=gate_pool(dispatcher, images.items(spec_tasks), config_g, client))
+        gated = gate.tracked(settings, config_g, spec_tasks, images, context=StageContext(sandboxes=fleet))
         summary["gate"] = {
             "tasks": len(spec_tasks), "accepted": len(gated.accepted_hashes()),
             "infra_failures": len(gated.infra_failures), "wall_s": round(time.perf_counter() - t0, 1),
