@@ -8,7 +8,7 @@ export ENVFORGE_DATA_DIR ?= $(CURDIR)/.envforge
 export DAGSTER_HOME ?= $(ENVFORGE_DATA_DIR)/dagster
 PYTEST_ARGS ?=
 
-.PHONY: setup venv engine base-image demo fleet-demo test bench-sandbox bench-dedup bench-rollout bench-observe bench-fleet bench-gate bench-strength ui mlflow-ui lock clean
+.PHONY: setup venv engine base-image demo fleet-demo test lint bench-sandbox bench-dedup bench-rollout bench-observe bench-fleet bench-gate bench-strength ui mlflow-ui lock clean
 
 ## setup: venv + package, host packages, Docker engine, sandbox base image (idempotent)
 setup: venv engine base-image
@@ -38,6 +38,13 @@ fleet-demo: setup
 ## test: the whole test suite (Docker tests are real and run here)
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## lint: ruff (lint + format check), the import-linter layer contracts, mypy against tools/mypy-baseline.json
+lint: venv
+	$(BIN)/ruff check platform/envforge tools
+	$(BIN)/ruff format --check platform/envforge tools
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python tools/mypy_baseline.py
 
 ## bench-sandbox: sandbox runtime benchmark (JSON on stdout)
 bench-sandbox: setup

@@ -19,6 +19,7 @@ ENVFORGE = str(Path(sys.executable).with_name("envforge"))
 
 
 @pytest.mark.docker
+@pytest.mark.slow  # about 5 min
 def test_demo_materializes_the_whole_graph(tmp_path, docker_client):
     data, home = tmp_path / "data", tmp_path / "dagster"
     env = {**os.environ, "ENVFORGE_DATA_DIR": str(data), "DAGSTER_HOME": str(home)}

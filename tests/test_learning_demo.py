@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.slow]  # about 70 s
 
 
 def test_learning_demo_runs_end_to_end(tmp_path, docker_client):

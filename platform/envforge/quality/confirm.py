@@ -190,7 +190,7 @@ def qualifying_run(view: str, a_hashes: np.ndarray, a_tokens: list[str], b_hashe
     """
     a = a_hashes.copy()
     first = None
-    for k in range(tries):
+    for _ in range(tries):
         r = longest_shared_run(a, b_hashes)
         ev = RunEvidence(view, r.length, needed, _snippet(a_tokens, r.a_start, r.length))
         if first is None:

@@ -21,7 +21,7 @@ import xxhash
 
 from envforge.quality.fingerprint import fmix64 as _fmix64
 from envforge.quality.fingerprint import hash_tokens
-from envforge.quality.text import char_shingle_strings, is_short, token_string
+from envforge.quality.text import char_shingle_strings, token_string
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 _ROLL = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier for rolling word hashes into n-gram hashes
