@@ -89,6 +89,15 @@ def test_bad_config_is_a_reject_naming_the_file_and_field(calc, tmp_path):
         assert problem.source == str(cfg) and problem.field == field and words in problem.reason, problem
 
 
+def test_a_message_too_short_to_state_a_task_is_a_reject_that_says_so(calc, tmp_path):
+    repo, shas = calc
+    sha = commit(repo, "sub", {"calc.py": (repo / "calc.py").read_text() + "\n\ndef sub(a, b):\n    return a - b\n",
+                               "tests/test_sub.py": "from calc import sub\n\n\ndef test_sub():\n"
+                                                    "    assert sub(3, 1) == 2\n"}, 8)
+    [problem] = load_history_source(write_history(tmp_path / "h", repo)).rejects
+    assert problem.source.endswith(sha[:12]) and problem.field == "message" and "too short" in problem.reason
+
+
 def test_history_sources_are_discovered_as_their_own_kind(calc, tmp_path):
     repo, _ = calc
     cfg = write_history(tmp_path / "h", repo)
@@ -158,3 +167,42 @@ def test_the_funnel_tells_envforges_losses_from_the_records():
     funnel = Funnel.of(tasks=6, rejects=rejects, skipped=3)
     assert (funnel.candidates, funnel.environment_built, funnel.derived, funnel.accepted) == (10, 9, 7, 6)
     assert funnel.envforge_losses == 2 and funnel.lost["parse/record"] == 1
+
+
+@pytest.mark.docker
+def test_a_second_ingest_derives_only_the_commits_new_since_the_cursor(calc, tmp_path, settings, docker_client,
+                                                                       monkeypatch):
+    from envforge.catalog import Catalog
+    from envforge.sources import derive
+    from envforge.stages.configs import IngestConfig
+    from envforge.stages.ingest import ingest
+
+    repo, shas = calc
+    cfg = write_history(tmp_path / "h", repo)
+    first = ingest(settings, IngestConfig(), [cfg], client=docker_client)
+    assert len(first.result.tasks) == 3 and len(first.result.rejects) == 1  # characterization: no failing test
+    loads = Catalog(settings.catalog_path).source_loads()
+    assert loads["cursor"].to_list() == [shas["linked"]]
+
+    shas["new"] = commit(repo, "add sub(a, b)", {
+        "calc.py": (repo / "calc.py").read_text() + "\n\ndef sub(a, b):\n    return a - b\n",
+        "tests/test_sub.py": "from calc import sub\n\n\ndef test_sub():\n    assert sub(3, 1) == 2\n"}, 8)
+    derived: list[str] = []
+    real = derive.derive_tasks
+
+    def counting(settings, candidates, **kwargs):
+        derived.extend(c.metadata["fix_commit"] for c in candidates)
+        return real(settings, candidates, **kwargs)
+
+    monkeypatch.setattr(derive, "derive_tasks", counting)
+    second = ingest(settings, IngestConfig(), [cfg], client=docker_client)
+    assert derived == [shas["new"]]  # only the commit after the cursor ran in a sandbox
+    assert len(second.result.tasks) == 4 and len(second.result.rejects) == 1  # the old outcomes carried over
+    assert second.summary.added == 1 and second.summary.unchanged == 3
+    assert Catalog(settings.catalog_path).source_loads()["cursor"].to_list() == [shas["new"]]
+
+    derived.clear()
+    full = ingest(settings, IngestConfig(incremental=False), [cfg], client=docker_client)
+    assert sorted(derived) == sorted(shas[k] for k in ("new", "linked", "follow_up", "characterization", "fix"))
+    assert [t.content_hash for t in sorted(full.result.tasks, key=lambda t: t.id)] == \
+        [t.content_hash for t in sorted(second.result.tasks, key=lambda t: t.id)]

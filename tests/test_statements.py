@@ -202,3 +202,10 @@ def test_bundled_statements_raise_no_false_alarms():
     assert len(tasks) >= 10
     out = apply_statement_policy(tasks, "flag")
     assert set(out.summary.verdicts) == {"ok"}, {i: c.findings for i, c in out.checks.items() if c.findings}
+
+
+def test_a_repair_never_leaves_less_than_a_statement():
+    """A commit subject that is all solution step ('add sep', say) and no failure to describe: the
+    repair keeps the words there were, flagged, rather than an empty statement."""
+    check = repair_statement("Ticket c-9: use sep", context(messages=()))
+    assert check.verdict == "flagged" and len(check.statement) >= 10

@@ -172,6 +172,7 @@ class SourceLoadRow(_Table):
     task_hashes: list[str]
     n_rejects: int = pa.Field(ge=0)
     loaded_at: datetime
+    cursor: str = pa.Field(nullable=True)  # a history source's branch head at this load (where the next one starts)
 
 
 class TrajectoryRow(_Table):

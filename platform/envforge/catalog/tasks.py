@@ -60,7 +60,7 @@ class TaskStore(CatalogBase):
     """The `tasks`, `rejects` and `source_loads` tables and the views over them."""
 
     def ingest(self, result: SourceLoad, source_kind: str = "spec", strict: bool = False,
-               source_key: str | None = None, fingerprint: str = "") -> IngestSummary:
+               source_key: str | None = None, fingerprint: str = "", cursor: str | None = None) -> IngestSummary:
         """Store a source's good tasks and its rejects in one transaction.
 
         strict=True refuses the whole batch when any record was rejected, reporting every
@@ -85,7 +85,7 @@ class TaskStore(CatalogBase):
             frames["source_loads"] = frame("source_loads", [{
                 "source_key": source_key, "source_kind": source_kind, "batch_id": batch_id,
                 "fingerprint": fingerprint, "task_hashes": sorted({t.content_hash for t in tasks}),
-                "n_rejects": len(problems), "loaded_at": at}])
+                "n_rejects": len(problems), "loaded_at": at, "cursor": cursor}])
         self.write(frames)
         return IngestSummary(batch_id, len(new), len(tasks) - len(new), len(problems))
 
@@ -152,9 +152,23 @@ class TaskStore(CatalogBase):
         return self.query("SELECT * FROM current_rejects ORDER BY source_kind, source, field")
 
     def source_loads(self) -> pl.DataFrame:
-        """The latest load of every source: key, kind, fingerprint, how many tasks and rejects."""
+        """The latest load of every source: key, kind, fingerprint, how many tasks and rejects, cursor."""
         return self.query("SELECT source_key, source_kind, batch_id, fingerprint, len(task_hashes) AS n_tasks, "
-                          "n_rejects, loaded_at FROM latest_source_loads ORDER BY source_kind, source_key")
+                          "n_rejects, loaded_at, cursor FROM latest_source_loads ORDER BY source_kind, source_key")
+
+    def latest_load(self, source_key: str) -> tuple[list[Task], list[Problem], str | None] | None:
+        """A source's latest load as it was stored: its task versions, its rejects and its cursor (None:
+        never loaded). What an incremental load of a history source carries over."""
+        load = self.query("SELECT batch_id, task_hashes, cursor FROM latest_source_loads WHERE source_key = ?",
+                          [source_key])
+        if load.height == 0:
+            return None
+        row = load.row(0, named=True)
+        tasks = self.load_versions(row["task_hashes"]) if row["task_hashes"] else []
+        rejects = self.query("SELECT source, field, reason FROM rejects WHERE batch_id = ? ORDER BY source",
+                             [row["batch_id"]])
+        return tasks, [Problem(r["source"], r["field"], r["reason"]) for r in rejects.iter_rows(named=True)], \
+            row["cursor"]
 
     def retire_missing_sources(self, present: set[str], root: Path, under: Iterable[Path] | None = None) -> list[str]:
         """Record an empty latest load for every loaded source that is gone from disk.

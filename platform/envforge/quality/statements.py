@@ -37,6 +37,7 @@ Verdict = Literal["ok", "repaired", "flagged", "unchecked"]
 COMMIT_DERIVED_KINDS = frozenset({"ticket", "review", "history"})
 
 MIN_WORDS = 8  # fewer words than this is not a problem statement
+MIN_STATEMENT_CHARS = 10  # as TaskSpec.instruction: a repair never leaves less
 BARE_TITLE_WORDS = 15  # a single line shorter than this is a commit subject, not a report
 MIN_PATCH_LINE_CHARS = 16  # shorter added lines (`return None`) are too common to count as a leak
 MIN_LITERAL_CHARS = 4
@@ -425,7 +426,9 @@ def repair_statement(text: str, context: StatementContext) -> StatementCheck:
     after = check_statement(repaired, context)
     if added:  # the observed failures are the behaviour; thinness of the title alone is no longer a finding
         after = [f for f in after if not f.rule.startswith("underspecified.")]
-    changed = bool(removed or leaks or added)  # whitespace alone is no repair: keep the author's text
+    if len(repaired.strip()) < MIN_STATEMENT_CHARS:  # nothing usable left: keep the words there were, flagged
+        repaired, leaks, added = (cleaned if len(cleaned.strip()) >= MIN_STATEMENT_CHARS else text), [], 0
+    changed = bool(removed or leaks or added) and repaired != text  # whitespace alone is no repair
     repaired = repaired if changed else text
     verdict: Verdict = "flagged" if after else "repaired" if changed else "ok"
     return StatementCheck(verdict, repaired, tuple(after),

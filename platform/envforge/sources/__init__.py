@@ -28,7 +28,7 @@ def load_by_source(paths: Iterable[Path], discovery: Discovery | None = None
     loaded = []
     for ref in refs:
         raw = load_source(ref)
-        res = LoadResult(rejects=list(raw.rejects), skipped=list(raw.skipped))
+        res = LoadResult(rejects=list(raw.rejects), skipped=list(raw.skipped), cursor=raw.cursor)
         for task in raw.tasks:
             res.add_unique(task, seen)
         for cand in raw.candidates:

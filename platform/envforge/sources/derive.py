@@ -324,7 +324,12 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
         metadata["unselectable_tests"] = settled.unselectable
     if candidate.config.tests.pass_to_pass == "test-files":
         metadata["pass_to_pass_elsewhere"] = settled.pass_to_pass_elsewhere
-    failures = {t: derivation.before[0].messages[t] for t in f2p if derivation.before[0].messages.get(t)}
+    before = derivation.before[0]
+    failures = {t: before.messages[t] for t in f2p if before.messages.get(t)}
+    for t in f2p:  # a test whose module could not even be imported before the fix: that error is the failure
+        error = before.collect_errors.get(t.split("::", 1)[0])
+        if t not in failures and error:
+            failures[t] = error_summary(error, lines=1)
     if failures:  # the observable failure, for describing the problem as a reporter would (quality.statements)
         metadata["failure_messages"] = failures
     metadata["derivation"] = {"suite_runs": len(derivation.before) + len(derivation.after),

@@ -46,6 +46,7 @@ from envforge.sources.tickets import PRESETS
 
 CONFIG_NAME = "history.yaml"
 MAX_SCAN = 5000  # commits examined at most per load, newest first
+MIN_STATEMENT_CHARS = 10  # as TaskSpec.instruction
 
 DEPENDENCY_FILES = ("requirements*.txt", "requirements/*.txt", "*.lock", "Pipfile", "Pipfile.lock", "poetry.lock",
                     "uv.lock", "pdm.lock", "constraints*.txt", "package.json", "package-lock.json", "yarn.lock",
@@ -244,6 +245,7 @@ def load_history_source(config_path: Path, policy: SourcePolicy | None = None) -
         field, _, reason = str(exc).partition(": ")
         result.rejects.append(Problem(str(config_path), field if reason else "range", reason or str(exc)))
         return result
+    result.cursor = resolve_commit(git_dir, cfg.range.branch)
     base_dir = config_path.parent
     project = cfg.project or (base_dir / cfg.repository).resolve().name.removesuffix(".bundle")
     issues = load_issues(config_path, cfg.issues, policy, result)
@@ -283,8 +285,10 @@ def _candidate(commit: Commit, change: Any, cfg: HistoryConfig, git_dir: Path, p
         metadata.update(issue=key, issue_record=issue_where)
     else:
         instruction = message
-    if not instruction:
-        raise SpecError([Problem(where, "message", "the commit has no message and no linked issue")])
+    if len(instruction) < MIN_STATEMENT_CHARS:
+        raise SpecError([Problem(where, "message", f"the commit message {instruction!r} is too short to state a task "
+                                                   f"(at least {MIN_STATEMENT_CHARS} characters) and no issue export "
+                                                   "holds an issue it links")])
     candidate = Candidate(
         id=slug(f"{project}-{commit.sha[:12]}"), kind="history", origin=where, field="commit",
         instruction=instruction, git_dir=git_dir, workspace_commit=parent, change=change, config=cfg,

@@ -22,6 +22,7 @@ class LoadResult:
     # what a source looked at and left out on purpose (a history source's docs-only commits), with why:
     # not rejects, since nothing is wrong with them, but what a dry run shows
     skipped: list[Problem] = field(default_factory=list)
+    cursor: str | None = None  # where a history source stopped reading (its branch head): the next load starts there
 
     def extend(self, other: "LoadResult") -> None:
         self.tasks.extend(other.tasks)

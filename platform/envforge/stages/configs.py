@@ -23,6 +23,9 @@ class IngestConfig:
                 "its verdict), off (no check)"})
     review: StatementReviewConfig = field(default_factory=StatementReviewConfig, metadata={
         "help": "the optional model-assisted review of statements"})
+    incremental: bool = field(default=True, metadata={
+        "help": "history sources derive only the commits their latest load did not see; the others keep that "
+                "load's outcome (task or reject). Off: every commit of the range again (cached derivations)"})
 
     def __post_init__(self) -> None:
         if self.statements not in STATEMENT_POLICIES:

@@ -125,10 +125,13 @@ def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], cont
     statements, reviews = StatementSummary(), ReviewOutcome()
     for i, (ref, res) in enumerate(loaded, start=1):
         progress("ingest", ref.key(root), i, len(loaded))
+        carried = carry_over(catalog, ref.key(root), res) if ref.kind == "history" and config.incremental else None
         derive_candidates(settings, res, client=client, progress=progress, sandboxes=context.sandboxes)
         checked = apply_statement_policy(res.tasks, config.statements, settings.data_dir,  # type: ignore[arg-type]
                                          review=config.review)
         res.tasks, res.rejects = checked.tasks, [*res.rejects, *checked.rejects]
+        if carried is not None:  # checked when they were first ingested: their verdicts stand
+            res.tasks, res.rejects = [*res.tasks, *carried.tasks], [*res.rejects, *carried.rejects]
         statements.merge(checked.summary)
         reviews.merge(checked.review)
         sources.append(SourceIngest(ref.key(root), ref.kind, fingerprint(ref), res, statements=checked.summary))
@@ -142,11 +145,41 @@ def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], cont
         catalog.ingest(combined, strict=True)  # raises BatchRejectedError listing every problem
     summaries = [catalog.ingest(LoadResult(rejects=list(problems)), source_kind="path")] if problems else []
     for s in sources:
-        s.summary = catalog.ingest(s.result, source_kind=s.kind, source_key=s.key, fingerprint=s.fingerprint)
+        s.summary = catalog.ingest(s.result, source_kind=s.kind, source_key=s.key, fingerprint=s.fingerprint,
+                                   cursor=s.result.cursor)
         summaries.append(s.summary)
     summary = IngestSummary(summaries[0].batch_id if summaries else "", sum(x.added for x in summaries),
                             sum(x.unchanged for x in summaries), sum(x.rejected for x in summaries))
     return IngestResult(list(paths), combined, summary, sources, discovery.skipped, statements, reviews)
+
+
+def carry_over(catalog: Catalog, source_key: str, result: LoadResult) -> LoadResult:
+    """Take out of `result` the candidates (history commits) the source's latest load already processed,
+    and return that load's outcome for them: its task, or its rejects (except infrastructure faults,
+    which are tried again). Only commits new since the last load are then derived: the nightly
+    refresh and the sensor cost what is new, not the whole range. Commits that left the range (a
+    `last: N` window moving on, a rewritten branch) are not carried: the load stays the range's."""
+    previous = catalog.latest_load(source_key)
+    if previous is None:
+        return LoadResult()
+    tasks, rejects, _cursor = previous
+    by_commit = {t.spec.metadata.get("fix_commit"): t for t in tasks}
+    rejected: dict[str, list[Problem]] = {}
+    for p in rejects:
+        sha12 = p.source.rsplit(":", 1)[-1]
+        if not p.reason.startswith("infra:"):
+            rejected.setdefault(sha12, []).append(p)
+    carried, todo = LoadResult(), []
+    for cand in result.candidates:
+        sha = cand.metadata.get("fix_commit", "")
+        if sha in by_commit:
+            carried.tasks.append(by_commit[sha])
+        elif sha[:12] in rejected:
+            carried.rejects.extend(rejected[sha[:12]])
+        else:
+            todo.append(cand)
+    result.candidates = todo
+    return carried
 
 
 def _reject_ids_of_other_sources(owners: dict[str, list[tuple[str, str]]], result: LoadResult, key: str) -> None:
