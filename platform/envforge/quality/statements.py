@@ -353,7 +353,7 @@ def check_statement(text: str, context: StatementContext) -> list[Finding]:
 
 
 def split_sentences(text: str) -> list[str]:
-    out = []
+    out: list[str] = []
     for line in text.splitlines():
         out.extend(s for s in _SENTENCE_END.split(line) if s.strip())
     return out

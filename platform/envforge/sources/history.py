@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field, StrictStr, field_validator
 
@@ -107,8 +107,8 @@ class IssueExport(StrictModel):
 class HistoryConfig(HistorySourceConfig):
     repository: StrictStr = Field(description="git directory, .bundle file or patch-series project")
     project: StrictStr | None = Field(None, description="task id prefix; default: the repository folder's name")
-    range: HistoryRange = Field(default_factory=HistoryRange)
-    filters: HistoryFilters = Field(default_factory=HistoryFilters)
+    range: HistoryRange = Field(default_factory=lambda: HistoryRange.model_validate({}))
+    filters: HistoryFilters = Field(default_factory=lambda: HistoryFilters.model_validate({}))
     issues: list[IssueExport] = Field(default_factory=list)
 
 
@@ -215,8 +215,8 @@ def load_issues(config_path: Path, exports: list[IssueExport], policy: SourcePol
                 result.rejects.append(Problem(where, fmap.get("title", "title"), "an issue needs an id and a title"))
                 continue
             body = values.get("body") if isinstance(values.get("body"), str) else ""
-            title = guard.check_text(values["title"], where, fmap["title"], policy).strip()
-            body = guard.check_text(body, where, fmap.get("body", "body"), policy).strip()
+            title = guard.check_text(str(values["title"]), where, fmap["title"], policy).strip()
+            body = guard.check_text(str(body or ""), where, fmap.get("body", "body"), policy).strip()
             issues[str(values["id"]).lstrip("#")] = (title, body, where)
     return issues
 
@@ -235,15 +235,15 @@ def load_history_source(config_path: Path, policy: SourcePolicy | None = None) -
     policy = policy or SourcePolicy.from_env()
     result = LoadResult()
     try:
-        cfg = load_config(config_path, HistoryConfig, policy)
+        cfg = cast(HistoryConfig, load_config(config_path, HistoryConfig, policy))
         git_dir = open_repository(config_path, "repository", cfg.repository, policy)
         commits = read_commits(git_dir, cfg.range)
     except SpecError as exc:
         result.rejects.extend(exc.problems)
         return result
     except ValueError as exc:
-        field, _, reason = str(exc).partition(": ")
-        result.rejects.append(Problem(str(config_path), field if reason else "range", reason or str(exc)))
+        field, _, detail = str(exc).partition(": ")
+        result.rejects.append(Problem(str(config_path), field if detail else "range", detail or str(exc)))
         return result
     result.cursor = resolve_commit(git_dir, cfg.range.branch)
     base_dir = config_path.parent
@@ -253,7 +253,7 @@ def load_history_source(config_path: Path, policy: SourcePolicy | None = None) -
         if cfg.range.last is not None and len(result.candidates) >= cfg.range.last:
             break
         where = f"{config_path}:{commit.sha[:12]}"
-        reason = skip_reason(commit, cfg.filters)
+        reason: str | None = skip_reason(commit, cfg.filters)
         if reason is None:
             try:
                 change = split_change(git_dir, commit.parents[0], commit.sha)

@@ -69,13 +69,13 @@ class IngestResult(StageResult):
         res, summary = self.result, self.summary
         total = len(res.tasks) + len(res.rejects)
         env_layers = {(t.spec.metadata.get("images") or {}).get("env") for t in res.tasks} - {None}
+        agreement = self.review.agreement_rate()
         return {"tasks_valid": len(res.tasks), "tasks_added": summary.added, "tasks_unchanged": summary.unchanged,
                 "records_rejected": summary.rejected, "reject_rate": len(res.rejects) / total if total else 0.0,
                 "env_layers": len(env_layers),
                 **{f"statements_{verdict}": float(n) for verdict, n in sorted(self.statements.verdicts.items())},
                 **{f"funnel_{k}": float(v) for k, v in self.funnel().as_json().items() if isinstance(v, int)},
-                **({"statement_review_agreement": float(self.review.agreement_rate())}
-                   if self.review.agreement_rate() is not None else {})}
+                **({"statement_review_agreement": agreement} if agreement is not None else {})}
 
     def artifacts(self) -> dict[str, Any]:
         return {"rejects.json": [{"source": p.source, "field": p.field, "reason": p.reason}
