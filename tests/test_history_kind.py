@@ -80,7 +80,7 @@ def test_bad_config_is_a_reject_naming_the_file_and_field(calc, tmp_path):
     repo, _ = calc
     for body, field, words in (("range: {since: v9.9}\n", "range.since", "neither a date"),
                                ("range: {last: 0}\n", "range.last", "greater than or equal"),
-                               ("filters: {skip_messages: ['(']}\n", "filters.skip_messages", "not a regular"),
+                               ("filters: {skip_messages: ['(']}\n", "filters.skip_messages", "not a valid regular expression"),
                                ("range: {branch: nope}\n", "range.branch", "does not name a commit")):
         cfg = write_history(tmp_path / field.replace(".", "-"), repo, body)
         result = load_history_source(cfg)

@@ -37,6 +37,15 @@ TEST_ID_PATTERN = r"^(?=.{1,2000}$)[^\s\x00-\x1f\x7f](?:[^\s\x00-\x1f\x7f]| )*(?
 _TEST_ID = re.compile(TEST_ID_PATTERN)
 
 
+def check_regex(value: str) -> str:
+    """A field's regular expression, or ValueError saying why Python cannot compile it."""
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"{value!r} is not a valid regular expression: {exc}") from None
+    return value
+
+
 def valid_test_id(value: str) -> bool:
     return bool(_TEST_ID.match(value))
 
@@ -208,12 +217,7 @@ class ShellCheckpoint(_Strict):
     @field_validator("stdout_pattern")
     @classmethod
     def _compiles(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"not a valid regular expression: {exc}") from None
-        return v
+        return v if v is None else check_regex(v)
 
 
 class Verification(_Strict):

@@ -43,6 +43,7 @@ from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import blank, get_path, iter_records
 from envforge.sources.result import LoadResult
 from envforge.sources.tickets import PRESETS
+from envforge.task import check_regex
 
 CONFIG_NAME = "history.yaml"
 MAX_SCAN = 5000  # commits examined at most per load, newest first
@@ -85,12 +86,7 @@ class HistoryFilters(StrictModel):
     @field_validator("skip_messages")
     @classmethod
     def _compiles(cls, v: list[str]) -> list[str]:
-        for pattern in v:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
-        return v
+        return [check_regex(pattern) for pattern in v]
 
 
 class IssueExport(StrictModel):
