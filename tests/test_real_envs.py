@@ -305,7 +305,8 @@ def test_a_build_killed_from_outside_is_retried_as_an_infra_fault(tmp_path, dock
     thread = threading.Thread(target=killer, args=(1,), daemon=True)
     thread.start()
     with pytest.raises(InfraError, match=r"image_build_killed.*code: 137"):
-        build_task_image(docker_client, cand.provisional_task(), base_image, settings, repository_dir=repository_dir)
+        build_task_image(docker_client, cand.provisional_task(), base_image, settings,
+                         repository_dir=repository_dir)
     thread.join()
     # Killed once, then retried: the derivation goes through.
     thread = threading.Thread(target=killer, args=(2,), daemon=True)

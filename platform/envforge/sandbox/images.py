@@ -302,7 +302,8 @@ def _resolve_parent(client: docker.DockerClient, task: Task, base_tag: str, sett
     env = task.spec.environment
     if not env.needs_env_layer:
         return parent, None
-    recipe = env_recipe(env_image_name(task), parent, env, lambda rel: workspace_file(task, settings, rel, repository_dir),
+    recipe = env_recipe(env_image_name(task), parent, env,
+                        lambda rel: workspace_file(task, settings, rel, repository_dir),
                         recorded.get("env_freeze") or [], build_requirements(task), legacy=records_legacy_env(task))
     if recorded.get("env") and recorded["env"] != recipe.tag and not rebuild:
         _refuse_other_layer(task, "env", recorded["env"], recipe.tag, settings)
