@@ -42,6 +42,7 @@ from envforge.errors import EnvforgeError  # noqa: E402
 from envforge.sandbox.engine import docker_client  # noqa: E402
 from envforge.sandbox.envlayer import build_env_image, env_recipe  # noqa: E402
 from envforge.sandbox.images import build_base_image, build_requirements, env_image_name, workspace_file  # noqa: E402
+from envforge.sources.gitrepo import repository_dir  # noqa: E402
 from envforge.stages.base import StageContext  # noqa: E402
 from envforge.stages.configs import ImagesConfig, IngestConfig  # noqa: E402
 from envforge.stages.gate import gate  # noqa: E402
@@ -88,7 +89,7 @@ def _naive_env_builds_or_raise(client, settings: Settings, task) -> dict:
     if not env.needs_env_layer:
         return {}
     base = build_base_image(client, settings).tag
-    recipe = env_recipe(env_image_name(task), base, env, lambda rel: workspace_file(task, settings, rel),
+    recipe = env_recipe(env_image_name(task), base, env, lambda rel: workspace_file(task, settings, rel, repository_dir),
                         build=build_requirements(task))
     out = {}
     for label, volume in (("warm_pip_cache", None), ("empty_pip_cache", f"envforge-bench-{uuid.uuid4().hex[:8]}")):

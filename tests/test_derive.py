@@ -13,6 +13,7 @@ from envforge.catalog import Catalog
 from envforge.sandbox.images import build_task_image
 from envforge.sources import derive
 from envforge.sources.derive import derive_tasks
+from envforge.sources.gitrepo import repository_dir
 from envforge.sources.reviews import load_review_source
 from envforge.sources.tickets import load_ticket_source
 from tests.test_history_sources import make_calc_repo, write_review_source, write_ticket_source
@@ -73,7 +74,8 @@ def test_the_fix_is_unreachable_from_the_task_workspace(calc, tmp_path, settings
     repo, shas = calc
     [cand] = [c for c in load_ticket_source(write_ticket_source(tmp_path / "t", repo, shas)).candidates
               if c.id == "calc-calc-1"]
-    image = build_task_image(docker_client, cand.provisional_task(), base_image, settings).tag
+    image = build_task_image(docker_client, cand.provisional_task(), base_image, settings,
+                             repository_dir=repository_dir).tag
     with Sandbox.start(docker_client, image, SandboxOptions()) as sb:
         probes = {
             "commits": "git log --all --reflog --format=%H | sort -u | wc -l",

@@ -206,3 +206,19 @@ def test_discovery_finds_every_kind_and_fingerprints_follow_edits(calc, tmp_path
     assert fingerprint(review) != before  # the repository moved
     by_kind = load_sources([root])
     assert len(by_kind["ticket"].candidates) == 2 and len(by_kind["review"].candidates) == 1
+
+
+def test_a_commit_outside_the_commit_store_is_read_through_the_callers_repository_dir(calc, tmp_path, settings):
+    """The sandbox is below the sources: a history task's commit that envforge's store does not hold
+    yet is read from the repository its caller's `repository_dir` finds; with none given, a clear error."""
+    from envforge.errors import ImageBuildError
+    from envforge.sandbox.images import workspace_file
+    from envforge.sources.gitrepo import repository_dir
+
+    repo, shas = calc
+    [task, _] = [c.provisional_task() for c in load_ticket_source(write_ticket_source(tmp_path / "t", repo, shas))
+                 .candidates]
+    with pytest.raises(ImageBuildError, match=rf"task {task.id}: environment.repository: commit {shas['initial']} "
+                                              "is not in envforge's commit store"):
+        workspace_file(task, settings, "calc.py")
+    assert workspace_file(task, settings, "calc.py", repository_dir) == CALC.encode()

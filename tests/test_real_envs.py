@@ -27,6 +27,7 @@ from envforge.errors import ImageBuildError, InfraError
 from envforge.sandbox.envlayer import EnvRecipe, build_env_image
 from envforge.sandbox.images import build_base_image, build_task_image
 from envforge.sources.derive import derive_tasks
+from envforge.sources.gitrepo import repository_dir
 from envforge.sources.tickets import load_ticket_source
 from envforge.task import Task
 from tests.test_history_sources import commit, git, make_calc_repo
@@ -304,7 +305,8 @@ def test_a_build_killed_from_outside_is_retried_as_an_infra_fault(tmp_path, dock
     thread = threading.Thread(target=killer, args=(1,), daemon=True)
     thread.start()
     with pytest.raises(InfraError, match=r"image_build_killed.*code: 137"):
-        build_task_image(docker_client, cand.provisional_task(), base_image, settings)
+        build_task_image(docker_client, cand.provisional_task(), base_image, settings,
+                         repository_dir=repository_dir)
     thread.join()
     # Killed once, then retried: the derivation goes through.
     thread = threading.Thread(target=killer, args=(2,), daemon=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from envforge.sandbox.images import build_task_image
+from envforge.sources.gitrepo import repository_dir
 from envforge.sources.swebench import export_swebench, load_swebench
 
 # The repositories live beside the sources under tmp_path: allowed as a deployment would allow them.
@@ -86,7 +87,7 @@ def test_history_is_scrubbed_and_the_instance_grades(instance, docker_client, ba
     from envforge.sandbox.container import Sandbox
 
     task = load_swebench([instance]).tasks[0]
-    image = build_task_image(docker_client, task, base_image, settings).tag
+    image = build_task_image(docker_client, task, base_image, settings, repository_dir=repository_dir).tag
     with Sandbox.start(docker_client, image) as sb:
         log = sb.exec("git log --all --oneline | wc -l; git tag; git branch -a; git reflog | wc -l").text().split()
         assert log[0] == "1"  # one commit: the initial state

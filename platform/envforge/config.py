@@ -12,17 +12,11 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
+from envforge.checkout import checkout_root  # noqa: F401  (callers import it from here)
+
 C = TypeVar("C")
 
 CATALOG_FILE = "catalog.duckdb"  # the catalog's file in a data directory (Settings.catalog_path)
-
-# The repository root when envforge runs from a checkout (platform/envforge/config.py).
-_CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
-
-
-def checkout_root() -> Path:
-    """The repository checkout envforge runs from (or the working directory for an installed package)."""
-    return _CHECKOUT_ROOT if (_CHECKOUT_ROOT / "sandboxes").is_dir() else Path.cwd()
 
 
 def config_from_dict(cls: type[C], values: Mapping[str, Any]) -> C:

@@ -4,8 +4,8 @@
 `service.config.ServiceConfig`, `deployment.Deployment`, the observability switches, object
 storage, the source policy, decontamination's corpora...) take their values from the
 `EnvSettings` it returns instead of parsing `os.environ` themselves. The fleet's and the service's
-variables are declared by their own typed configs (which Python and YAML callers construct
-directly); this model takes them over, field for field, so they are read here like the rest.
+variables are declared here too; their typed configs (which Python and YAML callers construct
+directly) take each field's default and help from these declarations.
 
 docs/configuration.md is generated from this model (`envforge config docs`) and
 `envforge config show` prints the effective values and where each came from. Importing this
@@ -22,18 +22,15 @@ from __future__ import annotations
 
 import os
 from contextvars import ContextVar
-from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
-from pydantic import Field, SecretStr, ValidationError, create_model
+from pydantic import Field, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
-from envforge.config import checkout_root
+from envforge.checkout import checkout_root
 from envforge.errors import EnvforgeError
-from envforge.fleet.config import ADDRESS_ENV, PREFIX as FLEET_PREFIX, FleetConfig
-from envforge.service.config import ServiceConfig
 
 # The groups of docs/configuration.md and `envforge config show`, in their order.
 GROUPS = {
@@ -118,8 +115,8 @@ def _var(env: str, default: Any, group: str, help: str, *, secret: bool = False,
 _HEALTH = "envforge.observe.health:HealthThresholds"
 
 
-class _DeclaredSettings(BaseSettings):
-    """The settings declared here; `EnvSettings` adds the fleet's and the service's."""
+class EnvSettings(BaseSettings):
+    """Every setting envforge reads from the environment (`read_env()` builds it)."""
 
     model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", frozen=True)
 
@@ -268,6 +265,73 @@ class _DeclaredSettings(BaseSettings):
                                                  "the policy side is judged only on at least this many shared "
                                                  "cleanly-run tasks", default_from=_HEALTH)
 
+    # -- fleet (envforge.fleet.config.FleetConfig takes its defaults and help from these and checks the ranges)
+    ray_address: str = _var("ENVFORGE_RAY_ADDRESS", "", "fleet",
+                            "the Ray head, `HOST:PORT` (GCS, usually 6379) for a driver on a cluster node or "
+                            "`ray://HOST:10001` for Ray Client; empty = `auto` (a cluster started on this machine)")
+    fleet_namespace: str = _var("ENVFORGE_FLEET_NAMESPACE", "envforge", "fleet",
+                                "Ray namespace of the node agents; drivers that share it share the agents and "
+                                "their warm pools")
+    fleet_node_resource: str = _var("ENVFORGE_FLEET_NODE_RESOURCE", "envforge_sandboxes", "fleet",
+                                    "the Ray custom resource a sandbox node advertises; its amount is how many "
+                                    "sandboxes the node may lease at once")
+    fleet_max_idle_per_image: int = _var("ENVFORGE_FLEET_MAX_IDLE_PER_IMAGE", 4, "fleet",
+                                         "warm sandboxes a node keeps per image at most")
+    fleet_max_idle_per_node: int = _var("ENVFORGE_FLEET_MAX_IDLE_PER_NODE", 16, "fleet",
+                                        "warm sandboxes a node keeps in all at most")
+    fleet_idle_shrink_after_s: float = _var("ENVFORGE_FLEET_IDLE_SHRINK_AFTER_S", 30.0, "fleet",
+                                            "an image nobody has asked for this long loses its warm sandboxes")
+    fleet_lease_idle_timeout_s: float = _var("ENVFORGE_FLEET_LEASE_IDLE_TIMEOUT_S", 900.0, "fleet",
+                                             "a lease untouched this long is reclaimed by the node, even if its "
+                                             "driver still beats")
+    fleet_driver_timeout_s: float = _var("ENVFORGE_FLEET_DRIVER_TIMEOUT_S", 60.0, "fleet",
+                                         "a driver whose heartbeat (every 5 s while it holds leases) a node has "
+                                         "not heard this long has died: its leases there are reclaimed")
+    fleet_acquire_timeout_s: float = _var("ENVFORGE_FLEET_ACQUIRE_TIMEOUT_S", 900.0, "fleet",
+                                          "backpressure: how long an acquire waits for free capacity before it "
+                                          "fails as an infrastructure fault")
+    fleet_image_distribution: Literal["auto", "transfer", "build"] = _var(
+        "ENVFORGE_FLEET_IMAGE_DISTRIBUTION", "auto", "fleet",
+        "how a node gets an image it lacks: `transfer` (docker save/load through Ray's object store), `build` "
+        "(from the same recipe, content-hash tag), or `auto` (build task layers, transfer base images: what "
+        "bench/fleet.py measured to be faster)")
+    fleet_discovery_interval_s: float = _var("ENVFORGE_FLEET_DISCOVERY_INTERVAL_S", 2.0, "fleet",
+                                             "how often the dispatcher looks for nodes that joined or left")
+    fleet_min_engine_version: str = _var("ENVFORGE_FLEET_MIN_ENGINE_VERSION", "20.10", "fleet",
+                                         "the oldest Docker engine a node may run")
+    fleet_connect_timeout_s: float = _var("ENVFORGE_FLEET_CONNECT_TIMEOUT_S", 10.0, "fleet",
+                                          "how long to wait for the Ray head to answer at start")
+
+    # -- the service (envforge.service.config.ServiceConfig takes its defaults and help from these)
+    service_host: str = _var("ENVFORGE_SERVICE_HOST", "127.0.0.1", "service",
+                             "address to listen on (TLS is terminated in front)")
+    service_port: int = _var("ENVFORGE_SERVICE_PORT", 8080, "service", "port to listen on")
+    service_idle_timeout_s: float = _var("ENVFORGE_SERVICE_IDLE_TIMEOUT_S", 600.0, "service",
+                                         "a session with no request for this long is reaped: its sandbox reset "
+                                         "and returned")
+    service_reap_interval_s: float = _var("ENVFORGE_SERVICE_REAP_INTERVAL_S", 5.0, "service",
+                                          "how often idle sessions are looked for")
+    service_max_request_bytes: int = _var("ENVFORGE_SERVICE_MAX_REQUEST_BYTES", 512 * 1024, "service",
+                                          "largest request body accepted (413 above it); actions are capped at "
+                                          "256 KiB too")
+    service_max_sessions_total: int = _var("ENVFORGE_SERVICE_MAX_SESSIONS", 256, "service",
+                                           "sessions open at once, all tenants together")
+    service_pool_idle_per_image: int = _var("ENVFORGE_SERVICE_POOL_IDLE", 8, "service",
+                                            "warm sandboxes kept per task image")
+    service_pool_max_starting: int = _var("ENVFORGE_SERVICE_POOL_MAX_STARTING", 4, "service",
+                                          "container starts in flight at once")
+    service_record_every_sessions: int = _var("ENVFORGE_SERVICE_RECORD_EVERY", 100, "service",
+                                              "finished sessions per MLflow run (a batch); also flushed on a timer "
+                                              "and at exit")
+    service_record_every_s: float = _var("ENVFORGE_SERVICE_RECORD_EVERY_S", 300.0, "service",
+                                         "longest time a finished session waits before its batch is written to "
+                                         "the catalog and MLflow")
+    service_mlflow: bool = _var("ENVFORGE_SERVICE_MLFLOW", True, "service",
+                                "log each batch of finished sessions as an MLflow run (the catalog records every "
+                                "session either way)")
+    service_tombstone_s: float = _var("ENVFORGE_SERVICE_TOMBSTONE_S", 3600.0, "service",
+                                      "how long a reaped or lost session's id still answers 410 (then 404)")
+
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
                                    env_settings: PydanticBaseSettingsSource,
@@ -280,33 +344,6 @@ class _DeclaredSettings(BaseSettings):
     def corpus_specs(self) -> list[str]:
         """ENVFORGE_CORPORA's NAME=PATH items."""
         return [s for s in self.corpora.split(";") if s.strip()]
-
-
-def _fleet_fields() -> dict[str, Any]:
-    """FleetConfig's fields as settings: `ENVFORGE_RAY_ADDRESS` and `ENVFORGE_FLEET_<NAME>`. Ranges are
-    FleetConfig's to check (it names the variable); the model checks the type."""
-    out: dict[str, Any] = {}
-    for name, f in FleetConfig.model_fields.items():
-        var = ADDRESS_ENV if name == "ray_address" else FLEET_PREFIX + name.upper()
-        help = (f.description or "").removeprefix(f"{ADDRESS_ENV}: ")
-        key = name if name == "ray_address" else f"fleet_{name}"
-        out[key] = (f.annotation, _var(var, f.default, "fleet", help))
-    return out
-
-
-def _service_fields() -> dict[str, Any]:
-    """ServiceConfig's fields that have a variable (metadata `env`), as `service_<name>` settings."""
-    out: dict[str, Any] = {}
-    for f in fields(ServiceConfig):
-        if f.metadata.get("env") and f.default is not MISSING:
-            out[f"service_{f.name}"] = (type(f.default), _var(f.metadata["env"], f.default, "service",
-                                                              f.metadata["help"]))
-    return out
-
-
-EnvSettings = create_model("EnvSettings", __base__=_DeclaredSettings,
-                           __doc__="Every setting envforge reads from the environment (`read_env()` builds it).",
-                           **_fleet_fields(), **_service_fields())
 
 
 class _EnvironSource(EnvSettingsSource):

@@ -25,6 +25,7 @@ from envforge.rollout.config import RolloutConfig
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import build_base_image, build_task_image
 from envforge.sources import load_sources
+from envforge.sources.gitrepo import repository_dir
 from envforge.stages.base import StageContext
 from envforge.stages.gate import gate
 from envforge.stages.images import ImageSet
@@ -53,7 +54,7 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
     base = build_base_image(client, settings).tag
     tasks = [t for r in load_sources([settings.task_sources_dir / k for k in options.source_kinds]).values()
              for t in r.tasks]
-    items = [(t, build_task_image(client, t, base, settings).tag) for t in tasks]
+    items = [(t, build_task_image(client, t, base, settings, repository_dir=repository_dir).tag) for t in tasks]
     images = ImageSet(base, {t.content_hash: tag for t, tag in items})
     say(f"{len(items)} tasks, images built locally on the main engine")
     engines = own_engines(["node-a", "node-b"])

@@ -1,8 +1,9 @@
 """The fleet's settings: one typed model for Python, YAML and environment variables.
 
 Every field has its variable (`ENVFORGE_FLEET_<NAME>`, or `ENVFORGE_RAY_ADDRESS` for the
-address) and its help text; envforge.settings declares the variables from these fields and reads
-them for `FleetConfig.from_env()`; `FleetConfig.from_yaml()` reads a file with the same field names.
+address); envforge.settings declares each variable with its default and help text, which the
+fields take from there, and reads them for `FleetConfig.from_env()`; `FleetConfig.from_yaml()`
+reads a file with the same field names. The ranges are checked here.
 """
 
 from __future__ import annotations
@@ -14,9 +15,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envforge.sandbox.provider import SandboxProviderError
+from envforge.settings import EnvSettings, SettingsError, read_env, variables
 
 ADDRESS_ENV = "ENVFORGE_RAY_ADDRESS"
 PREFIX = "ENVFORGE_FLEET_"
+
+
+def _setting(name: str, *, help_prefix: str = "", **constraints: Any) -> Any:
+    """A field whose default and help are those of the setting `name` (envforge.settings declares them)."""
+    declared = EnvSettings.model_fields[name]
+    return Field(declared.default, description=help_prefix + (declared.description or ""), **constraints)
 
 
 class FleetConfigError(SandboxProviderError):
@@ -28,39 +36,22 @@ class FleetConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    ray_address: str = Field("", description=f"{ADDRESS_ENV}: the Ray head, `HOST:PORT` (GCS, usually 6379) for a "
-                                              "driver on a cluster node or `ray://HOST:10001` for Ray Client; "
-                                              "empty = `auto` (a cluster started on this machine)")
-    namespace: str = Field("envforge", description="Ray namespace of the node agents; drivers that share it share "
-                                                   "the agents and their warm pools")
-    node_resource: str = Field("envforge_sandboxes", description="the Ray custom resource a sandbox node "
-                                                                 "advertises; its amount is how many sandboxes "
-                                                                 "the node may lease at once")
-    max_idle_per_image: int = Field(4, ge=0, description="warm sandboxes a node keeps per image at most")
-    max_idle_per_node: int = Field(16, ge=0, description="warm sandboxes a node keeps in all at most")
-    idle_shrink_after_s: float = Field(30.0, gt=0, description="an image nobody has asked for this long loses its "
-                                                               "warm sandboxes")
-    lease_idle_timeout_s: float = Field(900.0, gt=0, description="a lease untouched this long is reclaimed by "
-                                                                 "the node, even if its driver still beats")
-    driver_timeout_s: float = Field(60.0, ge=15, description="a driver whose heartbeat (every 5 s while it holds "
-                                                             "leases) a node has not heard this long has died: "
-                                                             "its leases there are reclaimed")
-    acquire_timeout_s: float = Field(900.0, gt=0, description="backpressure: how long an acquire waits for free "
-                                                              "capacity before it fails as an infrastructure "
-                                                              "fault")
-    image_distribution: Literal["auto", "transfer", "build"] = Field(
-        "auto", description="how a node gets an image it lacks: `transfer` (docker save/load through Ray's object "
-                            "store), `build` (from the same recipe, content-hash tag), or `auto` (build task "
-                            "layers, transfer base images: what bench/fleet.py measured to be faster)")
-    discovery_interval_s: float = Field(2.0, gt=0, description="how often the dispatcher looks for nodes that "
-                                                               "joined or left")
-    min_engine_version: str = Field("20.10", description="the oldest Docker engine a node may run")
-    connect_timeout_s: float = Field(10.0, gt=0, description="how long to wait for the Ray head to answer at start")
+    ray_address: str = _setting("ray_address", help_prefix=f"{ADDRESS_ENV}: ")
+    namespace: str = _setting("fleet_namespace")
+    node_resource: str = _setting("fleet_node_resource")
+    max_idle_per_image: int = _setting("fleet_max_idle_per_image", ge=0)
+    max_idle_per_node: int = _setting("fleet_max_idle_per_node", ge=0)
+    idle_shrink_after_s: float = _setting("fleet_idle_shrink_after_s", gt=0)
+    lease_idle_timeout_s: float = _setting("fleet_lease_idle_timeout_s", gt=0)
+    driver_timeout_s: float = _setting("fleet_driver_timeout_s", ge=15)
+    acquire_timeout_s: float = _setting("fleet_acquire_timeout_s", gt=0)
+    image_distribution: Literal["auto", "transfer", "build"] = _setting("fleet_image_distribution")
+    discovery_interval_s: float = _setting("fleet_discovery_interval_s", gt=0)
+    min_engine_version: str = _setting("fleet_min_engine_version")
+    connect_timeout_s: float = _setting("fleet_connect_timeout_s", gt=0)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "FleetConfig":
-        from envforge.settings import SettingsError, read_env, variables
-
         try:
             env = read_env(environ)
         except SettingsError as exc:

@@ -240,22 +240,33 @@ def _dockerfile_parent(client: docker.DockerClient, task: Task, base_tag: str, l
     return env.base
 
 
-def _repository_dir(task: Task) -> Path:
-    from envforge.sources.gitrepo import repository_dir
+# The git directory of a history task's repository, from the task's folder and its `environment.repository.path`:
+# where a commit not yet in envforge's commit store is read from. The sources know how to materialize one
+# (envforge.sources.gitrepo.repository_dir: bundles, patch series); the sandbox, below them, takes it from its caller.
+RepositoryDir = Callable[[str, str], Path]
 
+
+def _repository_dir(task: Task, settings: Settings, repository_dir: RepositoryDir | None) -> Path:
     repo = task.spec.environment.repository
     assert repo is not None
+    if repository_dir is None:
+        raise ImageBuildError(f"task {task.id}: environment.repository: commit {repo.commit} is not in envforge's "
+                              f"commit store ({gitstore.store_dir(settings.data_dir)}) and the caller gave no "
+                              f"`repository_dir` to read {repo.path!r} with")
     try:
         return repository_dir(task.base_dir, repo.path)
     except ValueError as exc:
         raise ImageBuildError(f"task {task.id}: environment.repository: {exc}") from None
 
 
-def workspace_file(task: Task, settings: Settings, rel: str) -> bytes | None:
-    """One file of the task's initial workspace (its repository commit, or its files folder), or None."""
+def workspace_file(task: Task, settings: Settings, rel: str, repository_dir: RepositoryDir | None = None
+                   ) -> bytes | None:
+    """One file of the task's initial workspace (its repository commit, or its files folder), or None.
+    `repository_dir`: where a commit not in the commit store is read from (see `RepositoryDir`)."""
     repo = task.spec.environment.repository
     if repo is not None:
-        git_dir = gitstore.commit_dir(settings.data_dir, repo.commit, lambda: _repository_dir(task))
+        git_dir = gitstore.commit_dir(settings.data_dir, repo.commit,
+                                      lambda: _repository_dir(task, settings, repository_dir))
         proc = gitstore.git(git_dir, "show", f"{repo.commit}:{rel}")
         return proc.stdout if proc.returncode == 0 else None
     root = task.workspace_path()
@@ -281,7 +292,8 @@ def _refuse_other_layer(task: Task, layer: str, recorded: str, current: str, set
 
 
 def _resolve_parent(client: docker.DockerClient, task: Task, base_tag: str, settings: Settings,
-                    log: Log, rebuild: bool = False) -> tuple[str, EnvBuild | None]:
+                    log: Log, rebuild: bool = False, repository_dir: RepositoryDir | None = None
+                    ) -> tuple[str, EnvBuild | None]:
     """The image the task layer builds FROM, and the env layer when the task has one."""
     recorded = recorded_images(task)
     if recorded.get("base") and recorded["base"] != base_tag and not rebuild:
@@ -290,7 +302,8 @@ def _resolve_parent(client: docker.DockerClient, task: Task, base_tag: str, sett
     env = task.spec.environment
     if not env.needs_env_layer:
         return parent, None
-    recipe = env_recipe(env_image_name(task), parent, env, lambda rel: workspace_file(task, settings, rel),
+    recipe = env_recipe(env_image_name(task), parent, env,
+                        lambda rel: workspace_file(task, settings, rel, repository_dir),
                         recorded.get("env_freeze") or [], build_requirements(task), legacy=records_legacy_env(task))
     if recorded.get("env") and recorded["env"] != recipe.tag and not rebuild:
         _refuse_other_layer(task, "env", recorded["env"], recipe.tag, settings)
@@ -368,7 +381,7 @@ def _task_dockerfile(parent: str, task: Task) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_workspace(task: Task, dest: Path, settings: Settings) -> None:
+def _write_workspace(task: Task, dest: Path, settings: Settings, repository_dir: RepositoryDir | None) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     src = task.workspace_path()
     if src is not None:
@@ -379,7 +392,8 @@ def _write_workspace(task: Task, dest: Path, settings: Settings) -> None:
         return
     repo = task.spec.environment.repository
     if repo is not None:
-        git_dir = gitstore.commit_dir(settings.data_dir, repo.commit, lambda: _repository_dir(task))
+        git_dir = gitstore.commit_dir(settings.data_dir, repo.commit,
+                                      lambda: _repository_dir(task, settings, repository_dir))
         archive = gitstore.git(git_dir, "archive", "--format=tar", repo.commit)
         if archive.returncode != 0:
             raise ImageBuildError(f"task {task.id}: environment.repository: git archive {repo.commit} failed: "
@@ -394,31 +408,36 @@ def _write_workspace(task: Task, dest: Path, settings: Settings) -> None:
 
 
 def build_task_image(client: docker.DockerClient, task: Task, base_tag: str, settings: Settings,
-                     log: Log = _quiet, rebuild: bool = False) -> ImageBuild:
+                     log: Log = _quiet, rebuild: bool = False, repository_dir: RepositoryDir | None = None
+                     ) -> ImageBuild:
     """Make sure the task's image exists: base (or env) + workspace files + setup + initial commit.
 
     A task that records the base and env images it was built on (history tasks do, at ingest) is
     refused with the reason when those would differ now, unless `rebuild` says to go ahead.
+    A history task's commit is read from the commit store, else (and then kept there) from its
+    repository, which `repository_dir` finds (see `RepositoryDir`).
     """
     started = time.perf_counter()
-    parent, env = _resolve_parent(client, task, base_tag, settings, log, rebuild)
+    parent, env = _resolve_parent(client, task, base_tag, settings, log, rebuild, repository_dir)
     tag = task_image_tag(task, parent)
     if image_exists(client, tag):
         return ImageBuild(tag, True, time.perf_counter() - started, task.id, _size_mb(client, tag), env)
     settings.build_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=settings.build_dir, prefix=f"task-{task.id}-") as tmp:
-        write_task_context(task, parent, Path(tmp), settings)
+        write_task_context(task, parent, Path(tmp), settings, repository_dir)
         # The network is for setup commands only; the editable install is offline.
         build_from_context(client, Path(tmp), tag, f"task {task.id}", log,
                            network_mode=None if task.spec.environment.setup else "none")
     return ImageBuild(tag, False, time.perf_counter() - started, task.id, _size_mb(client, tag), env)
 
 
-def write_task_context(task: Task, parent: str, dest: Path, settings: Settings | None = None) -> None:
+def write_task_context(task: Task, parent: str, dest: Path, settings: Settings | None = None,
+                       repository_dir: RepositoryDir | None = None) -> None:
     """The build context of a task's image (its workspace and Dockerfile): what a fleet node that
     lacks the image builds from, with the same content-hash tag. `settings` say where envforge's
-    object store of repository commits is (default: from the environment)."""
-    _write_workspace(task, dest / "workspace", settings or Settings.from_env())
+    object store of repository commits is (default: from the environment); `repository_dir` finds a
+    history task's repository when that store lacks its commit (see `RepositoryDir`)."""
+    _write_workspace(task, dest / "workspace", settings or Settings.from_env(), repository_dir)
     (dest / "Dockerfile").write_text(_task_dockerfile(parent, task))
 
 

@@ -1,9 +1,8 @@
 """The service's settings: one typed object for Python, YAML-style env vars and the CLI.
 
-Every field carries its help text and the environment variable that sets it; envforge.settings
-declares those variables from these fields and reads them for `ServiceConfig.from_env()`, with
-the defaults here, so `envforge service serve` works with no configuration, and the production
-compose file sets them.
+Every field carries its help text and the environment variable that sets it, taken with its default
+from the setting envforge.settings declares (and reads for `ServiceConfig.from_env()`), so
+`envforge service serve` works with no configuration, and the production compose file sets them.
 """
 
 from __future__ import annotations
@@ -12,10 +11,14 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from envforge.errors import EnvforgeError
+from envforge.settings import EnvSettings, SettingsError, read_env
 
 
-def _f(default: Any, env: str, help: str) -> Any:
-    return field(default=default, metadata={"env": env, "help": help})
+def _f(setting: str) -> Any:
+    """A field with the default, variable and help of the setting `setting` (envforge.settings declares them)."""
+    declared = EnvSettings.model_fields[setting]
+    return field(default=declared.default,
+                 metadata={"env": str(declared.validation_alias), "help": declared.description or ""})
 
 
 @dataclass(frozen=True)
@@ -40,32 +43,24 @@ class TenantLimits:
 class ServiceConfig:
     """How the service runs: where it listens, how long idle sessions live, request caps, pool sizes."""
 
-    host: str = _f("127.0.0.1", "ENVFORGE_SERVICE_HOST", "address to listen on (TLS is terminated in front)")
-    port: int = _f(8080, "ENVFORGE_SERVICE_PORT", "port to listen on")
-    idle_timeout_s: float = _f(600.0, "ENVFORGE_SERVICE_IDLE_TIMEOUT_S",
-                               "a session with no request for this long is reaped: its sandbox reset and returned")
-    reap_interval_s: float = _f(5.0, "ENVFORGE_SERVICE_REAP_INTERVAL_S", "how often idle sessions are looked for")
-    max_request_bytes: int = _f(512 * 1024, "ENVFORGE_SERVICE_MAX_REQUEST_BYTES",
-                                "largest request body accepted (413 above it); actions are capped at 256 KiB too")
-    max_sessions_total: int = _f(256, "ENVFORGE_SERVICE_MAX_SESSIONS", "sessions open at once, all tenants together")
-    pool_idle_per_image: int = _f(8, "ENVFORGE_SERVICE_POOL_IDLE", "warm sandboxes kept per task image")
-    pool_max_starting: int = _f(4, "ENVFORGE_SERVICE_POOL_MAX_STARTING", "container starts in flight at once")
-    record_every_sessions: int = _f(100, "ENVFORGE_SERVICE_RECORD_EVERY",
-                                    "finished sessions per MLflow run (a batch); also flushed on a timer and at exit")
-    record_every_s: float = _f(300.0, "ENVFORGE_SERVICE_RECORD_EVERY_S", "longest time a finished session waits "
-                               "before its batch is written to the catalog and MLflow")
-    mlflow: bool = _f(True, "ENVFORGE_SERVICE_MLFLOW", "log each batch of finished sessions as an MLflow run "
-                      "(the catalog records every session either way)")
-    tombstone_s: float = _f(3600.0, "ENVFORGE_SERVICE_TOMBSTONE_S",
-                            "how long a reaped or lost session's id still answers 410 (then 404)")
+    host: str = _f("service_host")
+    port: int = _f("service_port")
+    idle_timeout_s: float = _f("service_idle_timeout_s")
+    reap_interval_s: float = _f("service_reap_interval_s")
+    max_request_bytes: int = _f("service_max_request_bytes")
+    max_sessions_total: int = _f("service_max_sessions_total")
+    pool_idle_per_image: int = _f("service_pool_idle_per_image")
+    pool_max_starting: int = _f("service_pool_max_starting")
+    record_every_sessions: int = _f("service_record_every_sessions")
+    record_every_s: float = _f("service_record_every_s")
+    mlflow: bool = _f("service_mlflow")
+    tombstone_s: float = _f("service_tombstone_s")
     default_limits: TenantLimits = field(default_factory=TenantLimits, metadata={
         "help": "limits of tenants created without explicit ones"})
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "ServiceConfig":
         """The fields' variables (envforge.settings reads them) over the defaults."""
-        from envforge.settings import SettingsError, read_env
-
         try:
             env = read_env(environ)
         except SettingsError as exc:

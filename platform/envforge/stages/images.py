@@ -17,6 +17,7 @@ from envforge.config import Settings
 from envforge.errors import ImageBuildError, InfraError, Problem
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import ImageBuild, build_base_image, build_task_image
+from envforge.sources.gitrepo import repository_dir
 from envforge.stages.base import StageContext, StageResult, stage
 from envforge.stages.configs import ImagesConfig
 from envforge.task import Task
@@ -121,7 +122,7 @@ def build_images(settings: Settings, config: ImagesConfig, tasks: Sequence[Task]
         progress("images", task.id, i, total)
         try:
             build = with_retry(lambda: build_task_image(client, task, base.tag, settings, log=log,
-                                                        rebuild=config.rebuild))
+                                                        rebuild=config.rebuild, repository_dir=repository_dir))
         except ImageBuildError as exc:
             result.failures.append(Problem(task.origin, "environment", str(exc)))
             continue
