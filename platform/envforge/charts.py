@@ -50,13 +50,22 @@ def flake_chart(rows: list[dict], path: Path, title: str = "Flakiness gate: veri
     return _save(fig, path)
 
 
-def similarity_histogram(corpus_sims: list[float], task_sims: list[float], threshold: float, path: Path,
-                         title: str = "Nearest-neighbour similarity (exact Jaccard)") -> Path:
+def similarity_histogram(
+    corpus_sims: list[float],
+    task_sims: list[float],
+    threshold: float,
+    path: Path,
+    title: str = "Nearest-neighbour similarity (exact Jaccard)",
+) -> Path:
     """Two histograms: each task's best match in the reference corpora, and among the tasks."""
     fig, ax = plt.subplots(figsize=(7, 4))
     bins = [i / 20 for i in range(21)]
-    ax.hist([corpus_sims, task_sims], bins=bins, label=["vs reference corpora", "vs other tasks"],
-            color=["#e76f51", "#457b9d"])
+    ax.hist(
+        [corpus_sims, task_sims],
+        bins=bins,
+        label=["vs reference corpora", "vs other tasks"],
+        color=["#e76f51", "#457b9d"],
+    )
     ax.axvline(threshold, color="black", linestyle="--", linewidth=1)
     ax.text(threshold + 0.01, ax.get_ylim()[1] * 0.9, f"threshold {threshold}", fontsize=8)
     ax.set_xlabel("exact Jaccard of the nearest neighbour")
@@ -66,8 +75,9 @@ def similarity_histogram(corpus_sims: list[float], task_sims: list[float], thres
     return _save(fig, path)
 
 
-def evidence_strength_chart(rows: list[dict], path: Path,
-                            title: str = "Strongest evidence per task field vs the reference corpora") -> Path:
+def evidence_strength_chart(
+    rows: list[dict], path: Path, title: str = "Strongest evidence per task field vs the reference corpora"
+) -> Path:
     """One dot per (task, field): its best evidence's strength (the strongest rule's value over
     what it needs; 1 = the rule holds), flagged ones in red. rows: dicts with field, strength, flagged."""
     fields = ["instruction", "workspace", "solution", "tests", "verifier"]
@@ -78,8 +88,9 @@ def evidence_strength_chart(rows: list[dict], path: Path,
         for flagged, colour in ((False, "#457b9d"), (True, "#e76f51")):
             ys = [min(r["strength"], 3.0) for r in mine if r["flagged"] == flagged]
             xs = [x + ((i * 0.37) % 0.5) - 0.25 for i in range(len(ys))]
-            ax.scatter(xs, ys, s=12, color=colour, alpha=0.8,
-                       label=("flagged" if flagged else "clean") if x == 0 else None)
+            ax.scatter(
+                xs, ys, s=12, color=colour, alpha=0.8, label=("flagged" if flagged else "clean") if x == 0 else None
+            )
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
     ax.set_xticks(range(len(fields)), fields)
     ax.set_ylim(0, 3.1)
@@ -113,9 +124,14 @@ def tier_histogram(rows: list[dict], path: Path, title: str = "Difficulty tiers 
     return _save(fig, path)
 
 
-def learning_curve(sft_losses: list[tuple[int, float]], sft_eval: list[tuple[int, float]],
-                   grpo_rewards: list[float], pass_at_1: list[tuple[str, float]], path: Path,
-                   title: str = "Learning demo") -> Path:
+def learning_curve(
+    sft_losses: list[tuple[int, float]],
+    sft_eval: list[tuple[int, float]],
+    grpo_rewards: list[float],
+    pass_at_1: list[tuple[str, float]],
+    path: Path,
+    title: str = "Learning demo",
+) -> Path:
     """Three panels: SFT loss (train and held-out eval), GRPO mean reward per round, held-out pass@1 per phase."""
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     ax = axes[0]
@@ -160,14 +176,23 @@ def pass_rate_bars(groups: dict[str, dict[str, float]], path: Path, title: str) 
     return _save(fig, path)
 
 
-def strength_chart(scores: list[float], threshold: float, path: Path,
-                   title: str = "Verifier strength: share of non-equivalent mutants the tests reject") -> Path:
+def strength_chart(
+    scores: list[float],
+    threshold: float,
+    path: Path,
+    title: str = "Verifier strength: share of non-equivalent mutants the tests reject",
+) -> Path:
     """Histogram of per-task verifier strength, the gate's minimum as a dashed line (below it: weak)."""
     fig, ax = plt.subplots(figsize=(7, 4))
     bins = [i / 10 for i in range(11)]
     weak = [s for s in scores if s < threshold]
-    ax.hist([weak, [s for s in scores if s >= threshold]], bins=bins, stacked=True,
-            label=[f"below {threshold:g} (weak verifier)", "strong enough"], color=["#e63946", "#2a9d8f"])
+    ax.hist(
+        [weak, [s for s in scores if s >= threshold]],
+        bins=bins,
+        stacked=True,
+        label=[f"below {threshold:g} (weak verifier)", "strong enough"],
+        color=["#e63946", "#2a9d8f"],
+    )
     ax.axvline(threshold, color="black", linestyle="--", linewidth=1)
     ax.set_xlim(0, 1)
     ax.set_xlabel("strength (killed / non-equivalent mutants)")

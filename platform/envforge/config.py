@@ -123,8 +123,11 @@ class Settings:
         task-sources directory except `examples/` (fixtures for tests, e.g. a deliberately flaky task)."""
         if not self.task_sources_dir.is_dir():
             return []
-        return sorted(p for p in self.task_sources_dir.iterdir() if p.is_dir() and p.name != "examples"
-                      and not p.name.startswith("."))
+        return sorted(
+            p
+            for p in self.task_sources_dir.iterdir()
+            if p.is_dir() and p.name != "examples" and not p.name.startswith(".")
+        )
 
     def source_path(self, key: str) -> Path:
         """The file a source key (a Dagster partition key) names: relative to the task-sources directory."""

@@ -80,13 +80,19 @@ class Deployment:
             raise DeploymentError(str(exc)) from None
         name = env.env.lower()
         if name not in ENVIRONMENTS:
-            raise DeploymentError(f"ENVFORGE_ENV={env.env!r}: expected one of "
-                                  f"{', '.join(ENVIRONMENTS)} (unset means local)")
+            raise DeploymentError(
+                f"ENVFORGE_ENV={env.env!r}: expected one of {', '.join(ENVIRONMENTS)} (unset means local)"
+            )
         problems: list[str] = []
         served = _served_policy(env, required=name == "production", problems=problems)
         if name == "production":
-            _check_url("MLFLOW_TRACKING_URI", env.mlflow_tracking_uri, ("http", "https"),
-                       "the http(s) URL of the MLflow tracking server, e.g. http://mlflow:5000", problems)
+            _check_url(
+                "MLFLOW_TRACKING_URI",
+                env.mlflow_tracking_uri,
+                ("http", "https"),
+                "the http(s) URL of the MLflow tracking server, e.g. http://mlflow:5000",
+                problems,
+            )
             _check_docker_host(env.docker_host, problems)
         _check_fleet(env.ray_address, problems)
         if problems:
@@ -103,16 +109,19 @@ def _served_policy(env: Any, required: bool, problems: list[str]) -> NamedPolicy
     `env`: envforge.settings.EnvSettings."""
     if not env.policy_url and not required:
         return None
-    url = _check_url("ENVFORGE_POLICY_URL", env.policy_url, ("http", "https"),
-                     "the base URL of an OpenAI-compatible server such as `vllm serve`, ending in /v1, "
-                     "e.g. http://vllm:8000/v1", problems)
+    url = _check_url(
+        "ENVFORGE_POLICY_URL",
+        env.policy_url,
+        ("http", "https"),
+        "the base URL of an OpenAI-compatible server such as `vllm serve`, ending in /v1, e.g. http://vllm:8000/v1",
+        problems,
+    )
     if url is None:
         return None
     return NamedPolicy(SERVED_POLICY, f"openai:{url.rstrip('/')}#{env.policy_model}")
 
 
-def _check_url(var: str, value: str | None, schemes: tuple[str, ...], expected: str,
-               problems: list[str]) -> str | None:
+def _check_url(var: str, value: str | None, schemes: tuple[str, ...], expected: str, problems: list[str]) -> str | None:
     if not value:
         problems.append(f"{var} is not set: expected {expected}")
         return None
@@ -126,9 +135,11 @@ def _check_url(var: str, value: str | None, schemes: tuple[str, ...], expected: 
 def _check_docker_host(value: str | None, problems: list[str]) -> None:
     expected = "tcp://HOST:PORT or ssh://USER@HOST of the remote Docker engine sandboxes run on"
     if value and "," in value:
-        problems.append(f"DOCKER_HOST={value!r}: one engine per process (it builds the images); to run sandboxes "
-                        f"on many engines, set ENVFORGE_RAY_ADDRESS to a Ray cluster whose nodes each own one "
-                        f"(docs/fleet.md)")
+        problems.append(
+            f"DOCKER_HOST={value!r}: one engine per process (it builds the images); to run sandboxes "
+            f"on many engines, set ENVFORGE_RAY_ADDRESS to a Ray cluster whose nodes each own one "
+            f"(docs/fleet.md)"
+        )
         return
     _check_url("DOCKER_HOST", value, ("tcp", "ssh"), expected, problems)
 
@@ -137,8 +148,10 @@ def _check_fleet(value: str, problems: list[str]) -> None:
     """ENVFORGE_RAY_ADDRESS, when set, sends sandbox work to a Ray cluster: HOST:PORT or ray://HOST:PORT."""
     if not value or value == "auto":
         return
-    hostport = value[len("ray://"):] if value.startswith("ray://") else value
+    hostport = value[len("ray://") :] if value.startswith("ray://") else value
     host, _, port = hostport.rpartition(":")
     if "://" in hostport or not host or not port.isdigit():
-        problems.append(f"ENVFORGE_RAY_ADDRESS={value!r} is not valid: expected the Ray head as HOST:PORT (GCS, "
-                        f"e.g. ray-head:6379) or ray://HOST:PORT (Ray Client, e.g. ray://ray-head:10001)")
+        problems.append(
+            f"ENVFORGE_RAY_ADDRESS={value!r} is not valid: expected the Ray head as HOST:PORT (GCS, "
+            f"e.g. ray-head:6379) or ray://HOST:PORT (Ray Client, e.g. ray://ray-head:10001)"
+        )

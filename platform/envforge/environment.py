@@ -74,8 +74,10 @@ def check_requirement(line: str) -> str:
         inside_path(ref[1], f"pip {ref[0]} file")
         return f"{ref[0]} {PurePosixPath(ref[1]).as_posix()}"
     if line.startswith("-"):
-        raise ValueError(f"pip entry {line!r}: only requirements and `-r FILE` / `-c FILE` are allowed "
-                         f"(the package index is the one configured for envforge)")
+        raise ValueError(
+            f"pip entry {line!r}: only requirements and `-r FILE` / `-c FILE` are allowed "
+            f"(the package index is the one configured for envforge)"
+        )
     from packaging.requirements import InvalidRequirement, Requirement
 
     try:
@@ -91,28 +93,42 @@ class PythonEnvironment(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     python: str | None = Field(
-        None, description="interpreter the env layer must provide: a version (`3.11`) or a specifier (`>=3.10`). "
-                          "The base image offers Python 3.11; for another version use `image:` or `dockerfile:` "
-                          "with an image that has it")
+        None,
+        description="interpreter the env layer must provide: a version (`3.11`) or a specifier (`>=3.10`). "
+        "The base image offers Python 3.11; for another version use `image:` or `dockerfile:` "
+        "with an image that has it",
+    )
     pip: list[str] = Field(
-        default_factory=list, description="installed in the env layer: requirement specifiers (pin them: "
-                                          "`name==1.2`), or `-r FILE` / `-c FILE` for a requirements or constraints "
-                                          "file inside the repository")
+        default_factory=list,
+        description="installed in the env layer: requirement specifiers (pin them: "
+        "`name==1.2`), or `-r FILE` / `-c FILE` for a requirements or constraints "
+        "file inside the repository",
+    )
     apt: list[str] = Field(default_factory=list, description="Debian packages installed in the env layer")
     env: dict[str, str] = Field(
-        default_factory=dict, description="variables for every test run and episode command; PATH and PYTHONPATH "
-                                          "entries are merged with envforge's")
-    workdir: str | None = Field(None, description="directory, relative to the repository root, that tests and the "
-                                                  "policy's commands start in (default: the root)")
+        default_factory=dict,
+        description="variables for every test run and episode command; PATH and PYTHONPATH "
+        "entries are merged with envforge's",
+    )
+    workdir: str | None = Field(
+        None,
+        description="directory, relative to the repository root, that tests and the "
+        "policy's commands start in (default: the root)",
+    )
     install: Literal["auto", "editable", "none"] | None = Field(
-        None, description="how the repository's own package becomes importable from the work tree: `editable` "
-                          "(pip install -e at image build, so src layouts and VCS versions work), `none`, or `auto` "
-                          "(editable when the repository has a pyproject.toml or setup.py). Default: `auto` for "
-                          "history sources, `none` for task specs")
+        None,
+        description="how the repository's own package becomes importable from the work tree: `editable` "
+        "(pip install -e at image build, so src layouts and VCS versions work), `none`, or `auto` "
+        "(editable when the repository has a pyproject.toml or setup.py). Default: `auto` for "
+        "history sources, `none` for task specs",
+    )
     version: str | None = Field(
-        None, description="version the project is installed as when its version comes from VCS metadata "
-                          "(setuptools_scm, hatch-vcs): SETUPTOOLS_SCM_PRETEND_VERSION at build. Default: the "
-                          "nearest tag of the task's commit, else 0.0.0", pattern=r"^[0-9][0-9A-Za-z.+!-]{0,63}$")
+        None,
+        description="version the project is installed as when its version comes from VCS metadata "
+        "(setuptools_scm, hatch-vcs): SETUPTOOLS_SCM_PRETEND_VERSION at build. Default: the "
+        "nearest tag of the task's commit, else 0.0.0",
+        pattern=r"^[0-9][0-9A-Za-z.+!-]{0,63}$",
+    )
 
     @field_validator("python")
     @classmethod
@@ -230,5 +246,14 @@ def check_command(command: str | None) -> str | None:
     return command
 
 
-__all__ = ["PATH_LISTS", "check_command", "RESERVED_ENV", "PythonEnvironment", "check_requirement", "inside_path", "merge_env",
-           "pip_file_reference", "split_assignments"]
+__all__ = [
+    "PATH_LISTS",
+    "check_command",
+    "RESERVED_ENV",
+    "PythonEnvironment",
+    "check_requirement",
+    "inside_path",
+    "merge_env",
+    "pip_file_reference",
+    "split_assignments",
+]

@@ -23,16 +23,17 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 # git with the user's and the system's configuration switched off, so a hook or alias can't change a result.
-GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
-           "LC_ALL": "C"}
+GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 _LOCK = threading.Lock()
 
 
-def git(repo: Path, *args: str, input: bytes | None = None, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess:
+def git(
+    repo: Path, *args: str, input: bytes | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """git -C repo ARGS with a neutral configuration; never raises on a non-zero exit."""
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, input=input,
-                          env={**os.environ, **GIT_ENV, **(env or {})})
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, input=input, env={**os.environ, **GIT_ENV, **(env or {})}
+    )
 
 
 def store_dir(data_dir: Path) -> Path:
@@ -71,8 +72,10 @@ def keep_commit(data_dir: Path, git_dir: Path, sha: str) -> None:
             return
         proc = git(store, "fetch", "-q", "--depth=1", "--no-tags", str(git_dir), f"{sha}:refs/keep/{sha}")
         if proc.returncode != 0:
-            raise ValueError(f"cannot copy commit {sha[:12]} into the repository store: "
-                             f"{proc.stderr.decode(errors='replace').strip()[:300]}")
+            raise ValueError(
+                f"cannot copy commit {sha[:12]} into the repository store: "
+                f"{proc.stderr.decode(errors='replace').strip()[:300]}"
+            )
 
 
 def commit_dir(data_dir: Path, sha: str, repository: Callable[[], Path]) -> Path:

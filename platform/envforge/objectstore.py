@@ -55,12 +55,21 @@ class S3Settings:
         def secret(value: Any) -> str | None:
             return value.get_secret_value() if value is not None else None
 
-        return cls(endpoint_url=env.s3_endpoint_url or env.aws_endpoint_url,
-                   key=secret(env.aws_access_key_id), secret=secret(env.aws_secret_access_key),
-                   token=secret(env.aws_session_token), region=env.aws_default_region or env.aws_region,
-                   profile=env.aws_profile,
-                   role_source=any((env.aws_web_identity_token_file, env.aws_container_credentials_relative_uri,
-                                    env.aws_container_credentials_full_uri)))
+        return cls(
+            endpoint_url=env.s3_endpoint_url or env.aws_endpoint_url,
+            key=secret(env.aws_access_key_id),
+            secret=secret(env.aws_secret_access_key),
+            token=secret(env.aws_session_token),
+            region=env.aws_default_region or env.aws_region,
+            profile=env.aws_profile,
+            role_source=any(
+                (
+                    env.aws_web_identity_token_file,
+                    env.aws_container_credentials_relative_uri,
+                    env.aws_container_credentials_full_uri,
+                )
+            ),
+        )
 
     @property
     def has_credentials(self) -> bool:
@@ -69,8 +78,11 @@ class S3Settings:
     def fs_options(self) -> dict[str, Any]:
         # No listing cache: another process's commits must be visible at once. Few retries: an
         # unreachable endpoint should fail in seconds with its setting named, not after minutes.
-        opts: dict[str, Any] = {"use_listings_cache": False, "skip_instance_cache": True,
-                                "config_kwargs": {"connect_timeout": 5, "retries": {"max_attempts": 2}}}
+        opts: dict[str, Any] = {
+            "use_listings_cache": False,
+            "skip_instance_cache": True,
+            "config_kwargs": {"connect_timeout": 5, "retries": {"max_attempts": 2}},
+        }
         if self.key or self.secret:
             opts.update(key=self.key, secret=self.secret, token=self.token)
         if self.profile:
@@ -105,13 +117,16 @@ def open_store(url: str, s3: S3Settings | None = None, check: bool = False) -> t
         raise StoreConfigError(f"{url}: {missing} is not set (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY go together)")
     if not s3.has_credentials:
         # Refuse here rather than let boto probe an instance-metadata address for a role.
-        raise StoreConfigError(f"{url}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                               "(or AWS_PROFILE, or run with a pod/task role)")
+        raise StoreConfigError(
+            f"{url}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(or AWS_PROFILE, or run with a pod/task role)"
+        )
     try:
         import s3fs  # noqa: F401  (the `fleet` extra)
     except ImportError:
-        raise StoreConfigError(f"{url}: S3 storage needs s3fs; install envforge with the `fleet` extra "
-                               "(pip install -e '.[fleet]')") from None
+        raise StoreConfigError(
+            f"{url}: S3 storage needs s3fs; install envforge with the `fleet` extra (pip install -e '.[fleet]')"
+        ) from None
     fs, path = fsspec.core.url_to_fs(url, **s3.fs_options())
     if check:
         _check_reachable(fs, path, url, s3)
@@ -120,20 +135,28 @@ def open_store(url: str, s3: S3Settings | None = None, check: bool = False) -> t
 
 def _check_reachable(fs: fsspec.AbstractFileSystem, path: str, url: str, s3: S3Settings) -> None:
     bucket = path.split("/", 1)[0]
-    where = f"endpoint {s3.endpoint_url} ({ENDPOINT_ENV})" if s3.endpoint_url else "AWS S3 (no ENVFORGE_S3_ENDPOINT_URL set)"
+    where = (
+        f"endpoint {s3.endpoint_url} ({ENDPOINT_ENV})"
+        if s3.endpoint_url
+        else "AWS S3 (no ENVFORGE_S3_ENDPOINT_URL set)"
+    )
     try:
         fs.ls(bucket, detail=False)
     except PermissionError as exc:
         text = str(exc)
-        raise StoreConfigError(f"{url}: the S3 credentials were refused by {where}: {text.strip()} "
-                               "(check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)") from None
+        raise StoreConfigError(
+            f"{url}: the S3 credentials were refused by {where}: {text.strip()} "
+            "(check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)"
+        ) from None
     except FileNotFoundError:
         raise StoreConfigError(f"{url}: bucket {bucket!r} does not exist at {where}; create it first") from None
     except Exception as exc:  # noqa: BLE001 - botocore raises many types; all mean "cannot use this store"
         name = type(exc).__name__
         if name in ("NoCredentialsError", "PartialCredentialsError"):
-            raise StoreConfigError(f"{url}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                                   f"(or AWS_PROFILE) for {where}") from None
+            raise StoreConfigError(
+                f"{url}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                f"(or AWS_PROFILE) for {where}"
+            ) from None
         raise StoreConfigError(f"{url}: cannot reach {where}: {name}: {exc}") from None
 
 

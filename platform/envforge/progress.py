@@ -28,8 +28,16 @@ def rich_progress(console: "Console") -> Iterator[Progress]:
     from rich.progress import Progress as Bars
 
     bars: dict[str, int] = {}
-    with Bars(SpinnerColumn(), TextColumn("[bold]{task.fields[stage]:<8}"), BarColumn(), MofNCompleteColumn(),
-              TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=False) as prog:
+    with Bars(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.fields[stage]:<8}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as prog:
 
         def update(stage: str, detail: str, done: int, total: int) -> None:
             if stage not in bars:

@@ -47,16 +47,24 @@ def confine(base: Path, rel: str, roots: Iterable[Path] = ()) -> Path:
     allowed = [real(base), *(real(r) for r in roots)]
     if not any(within(target, a) for a in allowed):
         shown = ", ".join(str(r) for r in allowed[1:]) or "none"
-        raise UnsafePath(f"{rel!r} resolves to {target}, outside the source's folder {allowed[0]} and the allowed "
-                         f"roots ({shown}); set ENVFORGE_SOURCE_ROOTS to allow another folder")
+        raise UnsafePath(
+            f"{rel!r} resolves to {target}, outside the source's folder {allowed[0]} and the allowed "
+            f"roots ({shown}); set ENVFORGE_SOURCE_ROOTS to allow another folder"
+        )
     return target
 
 
 def kind_of(mode: int) -> str:
     """What a file is, in words, from its st_mode."""
-    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
         if test(mode):
             return name
     return "a special file"
@@ -138,8 +146,10 @@ def scan_tree(root: Path, max_problems: int = 10) -> TreeScan:
             elif stat.S_ISLNK(st.st_mode):
                 target = os.readlink(path)
                 if os.path.isabs(target):
-                    problems.append(f"{rel}: a symlink to the absolute path {target!r} (only relative links that "
-                                    "stay inside the folder are kept)")
+                    problems.append(
+                        f"{rel}: a symlink to the absolute path {target!r} (only relative links that "
+                        "stay inside the folder are kept)"
+                    )
                 elif not within(real(path), root_real):
                     problems.append(f"{rel}: a symlink to {target!r}, which leaves the folder")
                 else:
@@ -207,5 +217,17 @@ def write_atomic(path: Path | str, data: str | bytes, encoding: str = "utf-8") -
     return Path(path)
 
 
-__all__ = ["TreeScan", "UnsafePath", "atomic_writer", "confine", "copy_tree", "decode_utf8", "kind_of",
-           "read_regular", "real", "scan_tree", "within", "write_atomic"]
+__all__ = [
+    "TreeScan",
+    "UnsafePath",
+    "atomic_writer",
+    "confine",
+    "copy_tree",
+    "decode_utf8",
+    "kind_of",
+    "read_regular",
+    "real",
+    "scan_tree",
+    "within",
+    "write_atomic",
+]

@@ -27,7 +27,6 @@ class _Table(pa.DataFrameModel):
         ordered = True
 
 
-
 class TaskRow(_Table):
     content_hash: str = pa.Field(str_matches=SHA256, unique=True)
     task_id: str = pa.Field(str_matches=TASK_ID)
@@ -45,7 +44,6 @@ class TaskRow(_Table):
     batch_id: str
 
 
-
 class RejectRow(_Table):
     batch_id: str
     source_kind: str
@@ -53,7 +51,6 @@ class RejectRow(_Table):
     field: str
     reason: str = pa.Field(str_length={"min_value": 1})
     rejected_at: datetime
-
 
 
 class ImageRow(_Table):
@@ -64,7 +61,6 @@ class ImageRow(_Table):
     seconds: float = pa.Field(ge=0)
     size_mb: float = pa.Field(ge=0, nullable=True)
     built_at: datetime
-
 
 
 class RunRow(_Table):
@@ -85,7 +81,6 @@ class RunRow(_Table):
     mlflow_run_id: str = pa.Field(nullable=True)
     dagster_run_id: str = pa.Field(nullable=True)
     created_at: datetime
-
 
 
 class ValidationRow(_Table):
@@ -112,7 +107,6 @@ class ValidationRow(_Table):
     admission: str = pa.Field(nullable=True, isin=["audit"])  # "audit": the audit split only (a weak verifier)
 
 
-
 class QualityRow(_Table):
     """A task version's decontamination and dedup verdict."""
 
@@ -133,14 +127,12 @@ class QualityRow(_Table):
     evidence_json: str = pa.Field(nullable=True)  # every field's evidence, the workspace scan, the semantic stage
 
 
-
 class TaskSetLineageRow(_Table):
     version: str = pa.Field(str_matches=SHA256, unique=True)
     parent_version: str = pa.Field(nullable=True)
     sources_json: str
     gates_json: str
     removed_json: str
-
 
 
 class TaskSetRow(_Table):
@@ -151,7 +143,6 @@ class TaskSetRow(_Table):
     created_at: datetime
 
 
-
 class TaskSetMemberRow(_Table):
     version: str = pa.Field(str_matches=SHA256)
     task_id: str = pa.Field(str_matches=TASK_ID)
@@ -159,7 +150,6 @@ class TaskSetMemberRow(_Table):
 
     class Config:
         unique = ["version", "task_id"]
-
 
 
 class SourceLoadRow(_Table):
@@ -251,8 +241,9 @@ class ServiceSessionRow(_Table):
     verifies: int = pa.Field(ge=0)
     reward: float = pa.Field(nullable=True)
     resolved: bool = pa.Field(nullable=True)
-    end_reason: str = pa.Field(isin=["submitted", "max_turns", "trajectory_timeout", "deleted", "idle_timeout",
-                                     "lost", "shutdown"])
+    end_reason: str = pa.Field(
+        isin=["submitted", "max_turns", "trajectory_timeout", "deleted", "idle_timeout", "lost", "shutdown"]
+    )
     sandbox_seconds: float = pa.Field(ge=0)
     started_at: datetime
     ended_at: datetime
@@ -275,8 +266,13 @@ TABLE_SCHEMAS: dict[str, type[pa.DataFrameModel]] = {
     "service_sessions": ServiceSessionRow,
 }
 
-_DUCKDB_TYPES = {pl.String: "VARCHAR", pl.Int64: "BIGINT", pl.Float64: "DOUBLE", pl.Boolean: "BOOLEAN",
-                 pl.Datetime: "TIMESTAMP"}
+_DUCKDB_TYPES = {
+    pl.String: "VARCHAR",
+    pl.Int64: "BIGINT",
+    pl.Float64: "DOUBLE",
+    pl.Boolean: "BOOLEAN",
+    pl.Datetime: "TIMESTAMP",
+}
 
 
 def duckdb_type(dtype: pl.DataType) -> str:
@@ -298,14 +294,22 @@ def ddl(table: str) -> str:
     """CREATE TABLE IF NOT EXISTS for a catalog table, from its pandera model (and ADD COLUMN for the
     columns it gained since, `added_columns`)."""
     schema = TABLE_SCHEMAS[table].to_schema()
-    columns = [f"{name} {duckdb_type(col.dtype.type)}{'' if col.nullable else ' NOT NULL'}"
-               for name, col in schema.columns.items()]
+    columns = [
+        f"{name} {duckdb_type(col.dtype.type)}{'' if col.nullable else ' NOT NULL'}"
+        for name, col in schema.columns.items()
+    ]
     key = primary_key(table)
     if key:
         columns.append(f"PRIMARY KEY ({', '.join(key)})")
-    return f"CREATE TABLE IF NOT EXISTS {table} (\n    " + ",\n    ".join(columns) + ");" + "".join(
-        f"\nALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {duckdb_type(col.dtype.type)};"
-        for name, col in added_columns(table))
+    return (
+        f"CREATE TABLE IF NOT EXISTS {table} (\n    "
+        + ",\n    ".join(columns)
+        + ");"
+        + "".join(
+            f"\nALTER TABLE {table} ADD COLUMN IF NOT EXISTS {name} {duckdb_type(col.dtype.type)};"
+            for name, col in added_columns(table)
+        )
+    )
 
 
 def added_columns(table: str) -> list[tuple[str, pa.Column]]:

@@ -85,12 +85,20 @@ class SettingsError(EnvforgeError, ValueError):
 
     def __init__(self, problems: list[tuple[str, str | None, str, str]]) -> None:
         self.problems = problems
-        super().__init__("\n".join(f"environment variable {var}: {expected}, got {raw!r}"
-                                   + (f" ({help})" if help else "") for var, raw, expected, help in problems))
+        super().__init__(
+            "\n".join(
+                f"environment variable {var}: {expected}, got {raw!r}" + (f" ({help})" if help else "")
+                for var, raw, expected, help in problems
+            )
+        )
 
 
-_EXPECTED = {"int_parsing": "expected a whole number", "int_from_float": "expected a whole number",
-             "float_parsing": "expected a number", "bool_parsing": "expected true or false (1/0, yes/no, on/off)"}
+_EXPECTED = {
+    "int_parsing": "expected a whole number",
+    "int_from_float": "expected a whole number",
+    "float_parsing": "expected a number",
+    "bool_parsing": "expected true or false (1/0, yes/no, on/off)",
+}
 
 
 def _expected(err: Any) -> str:
@@ -99,16 +107,30 @@ def _expected(err: Any) -> str:
     return _EXPECTED.get(err["type"], err["msg"])
 
 
-def _var(env: str, default: Any, group: str, help: str, *, secret: bool = False, default_doc: str | None = None,
-         keep_empty: bool = False, default_from: str | None = None, default_factory: Any = None) -> Any:
+def _var(
+    env: str,
+    default: Any,
+    group: str,
+    help: str,
+    *,
+    secret: bool = False,
+    default_doc: str | None = None,
+    keep_empty: bool = False,
+    default_from: str | None = None,
+    default_factory: Any = None,
+) -> Any:
     """A setting: its variable `env`, its default (`default_doc` says it in words where it depends on the
     machine, `default_from` where a typed config holds it), its group and help. `keep_empty`: an empty
     value means something (it is not the same as unset)."""
-    extra: dict[str, Any] = {"group": group, "secret": secret, "default_doc": default_doc,
-                             "keep_empty": keep_empty, "default_from": default_from}
+    extra: dict[str, Any] = {
+        "group": group,
+        "secret": secret,
+        "default_doc": default_doc,
+        "keep_empty": keep_empty,
+        "default_from": default_from,
+    }
     if default_factory is not None:
-        return Field(default_factory=default_factory, validation_alias=env, description=help,
-                     json_schema_extra=extra)
+        return Field(default_factory=default_factory, validation_alias=env, description=help, json_schema_extra=extra)
     return Field(default, validation_alias=env, description=help, json_schema_extra=extra)
 
 
@@ -121,223 +143,452 @@ class EnvSettings(BaseSettings):
     model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", frozen=True)
 
     # -- core paths and stores
-    data_dir: Path = _var("ENVFORGE_DATA_DIR", None, "core", "catalog, MLflow store, build scratch, checkpoints",
-                          default_doc="`<checkout>/.envforge`",
-                          default_factory=lambda: checkout_root() / ".envforge")
-    sandboxes_dir: Path = _var("ENVFORGE_SANDBOXES_DIR", None, "core", "base image recipe and task families",
-                               default_doc="`<checkout>/sandboxes`",
-                               default_factory=lambda: checkout_root() / "sandboxes")
-    task_sources_dir: Path = _var("ENVFORGE_TASK_SOURCES", None, "core", "bundled and user task sources",
-                                  default_doc="`<checkout>/task_sources`",
-                                  default_factory=lambda: checkout_root() / "task_sources")
-    store_url: Optional[str] = _var("ENVFORGE_STORE_URL", None, "core",
-                                    "s3://bucket/prefix for rollouts, task-set parquet and reports "
-                                    "(unset: under the data dir)")
-    mlflow_tracking_uri: Optional[str] = _var("MLFLOW_TRACKING_URI", None, "core", "the MLflow tracking store; "
-                                              "production requires an http(s) server",
-                                              default_doc="`sqlite:///<data dir>/mlflow.db`")
+    data_dir: Path = _var(
+        "ENVFORGE_DATA_DIR",
+        None,
+        "core",
+        "catalog, MLflow store, build scratch, checkpoints",
+        default_doc="`<checkout>/.envforge`",
+        default_factory=lambda: checkout_root() / ".envforge",
+    )
+    sandboxes_dir: Path = _var(
+        "ENVFORGE_SANDBOXES_DIR",
+        None,
+        "core",
+        "base image recipe and task families",
+        default_doc="`<checkout>/sandboxes`",
+        default_factory=lambda: checkout_root() / "sandboxes",
+    )
+    task_sources_dir: Path = _var(
+        "ENVFORGE_TASK_SOURCES",
+        None,
+        "core",
+        "bundled and user task sources",
+        default_doc="`<checkout>/task_sources`",
+        default_factory=lambda: checkout_root() / "task_sources",
+    )
+    store_url: Optional[str] = _var(
+        "ENVFORGE_STORE_URL",
+        None,
+        "core",
+        "s3://bucket/prefix for rollouts, task-set parquet and reports (unset: under the data dir)",
+    )
+    mlflow_tracking_uri: Optional[str] = _var(
+        "MLFLOW_TRACKING_URI",
+        None,
+        "core",
+        "the MLflow tracking store; production requires an http(s) server",
+        default_doc="`sqlite:///<data dir>/mlflow.db`",
+    )
     mlflow_experiment: str = _var("ENVFORGE_MLFLOW_EXPERIMENT", "envforge", "core", "MLflow experiment of runs")
-    mlflow_ui_url: str = _var("ENVFORGE_MLFLOW_UI_URL", "http://127.0.0.1:5000", "core",
-                              "where run links point when the tracking URI is not an http(s) server "
-                              "(`make mlflow-ui` serves the local store there)")
+    mlflow_ui_url: str = _var(
+        "ENVFORGE_MLFLOW_UI_URL",
+        "http://127.0.0.1:5000",
+        "core",
+        "where run links point when the tracking URI is not an http(s) server "
+        "(`make mlflow-ui` serves the local store there)",
+    )
 
     # -- object storage
-    s3_endpoint_url: Optional[str] = _var("ENVFORGE_S3_ENDPOINT_URL", None, "storage",
-                                          "S3-compatible endpoint (MinIO, Ceph...); unset: AWS_ENDPOINT_URL, else AWS")
-    aws_endpoint_url: Optional[str] = _var("AWS_ENDPOINT_URL", None, "storage", "the AWS SDKs' endpoint "
-                                           "variable, used when ENVFORGE_S3_ENDPOINT_URL is unset")
+    s3_endpoint_url: Optional[str] = _var(
+        "ENVFORGE_S3_ENDPOINT_URL",
+        None,
+        "storage",
+        "S3-compatible endpoint (MinIO, Ceph...); unset: AWS_ENDPOINT_URL, else AWS",
+    )
+    aws_endpoint_url: Optional[str] = _var(
+        "AWS_ENDPOINT_URL",
+        None,
+        "storage",
+        "the AWS SDKs' endpoint variable, used when ENVFORGE_S3_ENDPOINT_URL is unset",
+    )
     aws_access_key_id: Optional[SecretStr] = _var("AWS_ACCESS_KEY_ID", None, "storage", "access key", secret=True)
-    aws_secret_access_key: Optional[SecretStr] = _var("AWS_SECRET_ACCESS_KEY", None, "storage", "secret key",
-                                                      secret=True)
-    aws_session_token: Optional[SecretStr] = _var("AWS_SESSION_TOKEN", None, "storage",
-                                                  "session token of temporary credentials", secret=True)
+    aws_secret_access_key: Optional[SecretStr] = _var(
+        "AWS_SECRET_ACCESS_KEY", None, "storage", "secret key", secret=True
+    )
+    aws_session_token: Optional[SecretStr] = _var(
+        "AWS_SESSION_TOKEN", None, "storage", "session token of temporary credentials", secret=True
+    )
     aws_default_region: Optional[str] = _var("AWS_DEFAULT_REGION", None, "storage", "bucket region")
     aws_region: Optional[str] = _var("AWS_REGION", None, "storage", "bucket region, when AWS_DEFAULT_REGION is unset")
     aws_profile: Optional[str] = _var("AWS_PROFILE", None, "storage", "credentials from ~/.aws instead of variables")
-    aws_web_identity_token_file: Optional[str] = _var("AWS_WEB_IDENTITY_TOKEN_FILE", None, "storage",
-                                                      "a pod role's token (EKS IRSA): counts as credentials")
+    aws_web_identity_token_file: Optional[str] = _var(
+        "AWS_WEB_IDENTITY_TOKEN_FILE", None, "storage", "a pod role's token (EKS IRSA): counts as credentials"
+    )
     aws_container_credentials_relative_uri: Optional[str] = _var(
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", None, "storage", "an ECS task role: counts as credentials")
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", None, "storage", "an ECS task role: counts as credentials"
+    )
     aws_container_credentials_full_uri: Optional[str] = _var(
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI", None, "storage", "a container role: counts as credentials")
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI", None, "storage", "a container role: counts as credentials"
+    )
 
     # -- deployment and policy server
-    env: str = _var("ENVFORGE_ENV", "local", "deployment", "`local` or `production`: which services are "
-                    "required and how they must look (docs/deploy.md)")
-    policy_url: Optional[str] = _var("ENVFORGE_POLICY_URL", None, "deployment",
-                                     "base URL of an OpenAI-compatible policy server (vLLM), ending in /v1; "
-                                     "required in production, where it is the rollout default (`vllm`)")
-    policy_model: str = _var("ENVFORGE_POLICY_MODEL", "envforge", "deployment",
-                             "the served model name at ENVFORGE_POLICY_URL (`vllm serve --served-model-name`)")
+    env: str = _var(
+        "ENVFORGE_ENV",
+        "local",
+        "deployment",
+        "`local` or `production`: which services are required and how they must look (docs/deploy.md)",
+    )
+    policy_url: Optional[str] = _var(
+        "ENVFORGE_POLICY_URL",
+        None,
+        "deployment",
+        "base URL of an OpenAI-compatible policy server (vLLM), ending in /v1; "
+        "required in production, where it is the rollout default (`vllm`)",
+    )
+    policy_model: str = _var(
+        "ENVFORGE_POLICY_MODEL",
+        "envforge",
+        "deployment",
+        "the served model name at ENVFORGE_POLICY_URL (`vllm serve --served-model-name`)",
+    )
 
     # -- sandboxes and the engine
-    docker_host: Optional[str] = _var("DOCKER_HOST", None, "sandbox", "the Docker engine images are built on "
-                                      "(and sandboxes run on without a fleet); production requires tcp:// or "
-                                      "ssh://", default_doc="the local socket")
-    sandbox_threads: int = _var("ENVFORGE_SANDBOX_THREADS", 256, "sandbox",
-                                "threads that run blocking sandbox calls for async callers")
+    docker_host: Optional[str] = _var(
+        "DOCKER_HOST",
+        None,
+        "sandbox",
+        "the Docker engine images are built on "
+        "(and sandboxes run on without a fleet); production requires tcp:// or "
+        "ssh://",
+        default_doc="the local socket",
+    )
+    sandbox_threads: int = _var(
+        "ENVFORGE_SANDBOX_THREADS", 256, "sandbox", "threads that run blocking sandbox calls for async callers"
+    )
 
     # -- task sources
-    source_config: Optional[Path] = _var("ENVFORGE_SOURCE_CONFIG", None, "sources",
-                                         "a YAML file of source-policy fields (docs/security.md)")
-    source_roots: Optional[str] = _var("ENVFORGE_SOURCE_ROOTS", None, "sources",
-                                       "folders a source's paths may resolve into, `:`-separated (overrides the "
-                                       "file; empty: every source confined to its own folder)",
-                                       default_doc="the task-sources dir", keep_empty=True)
+    source_config: Optional[Path] = _var(
+        "ENVFORGE_SOURCE_CONFIG", None, "sources", "a YAML file of source-policy fields (docs/security.md)"
+    )
+    source_roots: Optional[str] = _var(
+        "ENVFORGE_SOURCE_ROOTS",
+        None,
+        "sources",
+        "folders a source's paths may resolve into, `:`-separated (overrides the "
+        "file; empty: every source confined to its own folder)",
+        default_doc="the task-sources dir",
+        keep_empty=True,
+    )
     moving_refs: Optional[Literal["resolve", "refuse"]] = _var(
-        "ENVFORGE_MOVING_REFS", None, "sources", "`resolve` or `refuse` a branch given as a commit (overrides the "
-        "file)", default_doc="the file's, else resolve")
+        "ENVFORGE_MOVING_REFS",
+        None,
+        "sources",
+        "`resolve` or `refuse` a branch given as a commit (overrides the file)",
+        default_doc="the file's, else resolve",
+    )
 
     # -- verification and data-quality checks
-    gate_runs: int = _var("ENVFORGE_GATE_RUNS", 5, "verification",
-                          "gradings of the empty and of the reference solution per task in the flakiness gate")
-    max_reject_rate: float = _var("ENVFORGE_MAX_REJECT_RATE", 0.5, "verification",
-                                  "Dagster check: share of a source's records rejected above which it warns")
-    max_quarantine_rate: float = _var("ENVFORGE_MAX_QUARANTINE_RATE", 0.2, "verification",
-                                      "Dagster check: share of a gate run's tasks quarantined above which it fails")
-    max_dropped_group_rate: float = _var("ENVFORGE_MAX_DROPPED_GROUP_RATE", 0.05, "verification",
-                                         "Dagster check: share of a rollout batch's groups dropped above which "
-                                         "it fails")
+    gate_runs: int = _var(
+        "ENVFORGE_GATE_RUNS",
+        5,
+        "verification",
+        "gradings of the empty and of the reference solution per task in the flakiness gate",
+    )
+    max_reject_rate: float = _var(
+        "ENVFORGE_MAX_REJECT_RATE",
+        0.5,
+        "verification",
+        "Dagster check: share of a source's records rejected above which it warns",
+    )
+    max_quarantine_rate: float = _var(
+        "ENVFORGE_MAX_QUARANTINE_RATE",
+        0.2,
+        "verification",
+        "Dagster check: share of a gate run's tasks quarantined above which it fails",
+    )
+    max_dropped_group_rate: float = _var(
+        "ENVFORGE_MAX_DROPPED_GROUP_RATE",
+        0.05,
+        "verification",
+        "Dagster check: share of a rollout batch's groups dropped above which it fails",
+    )
 
     # -- decontamination
-    corpora: str = _var("ENVFORGE_CORPORA", "", "quality", "reference corpora every run checks against besides "
-                        "HumanEval and the registered ones: `NAME=PATH` items separated by `;`")
+    corpora: str = _var(
+        "ENVFORGE_CORPORA",
+        "",
+        "quality",
+        "reference corpora every run checks against besides "
+        "HumanEval and the registered ones: `NAME=PATH` items separated by `;`",
+    )
     embeddings_api_key: Optional[SecretStr] = _var(
-        "ENVFORGE_EMBEDDINGS_API_KEY", None, "quality", "API key of the embeddings server of the semantic stage "
-        "(the variable `semantic.api_key_env` names by default)", secret=True)
+        "ENVFORGE_EMBEDDINGS_API_KEY",
+        None,
+        "quality",
+        "API key of the embeddings server of the semantic stage (the variable `semantic.api_key_env` names by default)",
+        secret=True,
+    )
     policy_api_key: Optional[SecretStr] = _var(
-        "ENVFORGE_POLICY_API_KEY", None, "deployment", "API key `envforge policy serve` requires on its /v1 routes "
-        "(`--api-key` overrides; unset: no key)", secret=True)
+        "ENVFORGE_POLICY_API_KEY",
+        None,
+        "deployment",
+        "API key `envforge policy serve` requires on its /v1 routes (`--api-key` overrides; unset: no key)",
+        secret=True,
+    )
     review_api_key: Optional[SecretStr] = _var(
-        "ENVFORGE_REVIEW_API_KEY", None, "quality", "API key of the endpoint of the optional model review of task "
-        "statements (the variable `review.api_key_env` names by default)", secret=True)
+        "ENVFORGE_REVIEW_API_KEY",
+        None,
+        "quality",
+        "API key of the endpoint of the optional model review of task "
+        "statements (the variable `review.api_key_env` names by default)",
+        secret=True,
+    )
 
     # -- service clients
-    service_url: str = _var("ENVFORGE_SERVICE_URL", "http://127.0.0.1:8080", "service",
-                            "the envforge service clients talk to (`rollout --service`, the verl reward function)")
-    api_key: Optional[SecretStr] = _var("ENVFORGE_API_KEY", None, "service",
-                                        "the service key the verl reward function sends", secret=True)
+    service_url: str = _var(
+        "ENVFORGE_SERVICE_URL",
+        "http://127.0.0.1:8080",
+        "service",
+        "the envforge service clients talk to (`rollout --service`, the verl reward function)",
+    )
+    api_key: Optional[SecretStr] = _var(
+        "ENVFORGE_API_KEY", None, "service", "the service key the verl reward function sends", secret=True
+    )
 
     # -- observability
-    metrics: bool = _var("ENVFORGE_METRICS", True, "observability",
-                         "record Prometheus metrics (0/false/off/no: every hook returns at once)")
-    metrics_port: Optional[str] = _var("ENVFORGE_METRICS_PORT", None, "observability",
-                                       "serve /metrics on this port during a run (0: a free one; off: never)",
-                                       default_doc="off for CLI runs, a free port in Dagster runs and services")
+    metrics: bool = _var(
+        "ENVFORGE_METRICS",
+        True,
+        "observability",
+        "record Prometheus metrics (0/false/off/no: every hook returns at once)",
+    )
+    metrics_port: Optional[str] = _var(
+        "ENVFORGE_METRICS_PORT",
+        None,
+        "observability",
+        "serve /metrics on this port during a run (0: a free one; off: never)",
+        default_doc="off for CLI runs, a free port in Dagster runs and services",
+    )
     metrics_host: str = _var("ENVFORGE_METRICS_HOST", "127.0.0.1", "observability", "address /metrics listens on")
-    metrics_linger_s: float = _var("ENVFORGE_METRICS_LINGER_S", 0.0, "observability",
-                                   "keep serving /metrics this long after a run, for a last scrape")
-    metrics_targets_dir: Optional[Path] = _var("ENVFORGE_METRICS_TARGETS_DIR", None, "observability",
-                                               "Prometheus file_sd directory processes register in",
-                                               default_doc="`<data dir>/observe/targets`")
-    traces: str = _var("ENVFORGE_TRACES", "off", "observability", "`off`, `console` or `otlp` (to "
-                       "OTEL_EXPORTER_OTLP_ENDPOINT, which the exporter reads itself)")
-    log_format: str = _var("ENVFORGE_LOG_FORMAT", "text", "observability",
-                           "`json`: JSON log lines on stderr; `text`: the host application's logging")
+    metrics_linger_s: float = _var(
+        "ENVFORGE_METRICS_LINGER_S",
+        0.0,
+        "observability",
+        "keep serving /metrics this long after a run, for a last scrape",
+    )
+    metrics_targets_dir: Optional[Path] = _var(
+        "ENVFORGE_METRICS_TARGETS_DIR",
+        None,
+        "observability",
+        "Prometheus file_sd directory processes register in",
+        default_doc="`<data dir>/observe/targets`",
+    )
+    traces: str = _var(
+        "ENVFORGE_TRACES",
+        "off",
+        "observability",
+        "`off`, `console` or `otlp` (to OTEL_EXPORTER_OTLP_ENDPOINT, which the exporter reads itself)",
+    )
+    log_format: str = _var(
+        "ENVFORGE_LOG_FORMAT",
+        "text",
+        "observability",
+        "`json`: JSON log lines on stderr; `text`: the host application's logging",
+    )
     log_level: str = _var("ENVFORGE_LOG_LEVEL", "INFO", "observability", "level of the JSON logs")
 
     # -- run health (defaults: HealthThresholds)
-    health_max_fault_rate_increase: Optional[float] = _var("ENVFORGE_HEALTH_MAX_FAULT_RATE_INCREASE", None, "health",
-                                                           "infrastructure faults per attempt may grow by at most "
-                                                           "this much over the previous batch", default_from=_HEALTH)
-    health_max_fault_rate: Optional[float] = _var("ENVFORGE_HEALTH_MAX_FAULT_RATE", None, "health",
-                                                  "infrastructure faults per attempt above this are an anomaly",
-                                                  default_from=_HEALTH)
-    health_max_retry_rate_increase: Optional[float] = _var("ENVFORGE_HEALTH_MAX_RETRY_RATE_INCREASE", None, "health",
-                                                           "the share of trajectories that needed a retry may grow "
-                                                           "by at most this much", default_from=_HEALTH)
-    health_max_drop_rate_increase: Optional[float] = _var("ENVFORGE_HEALTH_MAX_DROP_RATE_INCREASE", None, "health",
-                                                          "the share of groups dropped may grow by at most this "
-                                                          "much", default_from=_HEALTH)
-    health_max_latency_ratio: Optional[float] = _var("ENVFORGE_HEALTH_MAX_LATENCY_RATIO", None, "health",
-                                                     "median reset or step time may grow by at most this factor",
-                                                     default_from=_HEALTH)
-    health_min_latency_increase_s: Optional[float] = _var("ENVFORGE_HEALTH_MIN_LATENCY_INCREASE_S", None, "health",
-                                                          "a latency rule fires only when the median also grew by "
-                                                          "this many seconds", default_from=_HEALTH)
-    health_max_reward_drop: Optional[float] = _var("ENVFORGE_HEALTH_MAX_REWARD_DROP", None, "health",
-                                                   "mean reward on shared cleanly-run tasks may fall by at most this",
-                                                   default_from=_HEALTH)
-    health_max_pass_at_1_drop: Optional[float] = _var("ENVFORGE_HEALTH_MAX_PASS_AT_1_DROP", None, "health",
-                                                      "pass@1 on shared cleanly-run tasks may fall by at most this",
-                                                      default_from=_HEALTH)
-    health_min_clean_tasks: Optional[int] = _var("ENVFORGE_HEALTH_MIN_CLEAN_TASKS", None, "health",
-                                                 "the policy side is judged only on at least this many shared "
-                                                 "cleanly-run tasks", default_from=_HEALTH)
+    health_max_fault_rate_increase: Optional[float] = _var(
+        "ENVFORGE_HEALTH_MAX_FAULT_RATE_INCREASE",
+        None,
+        "health",
+        "infrastructure faults per attempt may grow by at most this much over the previous batch",
+        default_from=_HEALTH,
+    )
+    health_max_fault_rate: Optional[float] = _var(
+        "ENVFORGE_HEALTH_MAX_FAULT_RATE",
+        None,
+        "health",
+        "infrastructure faults per attempt above this are an anomaly",
+        default_from=_HEALTH,
+    )
+    health_max_retry_rate_increase: Optional[float] = _var(
+        "ENVFORGE_HEALTH_MAX_RETRY_RATE_INCREASE",
+        None,
+        "health",
+        "the share of trajectories that needed a retry may grow by at most this much",
+        default_from=_HEALTH,
+    )
+    health_max_drop_rate_increase: Optional[float] = _var(
+        "ENVFORGE_HEALTH_MAX_DROP_RATE_INCREASE",
+        None,
+        "health",
+        "the share of groups dropped may grow by at most this much",
+        default_from=_HEALTH,
+    )
+    health_max_latency_ratio: Optional[float] = _var(
+        "ENVFORGE_HEALTH_MAX_LATENCY_RATIO",
+        None,
+        "health",
+        "median reset or step time may grow by at most this factor",
+        default_from=_HEALTH,
+    )
+    health_min_latency_increase_s: Optional[float] = _var(
+        "ENVFORGE_HEALTH_MIN_LATENCY_INCREASE_S",
+        None,
+        "health",
+        "a latency rule fires only when the median also grew by this many seconds",
+        default_from=_HEALTH,
+    )
+    health_max_reward_drop: Optional[float] = _var(
+        "ENVFORGE_HEALTH_MAX_REWARD_DROP",
+        None,
+        "health",
+        "mean reward on shared cleanly-run tasks may fall by at most this",
+        default_from=_HEALTH,
+    )
+    health_max_pass_at_1_drop: Optional[float] = _var(
+        "ENVFORGE_HEALTH_MAX_PASS_AT_1_DROP",
+        None,
+        "health",
+        "pass@1 on shared cleanly-run tasks may fall by at most this",
+        default_from=_HEALTH,
+    )
+    health_min_clean_tasks: Optional[int] = _var(
+        "ENVFORGE_HEALTH_MIN_CLEAN_TASKS",
+        None,
+        "health",
+        "the policy side is judged only on at least this many shared cleanly-run tasks",
+        default_from=_HEALTH,
+    )
 
     # -- fleet (envforge.fleet.config.FleetConfig takes its defaults and help from these and checks the ranges)
-    ray_address: str = _var("ENVFORGE_RAY_ADDRESS", "", "fleet",
-                            "the Ray head, `HOST:PORT` (GCS, usually 6379) for a driver on a cluster node or "
-                            "`ray://HOST:10001` for Ray Client; empty = `auto` (a cluster started on this machine)")
-    fleet_namespace: str = _var("ENVFORGE_FLEET_NAMESPACE", "envforge", "fleet",
-                                "Ray namespace of the node agents; drivers that share it share the agents and "
-                                "their warm pools")
-    fleet_node_resource: str = _var("ENVFORGE_FLEET_NODE_RESOURCE", "envforge_sandboxes", "fleet",
-                                    "the Ray custom resource a sandbox node advertises; its amount is how many "
-                                    "sandboxes the node may lease at once")
-    fleet_max_idle_per_image: int = _var("ENVFORGE_FLEET_MAX_IDLE_PER_IMAGE", 4, "fleet",
-                                         "warm sandboxes a node keeps per image at most")
-    fleet_max_idle_per_node: int = _var("ENVFORGE_FLEET_MAX_IDLE_PER_NODE", 16, "fleet",
-                                        "warm sandboxes a node keeps in all at most")
-    fleet_idle_shrink_after_s: float = _var("ENVFORGE_FLEET_IDLE_SHRINK_AFTER_S", 30.0, "fleet",
-                                            "an image nobody has asked for this long loses its warm sandboxes")
-    fleet_lease_idle_timeout_s: float = _var("ENVFORGE_FLEET_LEASE_IDLE_TIMEOUT_S", 900.0, "fleet",
-                                             "a lease untouched this long is reclaimed by the node, even if its "
-                                             "driver still beats")
-    fleet_driver_timeout_s: float = _var("ENVFORGE_FLEET_DRIVER_TIMEOUT_S", 60.0, "fleet",
-                                         "a driver whose heartbeat (every 5 s while it holds leases) a node has "
-                                         "not heard this long has died: its leases there are reclaimed")
-    fleet_acquire_timeout_s: float = _var("ENVFORGE_FLEET_ACQUIRE_TIMEOUT_S", 900.0, "fleet",
-                                          "backpressure: how long an acquire waits for free capacity before it "
-                                          "fails as an infrastructure fault")
+    ray_address: str = _var(
+        "ENVFORGE_RAY_ADDRESS",
+        "",
+        "fleet",
+        "the Ray head, `HOST:PORT` (GCS, usually 6379) for a driver on a cluster node or "
+        "`ray://HOST:10001` for Ray Client; empty = `auto` (a cluster started on this machine)",
+    )
+    fleet_namespace: str = _var(
+        "ENVFORGE_FLEET_NAMESPACE",
+        "envforge",
+        "fleet",
+        "Ray namespace of the node agents; drivers that share it share the agents and their warm pools",
+    )
+    fleet_node_resource: str = _var(
+        "ENVFORGE_FLEET_NODE_RESOURCE",
+        "envforge_sandboxes",
+        "fleet",
+        "the Ray custom resource a sandbox node advertises; its amount is how many "
+        "sandboxes the node may lease at once",
+    )
+    fleet_max_idle_per_image: int = _var(
+        "ENVFORGE_FLEET_MAX_IDLE_PER_IMAGE", 4, "fleet", "warm sandboxes a node keeps per image at most"
+    )
+    fleet_max_idle_per_node: int = _var(
+        "ENVFORGE_FLEET_MAX_IDLE_PER_NODE", 16, "fleet", "warm sandboxes a node keeps in all at most"
+    )
+    fleet_idle_shrink_after_s: float = _var(
+        "ENVFORGE_FLEET_IDLE_SHRINK_AFTER_S",
+        30.0,
+        "fleet",
+        "an image nobody has asked for this long loses its warm sandboxes",
+    )
+    fleet_lease_idle_timeout_s: float = _var(
+        "ENVFORGE_FLEET_LEASE_IDLE_TIMEOUT_S",
+        900.0,
+        "fleet",
+        "a lease untouched this long is reclaimed by the node, even if its driver still beats",
+    )
+    fleet_driver_timeout_s: float = _var(
+        "ENVFORGE_FLEET_DRIVER_TIMEOUT_S",
+        60.0,
+        "fleet",
+        "a driver whose heartbeat (every 5 s while it holds leases) a node has "
+        "not heard this long has died: its leases there are reclaimed",
+    )
+    fleet_acquire_timeout_s: float = _var(
+        "ENVFORGE_FLEET_ACQUIRE_TIMEOUT_S",
+        900.0,
+        "fleet",
+        "backpressure: how long an acquire waits for free capacity before it fails as an infrastructure fault",
+    )
     fleet_image_distribution: Literal["auto", "transfer", "build"] = _var(
-        "ENVFORGE_FLEET_IMAGE_DISTRIBUTION", "auto", "fleet",
+        "ENVFORGE_FLEET_IMAGE_DISTRIBUTION",
+        "auto",
+        "fleet",
         "how a node gets an image it lacks: `transfer` (docker save/load through Ray's object store), `build` "
         "(from the same recipe, content-hash tag), or `auto` (build task layers, transfer base images: what "
-        "bench/fleet.py measured to be faster)")
-    fleet_discovery_interval_s: float = _var("ENVFORGE_FLEET_DISCOVERY_INTERVAL_S", 2.0, "fleet",
-                                             "how often the dispatcher looks for nodes that joined or left")
-    fleet_min_engine_version: str = _var("ENVFORGE_FLEET_MIN_ENGINE_VERSION", "20.10", "fleet",
-                                         "the oldest Docker engine a node may run")
-    fleet_connect_timeout_s: float = _var("ENVFORGE_FLEET_CONNECT_TIMEOUT_S", 10.0, "fleet",
-                                          "how long to wait for the Ray head to answer at start")
+        "bench/fleet.py measured to be faster)",
+    )
+    fleet_discovery_interval_s: float = _var(
+        "ENVFORGE_FLEET_DISCOVERY_INTERVAL_S",
+        2.0,
+        "fleet",
+        "how often the dispatcher looks for nodes that joined or left",
+    )
+    fleet_min_engine_version: str = _var(
+        "ENVFORGE_FLEET_MIN_ENGINE_VERSION", "20.10", "fleet", "the oldest Docker engine a node may run"
+    )
+    fleet_connect_timeout_s: float = _var(
+        "ENVFORGE_FLEET_CONNECT_TIMEOUT_S", 10.0, "fleet", "how long to wait for the Ray head to answer at start"
+    )
 
     # -- the service (envforge.service.config.ServiceConfig takes its defaults and help from these)
-    service_host: str = _var("ENVFORGE_SERVICE_HOST", "127.0.0.1", "service",
-                             "address to listen on (TLS is terminated in front)")
+    service_host: str = _var(
+        "ENVFORGE_SERVICE_HOST", "127.0.0.1", "service", "address to listen on (TLS is terminated in front)"
+    )
     service_port: int = _var("ENVFORGE_SERVICE_PORT", 8080, "service", "port to listen on")
-    service_idle_timeout_s: float = _var("ENVFORGE_SERVICE_IDLE_TIMEOUT_S", 600.0, "service",
-                                         "a session with no request for this long is reaped: its sandbox reset "
-                                         "and returned")
-    service_reap_interval_s: float = _var("ENVFORGE_SERVICE_REAP_INTERVAL_S", 5.0, "service",
-                                          "how often idle sessions are looked for")
-    service_max_request_bytes: int = _var("ENVFORGE_SERVICE_MAX_REQUEST_BYTES", 512 * 1024, "service",
-                                          "largest request body accepted (413 above it); actions are capped at "
-                                          "256 KiB too")
-    service_max_sessions_total: int = _var("ENVFORGE_SERVICE_MAX_SESSIONS", 256, "service",
-                                           "sessions open at once, all tenants together")
-    service_pool_idle_per_image: int = _var("ENVFORGE_SERVICE_POOL_IDLE", 8, "service",
-                                            "warm sandboxes kept per task image")
-    service_pool_max_starting: int = _var("ENVFORGE_SERVICE_POOL_MAX_STARTING", 4, "service",
-                                          "container starts in flight at once")
-    service_record_every_sessions: int = _var("ENVFORGE_SERVICE_RECORD_EVERY", 100, "service",
-                                              "finished sessions per MLflow run (a batch); also flushed on a timer "
-                                              "and at exit")
-    service_record_every_s: float = _var("ENVFORGE_SERVICE_RECORD_EVERY_S", 300.0, "service",
-                                         "longest time a finished session waits before its batch is written to "
-                                         "the catalog and MLflow")
-    service_mlflow: bool = _var("ENVFORGE_SERVICE_MLFLOW", True, "service",
-                                "log each batch of finished sessions as an MLflow run (the catalog records every "
-                                "session either way)")
-    service_tombstone_s: float = _var("ENVFORGE_SERVICE_TOMBSTONE_S", 3600.0, "service",
-                                      "how long a reaped or lost session's id still answers 410 (then 404)")
+    service_idle_timeout_s: float = _var(
+        "ENVFORGE_SERVICE_IDLE_TIMEOUT_S",
+        600.0,
+        "service",
+        "a session with no request for this long is reaped: its sandbox reset and returned",
+    )
+    service_reap_interval_s: float = _var(
+        "ENVFORGE_SERVICE_REAP_INTERVAL_S", 5.0, "service", "how often idle sessions are looked for"
+    )
+    service_max_request_bytes: int = _var(
+        "ENVFORGE_SERVICE_MAX_REQUEST_BYTES",
+        512 * 1024,
+        "service",
+        "largest request body accepted (413 above it); actions are capped at 256 KiB too",
+    )
+    service_max_sessions_total: int = _var(
+        "ENVFORGE_SERVICE_MAX_SESSIONS", 256, "service", "sessions open at once, all tenants together"
+    )
+    service_pool_idle_per_image: int = _var(
+        "ENVFORGE_SERVICE_POOL_IDLE", 8, "service", "warm sandboxes kept per task image"
+    )
+    service_pool_max_starting: int = _var(
+        "ENVFORGE_SERVICE_POOL_MAX_STARTING", 4, "service", "container starts in flight at once"
+    )
+    service_record_every_sessions: int = _var(
+        "ENVFORGE_SERVICE_RECORD_EVERY",
+        100,
+        "service",
+        "finished sessions per MLflow run (a batch); also flushed on a timer and at exit",
+    )
+    service_record_every_s: float = _var(
+        "ENVFORGE_SERVICE_RECORD_EVERY_S",
+        300.0,
+        "service",
+        "longest time a finished session waits before its batch is written to the catalog and MLflow",
+    )
+    service_mlflow: bool = _var(
+        "ENVFORGE_SERVICE_MLFLOW",
+        True,
+        "service",
+        "log each batch of finished sessions as an MLflow run (the catalog records every session either way)",
+    )
+    service_tombstone_s: float = _var(
+        "ENVFORGE_SERVICE_TOMBSTONE_S",
+        3600.0,
+        "service",
+        "how long a reaped or lost session's id still answers 410 (then 404)",
+    )
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource,
-                                   dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource
-                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, _EnvironSource(settings_cls))
 
     @property

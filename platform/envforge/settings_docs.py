@@ -11,8 +11,17 @@ from typing import Any, Mapping
 
 from pydantic import SecretStr
 
-from envforge.settings import (DEPLOY_VARIABLES, GROUPS, NOT_SETTINGS, EnvSettings, default_text, group_of,
-                               is_secret, origins, read_env)
+from envforge.settings import (
+    DEPLOY_VARIABLES,
+    GROUPS,
+    NOT_SETTINGS,
+    EnvSettings,
+    default_text,
+    group_of,
+    is_secret,
+    origins,
+    read_env,
+)
 
 MASK = "********"
 
@@ -39,8 +48,12 @@ def effective(environ: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     env = read_env(environ)
     came_from = origins(environ)
     settings = Settings.from_env(environ)  # the paths resolved, the MLflow store derived from the data dir
-    derived = {"data_dir": settings.data_dir, "sandboxes_dir": settings.sandboxes_dir,
-               "task_sources_dir": settings.task_sources_dir, "mlflow_tracking_uri": settings.mlflow_tracking_uri}
+    derived = {
+        "data_dir": settings.data_dir,
+        "sandboxes_dir": settings.sandboxes_dir,
+        "task_sources_dir": settings.task_sources_dir,
+        "mlflow_tracking_uri": settings.mlflow_tracking_uri,
+    }
     rows = []
     for name, f in EnvSettings.model_fields.items():
         value = derived.get(name, getattr(env, name))
@@ -51,8 +64,15 @@ def effective(environ: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
             value = f"(unset: {default})" if default != "unset" else "(unset)"
         elif isinstance(value, Path):
             value = str(value)
-        rows.append({"setting": name, "variable": str(f.validation_alias), "group": group_of(name),
-                     "value": value, "origin": came_from[name]})
+        rows.append(
+            {
+                "setting": name,
+                "variable": str(f.validation_alias),
+                "group": group_of(name),
+                "value": value,
+                "origin": came_from[name],
+            }
+        )
     order = list(GROUPS)
     return sorted(rows, key=lambda r: order.index(r["group"]))
 
@@ -69,17 +89,22 @@ def _cell(text: str) -> str:
 
 def configuration_markdown() -> str:
     """docs/configuration.md: every setting by group, with its type, default and help."""
-    out = ["# Configuration", "",
-           "<!-- Generated from platform/envforge/settings.py by `envforge config docs -o docs/configuration.md`;",
-           "     edit the settings there, not this file (tests/test_settings.py fails when they differ). -->", "",
-           "Every environment variable envforge reads, declared once in `envforge.settings` (one",
-           "pydantic-settings model, one reader: `read_env()`). A fresh checkout needs none of them;",
-           "production sets the ones docs/deploy.md names. An empty value is the same as unset unless",
-           "the text says otherwise. A value of the wrong type stops the command with an error naming",
-           "the variable. `envforge config show` prints each setting's effective value (secrets masked)",
-           "and whether it came from the environment or the default; `--json` for scripts.", ""]
+    out = [
+        "# Configuration",
+        "",
+        "<!-- Generated from platform/envforge/settings.py by `envforge config docs -o docs/configuration.md`;",
+        "     edit the settings there, not this file (tests/test_settings.py fails when they differ). -->",
+        "",
+        "Every environment variable envforge reads, declared once in `envforge.settings` (one",
+        "pydantic-settings model, one reader: `read_env()`). A fresh checkout needs none of them;",
+        "production sets the ones docs/deploy.md names. An empty value is the same as unset unless",
+        "the text says otherwise. A value of the wrong type stops the command with an error naming",
+        "the variable. `envforge config show` prints each setting's effective value (secrets masked)",
+        "and whether it came from the environment or the default; `--json` for scripts.",
+        "",
+    ]
     by_group: dict[str, list[str]] = {g: [] for g in GROUPS}
-    for name, f in EnvSettings.model_fields.items():
+    for name in EnvSettings.model_fields:
         by_group[group_of(name)].append(name)
     for group, names in by_group.items():
         if not names:
@@ -88,19 +113,42 @@ def configuration_markdown() -> str:
         for name in names:
             f = EnvSettings.model_fields[name]
             default = default_text(name)
-            shown = ("unset" if default == "unset" else "(empty)" if not default
-                     else default if _extra_doc(name) else f"`{default}`")
-            out.append(f"| `{f.validation_alias}` | {_cell(type_text(f.annotation))} | {_cell(shown)} | "
-                       f"{_cell(f.description or '')} |")
+            shown = (
+                "unset"
+                if default == "unset"
+                else "(empty)"
+                if not default
+                else default
+                if _extra_doc(name)
+                else f"`{default}`"
+            )
+            out.append(
+                f"| `{f.validation_alias}` | {_cell(type_text(f.annotation))} | {_cell(shown)} | "
+                f"{_cell(f.description or '')} |"
+            )
         out.append("")
-    out += ["## Not settings", "",
-            "Names envforge sets for processes it starts, not read as configuration (so not above):", "",
-            "| Name | What it is |", "|---|---|"]
+    out += [
+        "## Not settings",
+        "",
+        "Names envforge sets for processes it starts, not read as configuration (so not above):",
+        "",
+        "| Name | What it is |",
+        "|---|---|",
+    ]
     out += [f"| `{k}` | {_cell(v)} |" for k, v in NOT_SETTINGS.items()]
-    out += ["", "Variables of the deployment scripts and compose files, read by them, not by envforge:", "",
-            "| Name | What it is |", "|---|---|"]
+    out += [
+        "",
+        "Variables of the deployment scripts and compose files, read by them, not by envforge:",
+        "",
+        "| Name | What it is |",
+        "|---|---|",
+    ]
     out += [f"| `{k}` | {_cell(v)} |" for k, v in DEPLOY_VARIABLES.items()]
-    out += ["", "Also not read by envforge itself: the proxy variables (`HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`) "
-            "it forwards into image builds, `OTEL_EXPORTER_OTLP_*` (read by the OpenTelemetry exporter) and "
-            "`DAGSTER_HOME` (Dagster's).", ""]
+    out += [
+        "",
+        "Also not read by envforge itself: the proxy variables (`HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`) "
+        "it forwards into image builds, `OTEL_EXPORTER_OTLP_*` (read by the OpenTelemetry exporter) and "
+        "`DAGSTER_HOME` (Dagster's).",
+        "",
+    ]
     return "\n".join(out)

@@ -56,9 +56,11 @@ def _test_id(value: str, info: ValidationInfo) -> str:
     if (info.context or {}).get("stored"):
         return value
     if not valid_test_id(value):
-        raise ValueError(f"test id {value[:200]!r} is empty, longer than 2000 characters, starts or ends with a space, "
-                         "or holds control characters or whitespace other than a space: ids are matched against "
-                         "the runner's report line by line, so such an id could never pass")
+        raise ValueError(
+            f"test id {value[:200]!r} is empty, longer than 2000 characters, starts or ends with a space, "
+            "or holds control characters or whitespace other than a space: ids are matched against "
+            "the runner's report line by line, so such an id could never pass"
+        )
     return value
 
 
@@ -90,9 +92,11 @@ class Limits(_Strict):
         if (info.context or {}).get("stored"):  # checked at ingest, under that time's rule (see _test_id)
             need = self.workspace_mb + self.tmp_mb + 1
         if need > self.memory_mb:
-            raise ValueError(f"workspace_mb + tmp_mb + {EXTRA_TMPFS_MB + AGENT_RESERVE_MB} ({need}) must not exceed "
-                             f"memory_mb ({self.memory_mb}): tmpfs pages count against memory, /dev/shm and "
-                             f"/run/envforge take {EXTRA_TMPFS_MB} MiB and the agent keeps {AGENT_RESERVE_MB} MiB")
+            raise ValueError(
+                f"workspace_mb + tmp_mb + {EXTRA_TMPFS_MB + AGENT_RESERVE_MB} ({need}) must not exceed "
+                f"memory_mb ({self.memory_mb}): tmpfs pages count against memory, /dev/shm and "
+                f"/run/envforge take {EXTRA_TMPFS_MB} MiB and the agent keeps {AGENT_RESERVE_MB} MiB"
+            )
         return self
 
 
@@ -118,8 +122,10 @@ class RepositorySnapshot(_Strict):
     """A local git repository checked out at one commit as the workspace."""
 
     path: str = Field(description="git repository directory, relative to the spec file")
-    commit: str = Field(pattern=r"^[0-9a-fA-F]{7,40}$|^[A-Za-z0-9._/][A-Za-z0-9._/~^-]{0,199}$",
-                        description="a commit SHA, or a ref (`main`, `main~3`) that ingest resolves to its SHA")
+    commit: str = Field(
+        pattern=r"^[0-9a-fA-F]{7,40}$|^[A-Za-z0-9._/][A-Za-z0-9._/~^-]{0,199}$",
+        description="a commit SHA, or a ref (`main`, `main~3`) that ingest resolves to its SHA",
+    )
 
 
 class Environment(PythonEnvironment):
@@ -155,10 +161,13 @@ class TestCheckpoint(_Strict):
 
     framework: Literal["pytest", "unittest", "tap", "pattern"] = "pytest"
     command: str | None = Field(
-        None, description="pytest: runner invocation (default `python3 -m pytest`); unittest: the interpreter "
-                          "(default `python3`); tap/pattern: the command whose stdout is parsed (required)")
-    plugins: list[str] = Field(default_factory=list, description="pytest plugins to load (`-p NAME`); "
-                                                                 "plugin autoload is always off")
+        None,
+        description="pytest: runner invocation (default `python3 -m pytest`); unittest: the interpreter "
+        "(default `python3`); tap/pattern: the command whose stdout is parsed (required)",
+    )
+    plugins: list[str] = Field(
+        default_factory=list, description="pytest plugins to load (`-p NAME`); plugin autoload is always off"
+    )
     pattern: str | None = Field(None, description="pattern framework: regex with named groups `id` and `status`")
     fail_to_pass: list[TestId] = Field(description="test ids that fail before and must pass after")
     pass_to_pass: list[TestId] = Field(default_factory=list, description="test ids that must keep passing")
@@ -226,13 +235,19 @@ class Verification(_Strict):
     files: str | None = Field(
         None, description=f"directory (relative to the spec) of verifier files, placed at {VERIFIER_DIR} at grading"
     )
-    test_patch: str | None = Field(None, description="diff (relative to the spec) held back from the policy and "
-                                                     "applied at grading, after the policy's diff")
+    test_patch: str | None = Field(
+        None,
+        description="diff (relative to the spec) held back from the policy and "
+        "applied at grading, after the policy's diff",
+    )
     protected_paths: list[str] | None = Field(
-        None, description="globs (`**` allowed) of workspace paths the policy's diff may not change; default: test "
-                          "files, conftest.py, pytest/tox/setup.cfg/pyproject config, sitecustomize, .pth files")
+        None,
+        description="globs (`**` allowed) of workspace paths the policy's diff may not change; default: test "
+        "files, conftest.py, pytest/tox/setup.cfg/pyproject config, sitecustomize, .pth files",
+    )
     zero_reward_on_protected_change: bool = Field(
-        False, description="reward 0 when the diff touches a protected path (by default the change is ignored)")
+        False, description="reward 0 when the diff touches a protected path (by default the change is ignored)"
+    )
     partial_credit: bool = Field(False, description="reward = fraction of required tests and checkpoints that pass")
 
     @model_validator(mode="after")

@@ -65,9 +65,15 @@ def experiment_id(settings: Settings) -> str:
 
 
 @contextmanager
-def mlflow_run(settings: Settings, name: str, stage: str, params: Mapping[str, Any] | None = None,
-               dagster_run_id: str | None = None, nested: bool = False,
-               tags: Mapping[str, str] | None = None) -> Iterator[Any]:
+def mlflow_run(
+    settings: Settings,
+    name: str,
+    stage: str,
+    params: Mapping[str, Any] | None = None,
+    dagster_run_id: str | None = None,
+    nested: bool = False,
+    tags: Mapping[str, str] | None = None,
+) -> Iterator[Any]:
     """Start an MLflow run (nested under the active one if `nested`); yields the ActiveRun."""
     mlflow = _mlflow()
     exp = experiment_id(settings)
@@ -90,8 +96,10 @@ def _active():
     ./mlruns wherever the process happens to be, which is never what we want."""
     mlflow = _mlflow()
     if mlflow.active_run() is None:
-        raise RuntimeError("MLflow logging outside a run: wrap the work in envforge.track.mlflow_run "
-                           "(or call the stage's .tracked form)")
+        raise RuntimeError(
+            "MLflow logging outside a run: wrap the work in envforge.track.mlflow_run "
+            "(or call the stage's .tracked form)"
+        )
     return mlflow
 
 
@@ -134,5 +142,7 @@ def run_url(settings: Settings, run_id: str) -> str:
 
 
 def ui_command(settings: Settings) -> str:
-    return (f"mlflow ui --backend-store-uri {settings.mlflow_tracking_uri} "
-            f"--default-artifact-root {settings.mlflow_artifacts_dir.as_uri()} --host 127.0.0.1 --port 5000")
+    return (
+        f"mlflow ui --backend-store-uri {settings.mlflow_tracking_uri} "
+        f"--default-artifact-root {settings.mlflow_artifacts_dir.as_uri()} --host 127.0.0.1 --port 5000"
+    )

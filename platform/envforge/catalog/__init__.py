@@ -33,5 +33,15 @@ class Catalog(VerdictStore, TaskSetStore, RolloutStore, SessionStore):
     connection per operation."""
 
 
-__all__ = ["Catalog", "IngestSummary", "RolloutStore", "SessionStore", "SourceLoad", "TaskSetStore", "TaskStore",
-           "UnknownTaskSetError", "VerdictStore", "task_rows"]
+__all__ = [
+    "Catalog",
+    "IngestSummary",
+    "RolloutStore",
+    "SessionStore",
+    "SourceLoad",
+    "TaskSetStore",
+    "TaskStore",
+    "UnknownTaskSetError",
+    "VerdictStore",
+    "task_rows",
+]

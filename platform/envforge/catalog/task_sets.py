@@ -44,8 +44,14 @@ class TaskSetStore(TaskStore):
             raise KeyError(f"task set {version!r} does not exist")
         return json.loads(found["params_json"][0] or "{}")
 
-    def create_task_set(self, name: str, tasks: Iterable[Task], params: dict | None = None,
-                        sources: list | None = None, removed: list[dict] | None = None) -> str:
+    def create_task_set(
+        self,
+        name: str,
+        tasks: Iterable[Task],
+        params: dict | None = None,
+        sources: list | None = None,
+        removed: list[dict] | None = None,
+    ) -> str:
         """Record a task-set version: the hash of its members' content hashes and its params.
 
         Lineage is kept with it: the sources it came from, the gates (params), what the gates
@@ -57,20 +63,42 @@ class TaskSetStore(TaskStore):
         version = self.task_set_version(tasks, params)
         with self._connect() as con:
             exists = con.execute("SELECT 1 FROM task_sets WHERE version = ?", [version]).fetchone()
-            parent = con.execute("SELECT version FROM task_sets WHERE name = ? ORDER BY created_at DESC LIMIT 1",
-                                 [name]).fetchone()
+            parent = con.execute(
+                "SELECT version FROM task_sets WHERE name = ? ORDER BY created_at DESC LIMIT 1", [name]
+            ).fetchone()
         if exists:
             return version
-        self.write({
-            "task_sets": frame("task_sets", [{"version": version, "name": name, "n_tasks": len(members),
-                                              "params_json": params_json, "created_at": now()}]),
-            "task_set_members": frame("task_set_members", [
-                {"version": version, "task_id": tid, "content_hash": h} for tid, h in members]),
-            "task_set_lineage": frame("task_set_lineage", [{
-                "version": version, "parent_version": parent[0] if parent else None,
-                "sources_json": json.dumps(sources or []), "gates_json": params_json,
-                "removed_json": json.dumps(removed or [], sort_keys=True)}]),
-        })
+        self.write(
+            {
+                "task_sets": frame(
+                    "task_sets",
+                    [
+                        {
+                            "version": version,
+                            "name": name,
+                            "n_tasks": len(members),
+                            "params_json": params_json,
+                            "created_at": now(),
+                        }
+                    ],
+                ),
+                "task_set_members": frame(
+                    "task_set_members", [{"version": version, "task_id": tid, "content_hash": h} for tid, h in members]
+                ),
+                "task_set_lineage": frame(
+                    "task_set_lineage",
+                    [
+                        {
+                            "version": version,
+                            "parent_version": parent[0] if parent else None,
+                            "sources_json": json.dumps(sources or []),
+                            "gates_json": params_json,
+                            "removed_json": json.dumps(removed or [], sort_keys=True),
+                        }
+                    ],
+                ),
+            }
+        )
         return version
 
     def lineage(self, version: str) -> dict:
@@ -78,12 +106,17 @@ class TaskSetStore(TaskStore):
         if found.height == 0:
             raise KeyError(f"task set {version!r} has no lineage record")
         row = found.row(0, named=True)
-        return {"version": version, "parent_version": row["parent_version"],
-                "sources": json.loads(row["sources_json"]), "gates": json.loads(row["gates_json"]),
-                "removed": json.loads(row["removed_json"])}
+        return {
+            "version": version,
+            "parent_version": row["parent_version"],
+            "sources": json.loads(row["sources_json"]),
+            "gates": json.loads(row["gates_json"]),
+            "removed": json.loads(row["removed_json"]),
+        }
 
     def diff_task_sets(self, old: str, new: str) -> dict[str, list[str]]:
         """Tasks added, removed and changed (same id, other content) from version `old` to `new`."""
+
         def members(v: str) -> dict[str, str]:
             f = self.query("SELECT task_id, content_hash FROM task_set_members WHERE version = ?", [v])
             if f.height == 0 and self.query("SELECT 1 FROM task_sets WHERE version = ?", [v]).height == 0:
@@ -91,8 +124,11 @@ class TaskSetStore(TaskStore):
             return dict(zip(f["task_id"], f["content_hash"]))
 
         a, b = members(old), members(new)
-        return {"added": sorted(set(b) - set(a)), "removed": sorted(set(a) - set(b)),
-                "changed": sorted(t for t in set(a) & set(b) if a[t] != b[t])}
+        return {
+            "added": sorted(set(b) - set(a)),
+            "removed": sorted(set(a) - set(b)),
+            "changed": sorted(t for t in set(a) & set(b) if a[t] != b[t]),
+        }
 
     def task_sets(self) -> pl.DataFrame:
         return self.query("SELECT * FROM task_sets ORDER BY created_at")
@@ -100,7 +136,9 @@ class TaskSetStore(TaskStore):
     def task_set_frame(self, version: str) -> pl.DataFrame:
         return self.query(
             "SELECT t.* FROM task_set_members m JOIN tasks t USING (content_hash) WHERE m.version = ? "
-            "ORDER BY t.task_id", [version])
+            "ORDER BY t.task_id",
+            [version],
+        )
 
     def resolve_task_set(self, version: str) -> str:
         """The full version for a unique prefix, or for 'latest' (the newest task set): the one place a
@@ -117,8 +155,11 @@ class TaskSetStore(TaskStore):
 
     def load_task_set(self, version: str) -> list[Task]:
         """The exact task versions a task set holds."""
-        found = self.query("""SELECT t.task_json FROM task_set_members m JOIN tasks t USING (content_hash)
-                              WHERE m.version = ? ORDER BY m.task_id""", [self.resolve_task_set(version)])
+        found = self.query(
+            """SELECT t.task_json FROM task_set_members m JOIN tasks t USING (content_hash)
+                              WHERE m.version = ? ORDER BY m.task_id""",
+            [self.resolve_task_set(version)],
+        )
         return [Task.from_stored(j) for j in found["task_json"]]
 
     def export_task_set(self, version: str, path: Path) -> Path:
@@ -135,11 +176,15 @@ class TaskSetStore(TaskStore):
 
     def record_tiers(self, version: str, rows: list[dict]) -> None:
         """Store the tiers of a task set (replacing earlier tiers of the same version)."""
-        self._replace({"task_tiers": frame("task_tiers", [dict(r, version=version) for r in rows])},
-                      {"task_tiers": ("version = ?", [version])})
+        self._replace(
+            {"task_tiers": frame("task_tiers", [dict(r, version=version) for r in rows])},
+            {"task_tiers": ("version = ?", [version])},
+        )
 
     def tiers(self, version: str) -> pl.DataFrame:
-        return self.query("SELECT * FROM task_tiers WHERE version = ? ORDER BY task_id", [self.resolve_task_set(version)])
+        return self.query(
+            "SELECT * FROM task_tiers WHERE version = ? ORDER BY task_id", [self.resolve_task_set(version)]
+        )
 
     def load_split(self, version: str, split: str) -> list[Task]:
         """A task set's members in one split (`train`, `eval`, `audit`) of its recorded tiers, or `all`."""

@@ -44,23 +44,39 @@ def task_rows(tasks: Iterable[Task], batch_id: str, at: datetime | None = None) 
     rows = []
     for t in tasks:
         s = t.spec
-        rows.append({
-            "content_hash": t.content_hash, "task_id": s.id, "source": s.source, "origin": t.origin,
-            "instruction": s.instruction, "tags": list(s.tags), "max_turns": s.max_turns,
-            "reference_kind": "patch" if t.reference_patch is not None else "commands",
-            "n_fail_to_pass": len(s.verification.tests.fail_to_pass) if s.verification.tests else 0,
-            "n_pass_to_pass": len(s.verification.tests.pass_to_pass) if s.verification.tests else 0,
-            "n_checkpoints": len(s.verification.checkpoints), "task_json": t.model_dump_json(),
-            "ingested_at": at, "batch_id": batch_id,
-        })
+        rows.append(
+            {
+                "content_hash": t.content_hash,
+                "task_id": s.id,
+                "source": s.source,
+                "origin": t.origin,
+                "instruction": s.instruction,
+                "tags": list(s.tags),
+                "max_turns": s.max_turns,
+                "reference_kind": "patch" if t.reference_patch is not None else "commands",
+                "n_fail_to_pass": len(s.verification.tests.fail_to_pass) if s.verification.tests else 0,
+                "n_pass_to_pass": len(s.verification.tests.pass_to_pass) if s.verification.tests else 0,
+                "n_checkpoints": len(s.verification.checkpoints),
+                "task_json": t.model_dump_json(),
+                "ingested_at": at,
+                "batch_id": batch_id,
+            }
+        )
     return frame("tasks", rows)
 
 
 class TaskStore(CatalogBase):
     """The `tasks`, `rejects` and `source_loads` tables and the views over them."""
 
-    def ingest(self, result: SourceLoad, source_kind: str = "spec", strict: bool = False,
-               source_key: str | None = None, fingerprint: str = "", cursor: str | None = None) -> IngestSummary:
+    def ingest(
+        self,
+        result: SourceLoad,
+        source_kind: str = "spec",
+        strict: bool = False,
+        source_key: str | None = None,
+        fingerprint: str = "",
+        cursor: str | None = None,
+    ) -> IngestSummary:
         """Store a source's good tasks and its rejects in one transaction.
 
         strict=True refuses the whole batch when any record was rejected, reporting every
@@ -77,15 +93,37 @@ class TaskStore(CatalogBase):
         at = now()
         known = self.known_hashes()
         new = [t for t in tasks if t.content_hash not in known]
-        rejects = frame("rejects", [
-            {"batch_id": batch_id, "source_kind": source_kind, "source": p.source, "field": p.field,
-             "reason": p.reason, "rejected_at": at} for p in problems])
+        rejects = frame(
+            "rejects",
+            [
+                {
+                    "batch_id": batch_id,
+                    "source_kind": source_kind,
+                    "source": p.source,
+                    "field": p.field,
+                    "reason": p.reason,
+                    "rejected_at": at,
+                }
+                for p in problems
+            ],
+        )
         frames = {"tasks": task_rows(new, batch_id, at), "rejects": rejects}
         if source_key is not None:
-            frames["source_loads"] = frame("source_loads", [{
-                "source_key": source_key, "source_kind": source_kind, "batch_id": batch_id,
-                "fingerprint": fingerprint, "task_hashes": sorted({t.content_hash for t in tasks}),
-                "n_rejects": len(problems), "loaded_at": at, "cursor": cursor}])
+            frames["source_loads"] = frame(
+                "source_loads",
+                [
+                    {
+                        "source_key": source_key,
+                        "source_kind": source_kind,
+                        "batch_id": batch_id,
+                        "fingerprint": fingerprint,
+                        "task_hashes": sorted({t.content_hash for t in tasks}),
+                        "n_rejects": len(problems),
+                        "loaded_at": at,
+                        "cursor": cursor,
+                    }
+                ],
+            )
         self.write(frames)
         return IngestSummary(batch_id, len(new), len(tasks) - len(new), len(problems))
 
@@ -101,7 +139,9 @@ class TaskStore(CatalogBase):
         found = self.query(
             "SELECT t.task_id, l.source_key, t.origin FROM current_tasks t JOIN ("
             "  SELECT source_key, unnest(task_hashes) AS content_hash FROM latest_source_loads) l USING (content_hash)"
-            " WHERE list_contains(?, t.task_id) ORDER BY l.source_key", [ids])
+            " WHERE list_contains(?, t.task_id) ORDER BY l.source_key",
+            [ids],
+        )
         owners: dict[str, list[tuple[str, str]]] = {}
         for r in found.iter_rows(named=True):
             owners.setdefault(r["task_id"], []).append((r["source_key"], r["origin"]))
@@ -124,8 +164,11 @@ class TaskStore(CatalogBase):
     def load_versions(self, content_hashes: Iterable[str]) -> list[Task]:
         """Exactly these task versions (current or not), ordered by task id; unknown hashes raise KeyError."""
         wanted = list(dict.fromkeys(content_hashes))
-        found = self.query("SELECT task_json, content_hash FROM tasks WHERE content_hash IN (SELECT unnest(?::VARCHAR[])) "
-                           "ORDER BY task_id", [wanted])
+        found = self.query(
+            "SELECT task_json, content_hash FROM tasks WHERE content_hash IN (SELECT unnest(?::VARCHAR[])) "
+            "ORDER BY task_id",
+            [wanted],
+        )
         unknown = set(wanted) - set(found["content_hash"])
         if unknown:
             raise KeyError(f"task versions not in the catalog: {sorted(unknown)[:5]}")
@@ -153,22 +196,29 @@ class TaskStore(CatalogBase):
 
     def source_loads(self) -> pl.DataFrame:
         """The latest load of every source: key, kind, fingerprint, how many tasks and rejects, cursor."""
-        return self.query("SELECT source_key, source_kind, batch_id, fingerprint, len(task_hashes) AS n_tasks, "
-                          "n_rejects, loaded_at, cursor FROM latest_source_loads ORDER BY source_kind, source_key")
+        return self.query(
+            "SELECT source_key, source_kind, batch_id, fingerprint, len(task_hashes) AS n_tasks, "
+            "n_rejects, loaded_at, cursor FROM latest_source_loads ORDER BY source_kind, source_key"
+        )
 
     def latest_load(self, source_key: str) -> tuple[list[Task], list[Problem], str | None] | None:
         """A source's latest load as it was stored: its task versions, its rejects and its cursor (None:
         never loaded). What an incremental load of a history source carries over."""
-        load = self.query("SELECT batch_id, task_hashes, cursor FROM latest_source_loads WHERE source_key = ?",
-                          [source_key])
+        load = self.query(
+            "SELECT batch_id, task_hashes, cursor FROM latest_source_loads WHERE source_key = ?", [source_key]
+        )
         if load.height == 0:
             return None
         row = load.row(0, named=True)
         tasks = self.load_versions(row["task_hashes"]) if row["task_hashes"] else []
-        rejects = self.query("SELECT source, field, reason FROM rejects WHERE batch_id = ? ORDER BY source",
-                             [row["batch_id"]])
-        return tasks, [Problem(r["source"], r["field"], r["reason"]) for r in rejects.iter_rows(named=True)], \
-            row["cursor"]
+        rejects = self.query(
+            "SELECT source, field, reason FROM rejects WHERE batch_id = ? ORDER BY source", [row["batch_id"]]
+        )
+        return (
+            tasks,
+            [Problem(r["source"], r["field"], r["reason"]) for r in rejects.iter_rows(named=True)],
+            row["cursor"],
+        )
 
     def retire_missing_sources(self, present: set[str], root: Path, under: Iterable[Path] | None = None) -> list[str]:
         """Record an empty latest load for every loaded source that is gone from disk.
@@ -193,17 +243,22 @@ class TaskStore(CatalogBase):
         """The sources these task versions came from: the newest load of each source that yielded any of
         them (key, kind, fingerprint), and for versions stored without a source load, their origin file."""
         hashes = list(dict.fromkeys(content_hashes))
-        loads = self.query("""
+        loads = self.query(
+            """
             SELECT source_key AS key, source_kind AS kind, arg_max(fingerprint, loaded_at) AS fingerprint,
                    flatten(list(task_hashes)) AS hashes
-            FROM source_loads WHERE list_has_any(task_hashes, ?::VARCHAR[]) GROUP BY 1, 2 ORDER BY 1""", [hashes])
+            FROM source_loads WHERE list_has_any(task_hashes, ?::VARCHAR[]) GROUP BY 1, 2 ORDER BY 1""",
+            [hashes],
+        )
         covered = {h for hs in loads["hashes"] for h in hs}
-        loose = self.query("""SELECT DISTINCT origin AS key, source AS kind FROM tasks
+        loose = self.query(
+            """SELECT DISTINCT origin AS key, source AS kind FROM tasks
                               WHERE content_hash IN (SELECT unnest(?::VARCHAR[])) ORDER BY 1""",
-                           [[h for h in hashes if h not in covered]])
-        return ([{"key": r["key"], "kind": r["kind"], "fingerprint": r["fingerprint"]}
-                 for r in loads.iter_rows(named=True)]
-                + [{"key": r["key"], "kind": r["kind"], "fingerprint": ""} for r in loose.iter_rows(named=True)])
+            [[h for h in hashes if h not in covered]],
+        )
+        return [
+            {"key": r["key"], "kind": r["kind"], "fingerprint": r["fingerprint"]} for r in loads.iter_rows(named=True)
+        ] + [{"key": r["key"], "kind": r["kind"], "fingerprint": ""} for r in loose.iter_rows(named=True)]
 
 
 @dataclass(frozen=True)

@@ -72,58 +72,115 @@ class VerdictStore(TaskStore):
 
     def record_images(self, builds: Iterable[tuple[Task, ImageBuilt]]) -> None:
         at = now()
-        self.write({"images": frame("images", [
-            {"task_id": t.id, "content_hash": t.content_hash, "image": b.tag, "cache_hit": b.cache_hit,
-             "seconds": float(b.seconds), "size_mb": b.size_mb, "built_at": at} for t, b in builds])})
+        self.write(
+            {
+                "images": frame(
+                    "images",
+                    [
+                        {
+                            "task_id": t.id,
+                            "content_hash": t.content_hash,
+                            "image": b.tag,
+                            "cache_hit": b.cache_hit,
+                            "seconds": float(b.seconds),
+                            "size_mb": b.size_mb,
+                            "built_at": at,
+                        }
+                        for t, b in builds
+                    ],
+                )
+            }
+        )
 
     def latest_images(self) -> dict[str, str]:
         """content_hash -> image tag of the most recent build."""
         found = self.query("SELECT content_hash, arg_max(image, built_at) AS image FROM images GROUP BY 1")
         return dict(zip(found["content_hash"], found["image"]))
 
-    def record_runs(self, results: Iterable[tuple[Task, GradedRun]], mlflow_run_id: str | None = None,
-                    dagster_run_id: str | None = None) -> list[str]:
+    def record_runs(
+        self,
+        results: Iterable[tuple[Task, GradedRun]],
+        mlflow_run_id: str | None = None,
+        dagster_run_id: str | None = None,
+    ) -> list[str]:
         at = now()
         rows = []
         for task, r in results:
-            rows.append({
-                "run_id": uuid.uuid4().hex, "task_id": task.id, "content_hash": task.content_hash,
-                "solution": r.solution, "reward": float(r.reward), "resolved": r.resolved,
-                "reasons": list(r.reasons), "tests_json": json.dumps(r.tests, sort_keys=True),
-                "checkpoints_json": json.dumps([c.__dict__ for c in r.checkpoints]),
-                "patch_method": r.patch_method, "duration_s": float(r.duration_s), "image": r.image,
-                "mlflow_run_id": mlflow_run_id, "dagster_run_id": dagster_run_id, "created_at": at,
-            })
+            rows.append(
+                {
+                    "run_id": uuid.uuid4().hex,
+                    "task_id": task.id,
+                    "content_hash": task.content_hash,
+                    "solution": r.solution,
+                    "reward": float(r.reward),
+                    "resolved": r.resolved,
+                    "reasons": list(r.reasons),
+                    "tests_json": json.dumps(r.tests, sort_keys=True),
+                    "checkpoints_json": json.dumps([c.__dict__ for c in r.checkpoints]),
+                    "patch_method": r.patch_method,
+                    "duration_s": float(r.duration_s),
+                    "image": r.image,
+                    "mlflow_run_id": mlflow_run_id,
+                    "dagster_run_id": dagster_run_id,
+                    "created_at": at,
+                }
+            )
         self.write({"runs": frame("runs", rows)})
         return [r["run_id"] for r in rows]
 
     def runs(self) -> pl.DataFrame:
         return self.query("SELECT * FROM runs ORDER BY created_at, task_id, solution")
 
-    def record_validations(self, reports: Iterable, params: dict, mlflow_run_id: str | None = None,
-                           dagster_run_id: str | None = None) -> None:
+    def record_validations(
+        self, reports: Iterable, params: dict, mlflow_run_id: str | None = None, dagster_run_id: str | None = None
+    ) -> None:
         """Store flakiness-gate verdicts (envforge.verify.gate.GateReport)."""
         at = now()
         params_json = json.dumps(params, sort_keys=True)
-        self.write({"validations": frame("validations", [
-            {"content_hash": r.content_hash, "task_id": r.task_id, "verdict": r.verdict,
-             "disagreements": list(r.disagreements), "runs": r.runs, "reference_passes": r.reference_passes,
-             "empty_fails": r.empty_fails, "probes_json": json.dumps(r.probe_results, sort_keys=True),
-             "verifier_median_s": float(r.median_verifier_s), "infra_retries": r.infra_retries,
-             "params_json": params_json, "mlflow_run_id": mlflow_run_id, "dagster_run_id": dagster_run_id,
-             "created_at": at, "image_digest": r.image_digest or None, "gate_key": r.gate_key or None,
-             "stats_json": json.dumps(r.stats(), sort_keys=True), "strength": r.strength_score,
-             "admission": r.admission or None} for r in reports])})
+        self.write(
+            {
+                "validations": frame(
+                    "validations",
+                    [
+                        {
+                            "content_hash": r.content_hash,
+                            "task_id": r.task_id,
+                            "verdict": r.verdict,
+                            "disagreements": list(r.disagreements),
+                            "runs": r.runs,
+                            "reference_passes": r.reference_passes,
+                            "empty_fails": r.empty_fails,
+                            "probes_json": json.dumps(r.probe_results, sort_keys=True),
+                            "verifier_median_s": float(r.median_verifier_s),
+                            "infra_retries": r.infra_retries,
+                            "params_json": params_json,
+                            "mlflow_run_id": mlflow_run_id,
+                            "dagster_run_id": dagster_run_id,
+                            "created_at": at,
+                            "image_digest": r.image_digest or None,
+                            "gate_key": r.gate_key or None,
+                            "stats_json": json.dumps(r.stats(), sort_keys=True),
+                            "strength": r.strength_score,
+                            "admission": r.admission or None,
+                        }
+                        for r in reports
+                    ],
+                )
+            }
+        )
 
     def validations_by_key(self, keys: Iterable[str]) -> dict[str, dict]:
         """The newest verdict row stored under each of the given gate keys (see verify.gate.gate_key)."""
         keys = sorted(set(keys))
         if not keys:
             return {}
-        found = self.query("""
+        found = self.query(
+            """
             SELECT * EXCLUDE (rn) FROM (
                 SELECT *, row_number() OVER (PARTITION BY gate_key ORDER BY created_at DESC) AS rn
-                FROM validations WHERE gate_key IN (SELECT unnest(?::VARCHAR[]))) WHERE rn = 1""", [keys])
+                FROM validations WHERE gate_key IN (SELECT unnest(?::VARCHAR[]))) WHERE rn = 1""",
+            [keys],
+        )
         return {row["gate_key"]: row for row in found.to_dicts()}
 
     def _latest_per_current_task(self, table: str) -> pl.DataFrame:
@@ -144,9 +201,12 @@ class VerdictStore(TaskStore):
         hashes = sorted(set(content_hashes))
         if not hashes:
             return set()
-        found = self.query("""
+        found = self.query(
+            """
             SELECT content_hash, arg_max(coalesce(admission, ''), created_at) AS admission FROM validations
-            WHERE content_hash IN (SELECT unnest(?::VARCHAR[])) GROUP BY content_hash""", [hashes])
+            WHERE content_hash IN (SELECT unnest(?::VARCHAR[])) GROUP BY content_hash""",
+            [hashes],
+        )
         return {row["content_hash"] for row in found.to_dicts() if row["admission"] == "audit"}
 
     def record_quality(self, rows: list[dict], params: dict) -> None:

@@ -9,12 +9,31 @@ from __future__ import annotations
 
 import typer
 
-from envforge.cli import (catalog, config, dedup, demo, fleet, gate, images, ingest, observe, policy, report,
-                          rollout, service, sources, taskset, train)
+from envforge.cli import (
+    catalog,
+    config,
+    dedup,
+    demo,
+    fleet,
+    gate,
+    images,
+    ingest,
+    observe,
+    policy,
+    report,
+    rollout,
+    service,
+    sources,
+    taskset,
+    train,
+)
 
-app = typer.Typer(help="Turn workflows into verifiable RL environments.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
-
+app = typer.Typer(
+    help="Turn workflows into verifiable RL environments.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 
 
 @app.callback()

@@ -28,19 +28,27 @@ def catalog_list(as_json: bool = typer.Option(False, "--json"), data_dir: Option
 
     cat = Catalog(settings_for(data_dir).catalog_path)
     frame = cat.task_listing()
-    measured = {r["task_id"]: json.loads(r.get("stats_json") or "{}").get("strength") or {}
-                for r in cat.latest_validations().to_dicts()}
+    measured = {
+        r["task_id"]: json.loads(r.get("stats_json") or "{}").get("strength") or {}
+        for r in cat.latest_validations().to_dicts()
+    }
     statements = {t: v["verdict"] for t, v in statement_verdicts(cat.load_tasks()).items()}
     frame = frame.with_columns(
-        pl.col("task_id").replace_strict({t: s.get("strength_upper") for t, s in measured.items()}, default=None,
-                                         return_dtype=pl.Float64).alias("strength_upper"),
-        pl.col("task_id").replace_strict(statements, default="-", return_dtype=pl.String).alias("statement"))
+        pl.col("task_id")
+        .replace_strict(
+            {t: s.get("strength_upper") for t, s in measured.items()}, default=None, return_dtype=pl.Float64
+        )
+        .alias("strength_upper"),
+        pl.col("task_id").replace_strict(statements, default="-", return_dtype=pl.String).alias("statement"),
+    )
     if as_json:
         sys.stdout.write(json.dumps(frame.to_dicts(), default=str) + "\n")
         return
     # a strength measured with early stop is a bound: people see `>= lower (<= upper)`, not a score
-    frame = frame.with_columns(pl.col("task_id").replace_strict(
-        {t: strength_text(s) for t, s in measured.items()}, default="-", return_dtype=pl.String).alias("strength")
+    frame = frame.with_columns(
+        pl.col("task_id")
+        .replace_strict({t: strength_text(s) for t, s in measured.items()}, default="-", return_dtype=pl.String)
+        .alias("strength")
     ).drop("strength_upper")
     table = Table(title=f"{frame.height} task(s) in {cat.path}")
     for col in frame.columns:
@@ -51,9 +59,10 @@ def catalog_list(as_json: bool = typer.Option(False, "--json"), data_dir: Option
 
 
 @app.command("rejects")
-def catalog_rejects(all_loads: bool = typer.Option(False, "--all", help="every reject ever, not just each "
-                                                                        "source's latest load"),
-                    data_dir: Optional[Path] = DataDir) -> None:
+def catalog_rejects(
+    all_loads: bool = typer.Option(False, "--all", help="every reject ever, not just each source's latest load"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Records that were rejected at ingestion, with the field and the reason."""
     from envforge.catalog import Catalog
 
@@ -65,9 +74,11 @@ def catalog_rejects(all_loads: bool = typer.Option(False, "--all", help="every r
 
 
 @app.command("export")
-def catalog_export(version: str = typer.Argument(..., help="task-set version (a unique prefix is enough)"),
-                   path: Path = typer.Argument(..., help="output parquet file"),
-                   data_dir: Optional[Path] = DataDir) -> None:
+def catalog_export(
+    version: str = typer.Argument(..., help="task-set version (a unique prefix is enough)"),
+    path: Path = typer.Argument(..., help="output parquet file"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Export a task-set version to parquet."""
     from envforge.catalog import Catalog
 

@@ -43,7 +43,6 @@ def resolve_version(settings: Settings, ref: str) -> str:
         fail(exc)
 
 
-
 def run_stage(stage: Any, *args: Any, progress: bool = True, **kwargs: Any) -> Any:
     """A stage's tracked form (an MLflow run) with rich progress bars, its sandboxes from the provider the
     environment chooses (`envforge.runtime`); library errors become a clean exit."""
@@ -53,8 +52,9 @@ def run_stage(stage: Any, *args: Any, progress: bool = True, **kwargs: Any) -> A
 
     try:
         if not progress:
-            return stage.tracked(*args, context=StageContext(progress=no_progress, sandboxes=sandbox_provider()),
-                                 **kwargs)
+            return stage.tracked(
+                *args, context=StageContext(progress=no_progress, sandboxes=sandbox_provider()), **kwargs
+            )
         with rich_progress(console) as bars:
             return stage.tracked(*args, context=StageContext(progress=bars, sandboxes=sandbox_provider()), **kwargs)
     except (EnvforgeError, ValueError, OSError) as exc:

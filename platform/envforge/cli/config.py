@@ -10,8 +10,9 @@ import typer
 
 from envforge.cli.common import fail, out
 
-app = typer.Typer(help="The settings envforge reads from the environment: effective values and their reference.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="The settings envforge reads from the environment: effective values and their reference.", no_args_is_help=True
+)
 
 
 @app.command("show")
@@ -43,8 +44,11 @@ def show(as_json: bool = typer.Option(False, "--json", help="one JSON object per
 
 
 @app.command("docs")
-def docs(output: Optional[Path] = typer.Option(None, "-o", "--output",
-                                                help="write here (docs/configuration.md) instead of stdout")) -> None:
+def docs(
+    output: Optional[Path] = typer.Option(
+        None, "-o", "--output", help="write here (docs/configuration.md) instead of stdout"
+    ),
+) -> None:
     """The configuration reference (docs/configuration.md), generated from the settings model."""
     from envforge.settings_docs import configuration_markdown
 

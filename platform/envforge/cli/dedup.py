@@ -18,13 +18,18 @@ from envforge.errors import EnvforgeError
 from envforge.quality.params import DedupConfig, IndexConfig
 
 app = typer.Typer(help="Decontamination against reference corpora and near-duplicate removal.", no_args_is_help=True)
-corpora_app = typer.Typer(help="Reference corpora tasks are checked against (HumanEval is built in).",
-                          no_args_is_help=True)
+corpora_app = typer.Typer(
+    help="Reference corpora tasks are checked against (HumanEval is built in).", no_args_is_help=True
+)
 app.add_typer(corpora_app, name="corpora")
 
-Corpus = typer.Option([], "--corpus", help="NAME=PATH of a reference corpus (JSONL/parquet/text file or directory) "
-                                           "for this run only; register one for every run with "
-                                           "`envforge dedup corpora add`")
+Corpus = typer.Option(
+    [],
+    "--corpus",
+    help="NAME=PATH of a reference corpus (JSONL/parquet/text file or directory) "
+    "for this run only; register one for every run with "
+    "`envforge dedup corpora add`",
+)
 
 
 def _print_sync(report) -> None:
@@ -42,8 +47,12 @@ def _print_sync(report) -> None:
 
 @app.command("index")
 @config_options
-def dedup_index(corpus: List[str] = Corpus, rebuild: bool = typer.Option(False, help="start the index afresh"),
-                config: Optional[IndexConfig] = None, data_dir: Optional[Path] = DataDir) -> None:
+def dedup_index(
+    corpus: List[str] = Corpus,
+    rebuild: bool = typer.Option(False, help="start the index afresh"),
+    config: Optional[IndexConfig] = None,
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Build the reference index, or bring it in step with the corpora (new and changed files are
     read, removed ones retired). Index parameters take effect with --rebuild."""
     from envforge.quality.corpora import active_corpora
@@ -62,16 +71,22 @@ def dedup_index(corpus: List[str] = Corpus, rebuild: bool = typer.Option(False, 
     except (EnvforgeError, ValueError, OSError) as exc:
         fail(exc)
     _print_sync(report)
-    out.print(f"index {root}: {index.size} documents (+{report.added_docs} from {len(report.added_files)} new "
-              f"file(s), {report.unchanged_files} unchanged, {len(report.changed_files)} re-read, "
-              f"{len(report.removed_files)} retired)")
+    out.print(
+        f"index {root}: {index.size} documents (+{report.added_docs} from {len(report.added_files)} new "
+        f"file(s), {report.unchanged_files} unchanged, {len(report.changed_files)} re-read, "
+        f"{len(report.removed_files)} retired)"
+    )
     out.print(f"parameters: {index.config.cli_flags() or 'defaults'}")
 
 
 @app.command("run")
 @config_options
-def dedup_run(corpus: List[str] = Corpus, config: DedupConfig = DedupConfig(),
-              as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+def dedup_run(
+    corpus: List[str] = Corpus,
+    config: DedupConfig = DedupConfig(),
+    as_json: bool = typer.Option(False, "--json"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Decontaminate and dedup the catalog's current tasks; verdicts (with the evidence of every
     field) go to the catalog. Uses the index's own parameters (`envforge dedup index --rebuild`
     changes them); --semantic-url turns the semantic stage on."""
@@ -93,18 +108,28 @@ def dedup_run(corpus: List[str] = Corpus, config: DedupConfig = DedupConfig(),
         console.print(f"[yellow]warning:[/yellow] {w}")
     if as_json:
         rows = [dict(r, evidence=json.loads(r.pop("evidence_json") or "{}")) for r in map(dict, result.rows)]
-        sys.stdout.write(json.dumps({"tasks": rows, "pairs": [p.__dict__ for p in result.pairs],
-                                     "semantic": result.semantic.as_dict(), "warnings": warnings,
-                                     "index": result.config.index_config.__dict__,
-                                     "sync": result.sync.as_dict()}) + "\n")
+        sys.stdout.write(
+            json.dumps(
+                {
+                    "tasks": rows,
+                    "pairs": [p.__dict__ for p in result.pairs],
+                    "semantic": result.semantic.as_dict(),
+                    "warnings": warnings,
+                    "index": result.config.index_config.__dict__,
+                    "sync": result.sync.as_dict(),
+                }
+            )
+            + "\n"
+        )
         return
     colours = {"clean": "green", "contaminated": "red", "duplicate": "yellow"}
     for r in result.rows:
         colour = colours[r["status"]]
         out.print(f"{r['task_id']}: [{colour}]{r['status']}[/{colour}] — {r['reason']}", soft_wrap=True)
     n = result.counts()
-    out.print(f"{n['clean']} clean, {n['contaminated']} contaminated, {n['duplicate']} duplicates "
-              f"of {len(result.rows)}")
+    out.print(
+        f"{n['clean']} clean, {n['contaminated']} contaminated, {n['duplicate']} duplicates of {len(result.rows)}"
+    )
 
 
 @corpora_app.command("list")
@@ -121,8 +146,14 @@ def corpora_list(as_json: bool = typer.Option(False, "--json"), data_dir: Option
     except ValueError:
         index = None
     held = index.files if index is not None else {}
-    rows = [{"name": "humaneval", "path": "(built in)", "origin": "built-in",
-             "files": {"builtin:humaneval": humaneval_digest()}}]
+    rows = [
+        {
+            "name": "humaneval",
+            "path": "(built in)",
+            "origin": "built-in",
+            "files": {"builtin:humaneval": humaneval_digest()},
+        }
+    ]
     rows += [{"name": n, "path": p, "origin": "registered"} for n, p in sorted(registered.items())]
     from envforge.settings import read_env
 
@@ -159,9 +190,11 @@ def corpora_list(as_json: bool = typer.Option(False, "--json"), data_dir: Option
 
 
 @corpora_app.command("add")
-def corpora_add(name: str = typer.Argument(..., help="corpus name (letters, digits, . _ -)"),
-                path: Path = typer.Argument(..., help="JSONL/parquet/text file or directory"),
-                data_dir: Optional[Path] = DataDir) -> None:
+def corpora_add(
+    name: str = typer.Argument(..., help="corpus name (letters, digits, . _ -)"),
+    path: Path = typer.Argument(..., help="JSONL/parquet/text file or directory"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Register a corpus: every later run checks tasks against it (it is indexed at the next run or
     `envforge dedup index`)."""
     from envforge.quality.corpora import CorpusRegistry
@@ -174,8 +207,9 @@ def corpora_add(name: str = typer.Argument(..., help="corpus name (letters, digi
 
 
 @corpora_app.command("remove")
-def corpora_remove(name: str = typer.Argument(..., help="a registered corpus"),
-                   data_dir: Optional[Path] = DataDir) -> None:
+def corpora_remove(
+    name: str = typer.Argument(..., help="a registered corpus"), data_dir: Optional[Path] = DataDir
+) -> None:
     """Unregister a corpus; the index retires its documents at the next run or `envforge dedup index`."""
     from envforge.quality.corpora import CorpusRegistry
 

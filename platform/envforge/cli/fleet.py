@@ -16,9 +16,11 @@ app = typer.Typer(help="The sandbox fleet on Ray: nodes, and the local multi-nod
 
 
 @app.command("demo")
-def demo(json_out: Optional[Path] = typer.Option(None, "--json", help="also write the summary here"),
-         samples: int = typer.Option(4, help="samples per task in the rollout batch"),
-         data_dir: Optional[Path] = DataDir) -> None:
+def demo(
+    json_out: Optional[Path] = typer.Option(None, "--json", help="also write the summary here"),
+    samples: int = typer.Option(4, help="samples per task in the rollout batch"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """A head and two worker nodes on this machine (each with its own dockerd), a rollout batch and a
     gate across them, one worker killed mid-batch: the batch completes, nothing lost or duplicated."""
     from envforge.demos.fleet import DemoOptions, run_fleet_demo
@@ -26,8 +28,9 @@ def demo(json_out: Optional[Path] = typer.Option(None, "--json", help="also writ
     settings = settings_for(data_dir)
     settings.ensure_dirs()
     try:
-        summary = run_fleet_demo(settings, DemoOptions(samples=samples),
-                                 say=lambda m: console.print(m, markup=False, soft_wrap=True))
+        summary = run_fleet_demo(
+            settings, DemoOptions(samples=samples), say=lambda m: console.print(m, markup=False, soft_wrap=True)
+        )
     except EnvforgeError as exc:  # a setting to fix (named in the message), or an infrastructure fault
         fail(exc)
     table = Table(title="fleet demo")
@@ -35,13 +38,21 @@ def demo(json_out: Optional[Path] = typer.Option(None, "--json", help="also writ
         table.add_column(col)
     r, g = summary["rollout"], summary["gate"]
     table.add_row("cluster", f"head + 2 worker nodes, each with its own dockerd ({summary['cluster_start_s']} s)")
-    table.add_row("rollout", f"{r['stored']}/{r['expected']} trajectories stored, {r['unique']} unique, "
-                             f"{r['dropped_groups']} groups dropped, {r['infra_retries']} infra retries")
-    table.add_row("node killed", f"node-b with {r['in_flight_on_killed_node']} sandbox(es) in use; lost: "
-                                 f"{', '.join(r['nodes_lost'])}")
+    table.add_row(
+        "rollout",
+        f"{r['stored']}/{r['expected']} trajectories stored, {r['unique']} unique, "
+        f"{r['dropped_groups']} groups dropped, {r['infra_retries']} infra retries",
+    )
+    table.add_row(
+        "node killed",
+        f"node-b with {r['in_flight_on_killed_node']} sandbox(es) in use; lost: {', '.join(r['nodes_lost'])}",
+    )
     table.add_row("placements", ", ".join(f"{k}: {v}" for k, v in r["placements"].items()))
-    table.add_row("gate", f"{g['accepted']}/{g['tasks']} accepted; sandboxes on "
-                          + ", ".join(f"{k}: {v}" for k, v in g["placements"].items()))
+    table.add_row(
+        "gate",
+        f"{g['accepted']}/{g['tasks']} accepted; sandboxes on "
+        + ", ".join(f"{k}: {v}" for k, v in g["placements"].items()),
+    )
     table.add_row("result", "OK: batch complete, none lost or duplicated" if summary["ok"] else "FAILED")
     table.add_row("wall", f"{summary['wall_s']} s")
     out.print(table)
@@ -69,6 +80,13 @@ def nodes(as_json: bool = typer.Option(False, "--json")) -> None:
     for col in ("node", "engine", "DOCKER_HOST", "capacity", "leased", "warm", "images"):
         table.add_column(col)
     for i in rows:
-        table.add_row(i["node"], i["engine_version"], i["docker_host"], str(i["capacity"]), str(i["leased"]),
-                      str(sum(i["idle"].values())), str(len(i["images"])))
+        table.add_row(
+            i["node"],
+            i["engine_version"],
+            i["docker_host"],
+            str(i["capacity"]),
+            str(i["leased"]),
+            str(sum(i["idle"].values())),
+            str(len(i["images"])),
+        )
     out.print(table)

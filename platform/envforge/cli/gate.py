@@ -31,12 +31,15 @@ def _load_task(settings, ref: str):
     return tasks[0]
 
 
-def verify(task: str = typer.Option(..., "--task", help="spec file/folder or catalog task id"),
-           patch: Optional[Path] = typer.Option(None, "--patch", help="a diff to grade"),
-           commands: Optional[Path] = typer.Option(None, "--commands",
-                                                   help="a file of shell commands (one per line) run as the agent"),
-           as_json: bool = typer.Option(False, "--json", help="print exactly the result object"),
-           data_dir: Optional[Path] = DataDir) -> None:
+def verify(
+    task: str = typer.Option(..., "--task", help="spec file/folder or catalog task id"),
+    patch: Optional[Path] = typer.Option(None, "--patch", help="a diff to grade"),
+    commands: Optional[Path] = typer.Option(
+        None, "--commands", help="a file of shell commands (one per line) run as the agent"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print exactly the result object"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Grade one solution on a pristine copy of the task (exit 0 resolved, 1 not, 2 infrastructure fault)."""
     from envforge.sandbox.engine import docker_client
     from envforge.stages.images import ensure_images
@@ -59,14 +62,20 @@ def verify(task: str = typer.Option(..., "--task", help="spec file/folder or cat
                 except PolicyOutcome as exc:  # what the commands did is their outcome: not resolved, exit 1
                     diff, notes = None, [f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason]
             if diff is None:
-                result = VerificationResult(task_id=t.id, solution="commands", reward=0.0, resolved=False,
-                                            reasons=notes, image=image)
+                result = VerificationResult(
+                    task_id=t.id, solution="commands", reward=0.0, resolved=False, reasons=notes, image=image
+                )
             else:
                 result = grader.grade(t, image, diff, "patch" if patch else "commands")
                 result.reasons += notes
     except InfraError as exc:
-        result = VerificationResult(task_id=task, solution="patch" if patch else "commands", reward=0.0,
-                                    resolved=False, infra_error=f"{exc.cause}: {exc.detail}")
+        result = VerificationResult(
+            task_id=task,
+            solution="patch" if patch else "commands",
+            reward=0.0,
+            resolved=False,
+            infra_error=f"{exc.cause}: {exc.detail}",
+        )
         doc = result.as_json()
         doc["reward"] = None
         if as_json:
@@ -79,8 +88,10 @@ def verify(task: str = typer.Option(..., "--task", help="spec file/folder or cat
     if as_json:
         sys.stdout.write(json.dumps(result.as_json()) + "\n")
     else:
-        out.print(f"{t.id}: reward {result.reward} ({'resolved' if result.resolved else 'not resolved'}), "
-                  f"patch applied with {result.patch_method}")
+        out.print(
+            f"{t.id}: reward {result.reward} ({'resolved' if result.resolved else 'not resolved'}), "
+            f"patch applied with {result.patch_method}"
+        )
         for test_id, status in result.tests.items():
             out.print(f"  {status:8} {test_id}")
         for c in result.checkpoints:
@@ -91,9 +102,13 @@ def verify(task: str = typer.Option(..., "--task", help="spec file/folder or cat
 
 
 @config_options
-def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these task ids"),
-             config: GateConfig = GateConfig(), images_config: ImagesConfig = ImagesConfig(),
-             as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+def validate(
+    task: List[str] = typer.Option([], "--task", "-t", help="only these task ids"),
+    config: GateConfig = GateConfig(),
+    images_config: ImagesConfig = ImagesConfig(),
+    as_json: bool = typer.Option(False, "--json"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """The flakiness gate on the catalog's current tasks: accept or quarantine each, with the reason."""
     from envforge.stages.gate import gate
     from envforge.stages.images import build_images
@@ -103,22 +118,35 @@ def validate(task: List[str] = typer.Option([], "--task", "-t", help="only these
     built = run_stage(build_images, settings, images_config, tasks, progress=False)
     result = run_stage(gate, settings, config, tasks, built.image_set)
     if as_json:
-        sys.stdout.write(json.dumps({"tasks": result.rows(), "chart": str(result.chart),
-                                     "probes": {r.task_id: r.probe_results for r in result.reports},
-                                     "probes_skipped": {r.task_id: r.probes_skipped for r in result.reports},
-                                     "strength": {r.task_id: r.strength.as_json() for r in result.reports
-                                                  if r.strength is not None},
-                                     "infra_failures": [str(p) for p in result.infra_failures],
-                                     "image_failures": [str(p) for p in built.failures]}) + "\n")
+        sys.stdout.write(
+            json.dumps(
+                {
+                    "tasks": result.rows(),
+                    "chart": str(result.chart),
+                    "probes": {r.task_id: r.probe_results for r in result.reports},
+                    "probes_skipped": {r.task_id: r.probes_skipped for r in result.reports},
+                    "strength": {r.task_id: r.strength.as_json() for r in result.reports if r.strength is not None},
+                    "infra_failures": [str(p) for p in result.infra_failures],
+                    "image_failures": [str(p) for p in built.failures],
+                }
+            )
+            + "\n"
+        )
     else:
         for r in result.rows():
-            how = "kept: unchanged since its last gate" if r["kept"] else (
-                f"{r['gradings']} gradings, {r['gate_s']} s" + (", stopped at the first disagreement"
-                                                                 if r["stopped_early"] else ""))
-            out.print(f"{r['task_id']}: {r['verdict']} (reference {r['reference_passes']}/{r['runs']}, "
-                      f"empty failed {r['empty_fails']}/{r['empty_runs']}, probes {r['probes_caught']}/{r['probes']}"
-                      f"; {how})" + _strength_text(r)
-                      + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else ""))
+            how = (
+                "kept: unchanged since its last gate"
+                if r["kept"]
+                else (
+                    f"{r['gradings']} gradings, {r['gate_s']} s"
+                    + (", stopped at the first disagreement" if r["stopped_early"] else "")
+                )
+            )
+            out.print(
+                f"{r['task_id']}: {r['verdict']} (reference {r['reference_passes']}/{r['runs']}, "
+                f"empty failed {r['empty_fails']}/{r['empty_runs']}, probes {r['probes_caught']}/{r['probes']}"
+                f"; {how})" + _strength_text(r) + (f" — {'; '.join(r['disagreements'])}" if r["disagreements"] else "")
+            )
         out.print(f"flake report: {result.chart}")
         if result.strength_chart:
             out.print(f"verifier strength: {result.strength_chart}")
@@ -132,6 +160,7 @@ def _strength_text(row: dict) -> str:
     """`, strength 0.83 (24 mutants, 4 survive)` for a flake-report row whose strength was measured."""
     if row.get("strength") is None:
         return ""
-    flags = "".join(f", {f}" for f, on in (("overfittable", row["overfittable"]), ("audit split only",
-                                                                                  row["admission"])) if on)
+    flags = "".join(
+        f", {f}" for f, on in (("overfittable", row["overfittable"]), ("audit split only", row["admission"])) if on
+    )
     return f", strength {row['strength']:.2f} ({row['mutants']} mutants, {row['survivors']} survive{flags})"

@@ -30,14 +30,19 @@ def images_base(data_dir: Optional[Path] = DataDir) -> None:
             build = build_base_image(client, settings)
     except EnvforgeError as exc:
         fail(exc)
-    out.print(f"base image {build.tag} ({'cached' if build.cache_hit else f'built in {build.seconds:.0f}s'}, "
-              f"{build.size_mb} MB)")
+    out.print(
+        f"base image {build.tag} ({'cached' if build.cache_hit else f'built in {build.seconds:.0f}s'}, "
+        f"{build.size_mb} MB)"
+    )
 
 
 @app.command("build")
 @config_options
-def images_build(task: List[str] = typer.Option([], "--task", "-t", help="only these task ids"),
-                 config: ImagesConfig = ImagesConfig(), data_dir: Optional[Path] = DataDir) -> None:
+def images_build(
+    task: List[str] = typer.Option([], "--task", "-t", help="only these task ids"),
+    config: ImagesConfig = ImagesConfig(),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Build the base image and the images of the catalog's current tasks (cache hits are instant)."""
     from envforge.stages.images import build_images
 
@@ -59,8 +64,10 @@ def _env_note(build) -> str:
         return ""
     if env.cache_hit:
         return f" on {env.tag} (cached)"
-    return (f" on {env.tag} (built in {env.seconds:.1f}s, {env.from_cache} packages from the pip cache, "
-            f"{env.downloaded} downloaded)")
+    return (
+        f" on {env.tag} (built in {env.seconds:.1f}s, {env.from_cache} packages from the pip cache, "
+        f"{env.downloaded} downloaded)"
+    )
 
 
 def current_tasks(settings, task_ids: List[str]) -> list:

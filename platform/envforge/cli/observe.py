@@ -11,8 +11,9 @@ import typer
 
 from envforge.cli.common import DataDir, console
 
-app = typer.Typer(help="Observability: Prometheus scrape config and the registered /metrics targets.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Observability: Prometheus scrape config and the registered /metrics targets.", no_args_is_help=True
+)
 
 
 def _dir(data_dir: Optional[Path]) -> Path:
@@ -22,8 +23,10 @@ def _dir(data_dir: Optional[Path]) -> Path:
 
 
 @app.command("prometheus-config")
-def prometheus_config(data_dir: Optional[Path] = DataDir,
-                      scrape_interval_s: float = typer.Option(5.0, help="scrape and rule evaluation interval")) -> None:
+def prometheus_config(
+    data_dir: Optional[Path] = DataDir,
+    scrape_interval_s: float = typer.Option(5.0, help="scrape and rule evaluation interval"),
+) -> None:
     """Print a Prometheus config (YAML) that discovers every envforge process of the data dir through
     file_sd and loads envforge's alert rules."""
     from envforge.config import checkout_root

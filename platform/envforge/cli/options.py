@@ -126,10 +126,15 @@ def config_options(command: Callable[..., Any]) -> Callable[..., Any]:
             configs[name] = (cls, options, optional is not None)
             base = p.default if is_dataclass(p.default) and not isinstance(p.default, type) else None
             for o in options:
-                annotation, option = field_option(o.owner, o.field, optional=optional is not None,
-                                                  default=_value_at(base, o.path) if base is not None else MISSING)
-                params.append(inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                                                annotation=annotation))
+                annotation, option = field_option(
+                    o.owner,
+                    o.field,
+                    optional=optional is not None,
+                    default=_value_at(base, o.path) if base is not None else MISSING,
+                )
+                params.append(
+                    inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
+                )
         else:
             params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=tp))
     names = [p.name for p in params]

@@ -12,10 +12,13 @@ from envforge.cli.common import DataDir, console, fail, run_stage, settings_for
 from envforge.errors import EnvforgeError
 
 
-def report(task_set: str = typer.Option("latest", help="task-set version (prefix) or 'latest'"),
-           open_path: bool = typer.Option(False, "--open-path", help="print a file:// URL to open in a browser "
-                                                                     "instead of the plain path"),
-           data_dir: Optional[Path] = DataDir) -> None:
+def report(
+    task_set: str = typer.Option("latest", help="task-set version (prefix) or 'latest'"),
+    open_path: bool = typer.Option(
+        False, "--open-path", help="print a file:// URL to open in a browser instead of the plain path"
+    ),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Write the run report of a task set: one self-contained HTML page (card, gates, rollouts, training, charts)
     under <data dir>/reports, logged to MLflow; stages that have not run are shown as 'not run yet'."""
     from envforge.catalog import Catalog

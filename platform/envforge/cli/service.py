@@ -14,8 +14,9 @@ from envforge.cli.common import DataDir, console, fail, out, settings_for
 from envforge.errors import EnvforgeError
 from envforge.service.config import ServiceConfig, TenantLimits
 
-app = typer.Typer(help="The environment service: envforge environments over HTTP for outside trainers.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="The environment service: envforge environments over HTTP for outside trainers.", no_args_is_help=True
+)
 keys_app = typer.Typer(help="API keys of the service's tenants (stored hashed).", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
@@ -42,9 +43,12 @@ def _limit(name: str) -> Any:
 
 
 @app.command("serve")
-def serve(host: Optional[str] = _setting("host"), port: Optional[int] = _setting("port"),
-          idle_timeout_s: Optional[float] = _setting("idle_timeout_s"),
-          data_dir: Optional[Path] = DataDir) -> None:
+def serve(
+    host: Optional[str] = _setting("host"),
+    port: Optional[int] = _setting("port"),
+    idle_timeout_s: Optional[float] = _setting("idle_timeout_s"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Serve the environment API (uvicorn) over the catalog's task sets, on the local sandbox pool (on the
     fleet when ENVFORGE_RAY_ADDRESS is set); every setting of the service's config from its environment
     variable (docs/service.md), these three also here."""
@@ -65,9 +69,18 @@ def serve(host: Optional[str] = _setting("host"), port: Optional[int] = _setting
 
     port = config.port or free_port(config.host)
     console.print(f"envforge service on http://{config.host}:{port} (data {settings.data_dir})")
-    with registered_target("env_service", config.host, port, directory=targets_dir(settings.data_dir)):  # /metrics, found by Prometheus' file_sd
-        uvicorn.run(create_app(settings, config), host=config.host, port=port, log_level="warning",
-                    access_log=False, timeout_graceful_shutdown=30, ws_max_size=config.max_request_bytes)
+    with registered_target(
+        "env_service", config.host, port, directory=targets_dir(settings.data_dir)
+    ):  # /metrics, found by Prometheus' file_sd
+        uvicorn.run(
+            create_app(settings, config),
+            host=config.host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=30,
+            ws_max_size=config.max_request_bytes,
+        )
 
 
 @app.command("openapi")
@@ -83,15 +96,20 @@ def openapi(output: Optional[Path] = typer.Option(None, "-o", help="write here i
 
 
 @keys_app.command("create")
-def keys_create(tenant: str = typer.Option(..., "--tenant", help="tenant name (created if new)"),
-                task_set: List[str] = typer.Option([], "--task-set", help="task-set name or version the tenant may "
-                                                                          "use (repeat; default for a new tenant: '*', "
-                                                                          "all)"),
-                max_sessions: Optional[int] = _limit("max_sessions"),
-                steps_per_minute: Optional[int] = _limit("steps_per_minute"),
-                sandbox_seconds_per_day: Optional[float] = _limit("sandbox_seconds_per_day"),
-                label: str = typer.Option("", help="a note stored with the key (who holds it)"),
-                as_json: bool = typer.Option(False, "--json"), data_dir: Optional[Path] = DataDir) -> None:
+def keys_create(
+    tenant: str = typer.Option(..., "--tenant", help="tenant name (created if new)"),
+    task_set: List[str] = typer.Option(
+        [],
+        "--task-set",
+        help="task-set name or version the tenant may use (repeat; default for a new tenant: '*', all)",
+    ),
+    max_sessions: Optional[int] = _limit("max_sessions"),
+    steps_per_minute: Optional[int] = _limit("steps_per_minute"),
+    sandbox_seconds_per_day: Optional[float] = _limit("sandbox_seconds_per_day"),
+    label: str = typer.Option("", help="a note stored with the key (who holds it)"),
+    as_json: bool = typer.Option(False, "--json"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Create an API key for a tenant (creating the tenant, or changing its scopes and limits when given).
     The key is printed once; only its hash is stored."""
     from dataclasses import replace
@@ -100,8 +118,15 @@ def keys_create(tenant: str = typer.Option(..., "--tenant", help="tenant name (c
     try:
         existing = store.tenant(tenant)
         base = existing.limits if existing else ServiceConfig.from_env().default_limits
-        changes = {k: v for k, v in {"max_sessions": max_sessions, "steps_per_minute": steps_per_minute,
-                                      "sandbox_seconds_per_day": sandbox_seconds_per_day}.items() if v is not None}
+        changes = {
+            k: v
+            for k, v in {
+                "max_sessions": max_sessions,
+                "steps_per_minute": steps_per_minute,
+                "sandbox_seconds_per_day": sandbox_seconds_per_day,
+            }.items()
+            if v is not None
+        }
         limits = replace(base, **changes) if changes or not existing else None
         t = store.upsert_tenant(tenant, task_set or None, limits)
         key, info = store.create_key(tenant, label)
@@ -110,8 +135,10 @@ def keys_create(tenant: str = typer.Option(..., "--tenant", help="tenant name (c
     finally:
         store.close()
     if as_json:
-        sys.stdout.write(json.dumps({"key": key, **info.as_json(), "task_sets": list(t.task_sets),
-                                     "limits": t.limits.as_json()}) + "\n")
+        sys.stdout.write(
+            json.dumps({"key": key, **info.as_json(), "task_sets": list(t.task_sets), "limits": t.limits.as_json()})
+            + "\n"
+        )
         return
     console.print(f"tenant {t.name}: task sets {', '.join(t.task_sets)}; limits {t.limits.as_json()}")
     console.print(f"key id {info.key_id} (shown once; store it now):")
@@ -119,14 +146,20 @@ def keys_create(tenant: str = typer.Option(..., "--tenant", help="tenant name (c
 
 
 @keys_app.command("list")
-def keys_list(tenant: Optional[str] = typer.Option(None, "--tenant"), as_json: bool = typer.Option(False, "--json"),
-              data_dir: Optional[Path] = DataDir) -> None:
+def keys_list(
+    tenant: Optional[str] = typer.Option(None, "--tenant"),
+    as_json: bool = typer.Option(False, "--json"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Every key (id, tenant, label, created, revoked) and every tenant's scopes and limits; never the keys."""
     store = _store(data_dir)
     try:
         keys = [k.as_json() for k in store.keys(tenant)]
-        tenants = [{"tenant": t.name, "task_sets": list(t.task_sets), "limits": t.limits.as_json()}
-                   for t in store.tenants() if tenant is None or t.name == tenant]
+        tenants = [
+            {"tenant": t.name, "task_sets": list(t.task_sets), "limits": t.limits.as_json()}
+            for t in store.tenants()
+            if tenant is None or t.name == tenant
+        ]
     finally:
         store.close()
     if as_json:
@@ -140,8 +173,9 @@ def keys_list(tenant: Optional[str] = typer.Option(None, "--tenant"), as_json: b
 
 
 @keys_app.command("revoke")
-def keys_revoke(key_id: str = typer.Argument(..., help="the key id (or the whole key)"),
-                data_dir: Optional[Path] = DataDir) -> None:
+def keys_revoke(
+    key_id: str = typer.Argument(..., help="the key id (or the whole key)"), data_dir: Optional[Path] = DataDir
+) -> None:
     """Revoke a key: the service refuses it (401) from the next request on."""
     store = _store(data_dir)
     try:

@@ -24,8 +24,10 @@ def taskset_list(data_dir: Optional[Path] = DataDir) -> None:
 
 
 @app.command("lineage")
-def taskset_lineage(version: str = typer.Argument(..., help="task-set version (a unique prefix, or 'latest')"),
-                    data_dir: Optional[Path] = DataDir) -> None:
+def taskset_lineage(
+    version: str = typer.Argument(..., help="task-set version (a unique prefix, or 'latest')"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Sources, gates, parent version and what was removed (and why) for a task-set version."""
     from envforge.catalog import Catalog
 
@@ -38,9 +40,11 @@ def taskset_lineage(version: str = typer.Argument(..., help="task-set version (a
 
 
 @app.command("export-swebench")
-def taskset_export_swebench(version: str = typer.Argument(..., help="task-set version (a unique prefix, or 'latest')"),
-                            path: Path = typer.Argument(..., help="output JSONL file"),
-                            data_dir: Optional[Path] = DataDir) -> None:
+def taskset_export_swebench(
+    version: str = typer.Argument(..., help="task-set version (a unique prefix, or 'latest')"),
+    path: Path = typer.Argument(..., help="output JSONL file"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Write a task-set version's test-verified tasks as SWE-bench instances (JSONL)."""
     from envforge.catalog import Catalog
     from envforge.sources.swebench import export_swebench
@@ -52,16 +56,19 @@ def taskset_export_swebench(version: str = typer.Argument(..., help="task-set ve
 
 
 @app.command("diff")
-def taskset_diff(old: str = typer.Argument(..., help="the older version (a unique prefix)"),
-                 new: str = typer.Argument(..., help="the newer version (a unique prefix, or 'latest')"),
-                 data_dir: Optional[Path] = DataDir) -> None:
+def taskset_diff(
+    old: str = typer.Argument(..., help="the older version (a unique prefix)"),
+    new: str = typer.Argument(..., help="the newer version (a unique prefix, or 'latest')"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
     """Tasks added, removed and changed between two task-set versions."""
     from envforge.catalog import Catalog
 
     settings = settings_for(data_dir)
     try:
-        diff = Catalog(settings.catalog_path).diff_task_sets(resolve_version(settings, old),
-                                                             resolve_version(settings, new))
+        diff = Catalog(settings.catalog_path).diff_task_sets(
+            resolve_version(settings, old), resolve_version(settings, new)
+        )
     except KeyError as exc:
         fail(exc)
     sys.stdout.write(json.dumps(diff, indent=2) + "\n")

@@ -36,28 +36,54 @@ class Chore:
 
 
 CHORES = (
-    Chore("ready", "touch ready.flag", [], [{"name": "flag", "run": "test -f ready.flag"}],
-          ("The {svc} deploy waits for a marker file. Create `ready.flag` in the workspace so it can proceed.",
-           "Runbook ({svc}): before the release window, signal readiness by creating the file ready.flag.",
-           "Mark {svc} as ready to deploy: the pipeline looks for `ready.flag` in /workspace."),
-          ("touch ready", "touch ready.txt")),
-    Chore("exec", "chmod +x run.sh", ["printf '#!/bin/sh\\necho {svc} up\\n' > run.sh", "chmod 644 run.sh"],
-          [{"name": "executable", "run": "test -x run.sh"}, {"name": "runs", "run": "./run.sh"}],
-          ("The {svc} start script `run.sh` lost its executable bit after a checkout. Make it executable again.",
-           "Runbook ({svc}): `./run.sh` fails with permission denied. Restore the execute permission on run.sh.",
-           "{svc} will not start: run.sh is not executable. Fix the file mode."),
-          ("sh run.sh", "chmod 644 run.sh")),
-    Chore("lock", "rm -f app.lock", ["echo 4242 > app.lock"], [{"name": "no-lock", "run": "test ! -e app.lock"}],
-          ("A crashed {svc} worker left a stale `app.lock`. Remove the lock file so the worker can start.",
-           "Runbook ({svc}): the service refuses to start while app.lock exists. Delete the stale lock.",
-           "{svc} is stuck on a leftover lock file (app.lock). Clear it."),
-          ("cat app.lock", "rm -f app.pid")),
-    Chore("log", ": > app.log", ["seq 1 500 | sed 's/^/{svc} request /' > app.log"],
-          [{"name": "log-empty", "run": "test -f app.log && test ! -s app.log"}],
-          ("The {svc} log `app.log` filled the disk. Truncate it to zero bytes but keep the file.",
-           "Runbook ({svc}): disk alert. Empty app.log in place (do not delete it).",
-           "Free space for {svc}: truncate the application log app.log, leaving an empty file."),
-          ("rm -f app.log", "tail app.log")),
+    Chore(
+        "ready",
+        "touch ready.flag",
+        [],
+        [{"name": "flag", "run": "test -f ready.flag"}],
+        (
+            "The {svc} deploy waits for a marker file. Create `ready.flag` in the workspace so it can proceed.",
+            "Runbook ({svc}): before the release window, signal readiness by creating the file ready.flag.",
+            "Mark {svc} as ready to deploy: the pipeline looks for `ready.flag` in /workspace.",
+        ),
+        ("touch ready", "touch ready.txt"),
+    ),
+    Chore(
+        "exec",
+        "chmod +x run.sh",
+        ["printf '#!/bin/sh\\necho {svc} up\\n' > run.sh", "chmod 644 run.sh"],
+        [{"name": "executable", "run": "test -x run.sh"}, {"name": "runs", "run": "./run.sh"}],
+        (
+            "The {svc} start script `run.sh` lost its executable bit after a checkout. Make it executable again.",
+            "Runbook ({svc}): `./run.sh` fails with permission denied. Restore the execute permission on run.sh.",
+            "{svc} will not start: run.sh is not executable. Fix the file mode.",
+        ),
+        ("sh run.sh", "chmod 644 run.sh"),
+    ),
+    Chore(
+        "lock",
+        "rm -f app.lock",
+        ["echo 4242 > app.lock"],
+        [{"name": "no-lock", "run": "test ! -e app.lock"}],
+        (
+            "A crashed {svc} worker left a stale `app.lock`. Remove the lock file so the worker can start.",
+            "Runbook ({svc}): the service refuses to start while app.lock exists. Delete the stale lock.",
+            "{svc} is stuck on a leftover lock file (app.lock). Clear it.",
+        ),
+        ("cat app.lock", "rm -f app.pid"),
+    ),
+    Chore(
+        "log",
+        ": > app.log",
+        ["seq 1 500 | sed 's/^/{svc} request /' > app.log"],
+        [{"name": "log-empty", "run": "test -f app.log && test ! -s app.log"}],
+        (
+            "The {svc} log `app.log` filled the disk. Truncate it to zero bytes but keep the file.",
+            "Runbook ({svc}): disk alert. Empty app.log in place (do not delete it).",
+            "Free space for {svc}: truncate the application log app.log, leaving an empty file.",
+        ),
+        ("rm -f app.log", "tail app.log"),
+    ),
 )
 TRAIN_SERVICES = ("billing", "search", "auth", "payments", "catalog", "mailer")
 HELD_OUT_SERVICES = ("ledger", "gateway", "reports")
@@ -66,17 +92,31 @@ NOTES = ("", " The on-call engineer is away.", " This happened twice this week."
 
 def chore_task(chore: Chore, service: str, phrasing: int, note: str, split: str) -> Task:
     instruction = chore.phrasings[phrasing].format(svc=service) + note
-    spec = TaskSpec.model_validate({
-        "id": f"chore-{chore.name}-{service}-{phrasing}", "source": "runbook", "instruction": instruction,
-        "environment": {"image": "base", "setup": [s.replace("{svc}", service) for s in chore.setup]
-                        + [f"echo '{service} service' > README.md"],
-                        "limits": {"cpus": 0.5, "memory_mb": 256, "workspace_mb": 32, "tmp_mb": 32, "pids": 64,
-                                   "command_timeout_s": 20, "trajectory_timeout_s": 120}},
-        "verification": {"checkpoints": chore.checks},
-        "reference_solution": {"commands": [chore.command]},
-        "max_turns": 3, "tags": ["learning-demo", chore.name],
-        "metadata": {"chore": chore.name, "service": service, "split": split},
-    })
+    spec = TaskSpec.model_validate(
+        {
+            "id": f"chore-{chore.name}-{service}-{phrasing}",
+            "source": "runbook",
+            "instruction": instruction,
+            "environment": {
+                "image": "base",
+                "setup": [s.replace("{svc}", service) for s in chore.setup] + [f"echo '{service} service' > README.md"],
+                "limits": {
+                    "cpus": 0.5,
+                    "memory_mb": 256,
+                    "workspace_mb": 32,
+                    "tmp_mb": 32,
+                    "pids": 64,
+                    "command_timeout_s": 20,
+                    "trajectory_timeout_s": 120,
+                },
+            },
+            "verification": {"checkpoints": chore.checks},
+            "reference_solution": {"commands": [chore.command]},
+            "max_turns": 3,
+            "tags": ["learning-demo", chore.name],
+            "metadata": {"chore": chore.name, "service": service, "split": split},
+        }
+    )
     task = Task(spec=spec, origin=f"envforge.demos.chores:{spec.id}", base_dir=".", workspace_digest="demo")
     return task.model_copy(update={"content_hash": task.compute_content_hash()})
 
@@ -87,11 +127,21 @@ def chore_family(seed: int = 0, train_per_chore: int = 4, held_out_per_chore: in
     train, held = [], []
     for chore in CHORES:
         for i in range(train_per_chore):
-            train.append(chore_task(chore, TRAIN_SERVICES[i % len(TRAIN_SERVICES)], i % len(chore.phrasings),
-                                    rng.choice(NOTES), "train"))
+            train.append(
+                chore_task(
+                    chore, TRAIN_SERVICES[i % len(TRAIN_SERVICES)], i % len(chore.phrasings), rng.choice(NOTES), "train"
+                )
+            )
         for i in range(held_out_per_chore):
-            held.append(chore_task(chore, HELD_OUT_SERVICES[i % len(HELD_OUT_SERVICES)],
-                                   rng.randrange(len(chore.phrasings)), rng.choice(NOTES), "held_out"))
+            held.append(
+                chore_task(
+                    chore,
+                    HELD_OUT_SERVICES[i % len(HELD_OUT_SERVICES)],
+                    rng.randrange(len(chore.phrasings)),
+                    rng.choice(NOTES),
+                    "held_out",
+                )
+            )
     return train, held
 
 
@@ -110,9 +160,12 @@ def operator_logs(tasks: list[Task], seed: int = 0, slip_rate: float = 0.5, per_
         chore = by_name[task.spec.metadata["chore"]]
         for n in range(per_task):
             command = rng.choice(chore.slips) if rng.random() < slip_rate else chore.command
-            spec = task.spec.model_copy(update={"id": f"{task.spec.id}.log{n}",
-                                                "reference_solution": task.spec.reference_solution.model_copy(
-                                                    update={"commands": [command]})})
+            spec = task.spec.model_copy(
+                update={
+                    "id": f"{task.spec.id}.log{n}",
+                    "reference_solution": task.spec.reference_solution.model_copy(update={"commands": [command]}),
+                }
+            )
             log = task.model_copy(update={"spec": spec})
             logs.append(log.model_copy(update={"content_hash": log.compute_content_hash()}))
     return logs

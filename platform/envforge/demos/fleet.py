@@ -52,8 +52,9 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
     started = time.perf_counter()
     client = docker_client(settings)
     base = build_base_image(client, settings).tag
-    tasks = [t for r in load_sources([settings.task_sources_dir / k for k in options.source_kinds]).values()
-             for t in r.tasks]
+    tasks = [
+        t for r in load_sources([settings.task_sources_dir / k for k in options.source_kinds]).values() for t in r.tasks
+    ]
     items = [(t, build_task_image(client, t, base, settings, repository_dir=repository_dir).tag) for t in tasks]
     images = ImageSet(base, {t.content_hash: tag for t, tag in items})
     say(f"{len(items)} tasks, images built locally on the main engine")
@@ -70,13 +71,17 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
         dispatcher = FleetDispatcher(config).start()
         dispatcher.on_event = lambda msg: say(f"  fleet: {msg}")
         summary["cluster_start_s"] = round(time.perf_counter() - t0, 1)
-        say(f"Ray cluster: head + {', '.join(n.name for n in dispatcher.alive_nodes())} "
-            f"({summary['cluster_start_s']} s)")
+        say(
+            f"Ray cluster: head + {', '.join(n.name for n in dispatcher.alive_nodes())} "
+            f"({summary['cluster_start_s']} s)"
+        )
         t0 = time.perf_counter()
         seeded = seed_images(FleetSandboxPool(dispatcher), client, [base])
         summary["seed_base_s"] = round(time.perf_counter() - t0, 1)
-        say(f"base image loaded onto {seeded} node engine(s) in {summary['seed_base_s']} s (docker save/load "
-            "through Ray's object store); task images are built on the nodes from their recipes")
+        say(
+            f"base image loaded onto {seeded} node engine(s) in {summary['seed_base_s']} s (docker save/load "
+            "through Ray's object store); task images are built on the nodes from their recipes"
+        )
 
         node_b = next(n for n in dispatcher.alive_nodes() if n.name.startswith("node-b"))
         kill: dict[str, float] = {}
@@ -88,8 +93,10 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
                 if placed >= options.kill_after_placements and node_b.leased:
                     kill["in_flight_on_node_b"] = node_b.leased
                     kill["at"] = time.perf_counter()
-                    say(f"killing node-b (SIGKILL of its raylet and workers) with {node_b.leased} sandbox(es) "
-                        "leased on it")
+                    say(
+                        f"killing node-b (SIGKILL of its raylet and workers) with {node_b.leased} sandbox(es) "
+                        "leased on it"
+                    )
                     cluster.kill_node("node-b")
                     return
                 time.sleep(0.05)
@@ -97,28 +104,45 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
         t0 = time.perf_counter()
-        config_r = RolloutConfig(n_samples=options.samples, concurrency=options.concurrency, max_infra_retries=4,
-                                 backoff_s=0.1)
+        config_r = RolloutConfig(
+            n_samples=options.samples, concurrency=options.concurrency, max_infra_retries=4, backoff_s=0.1
+        )
         batch_id = f"fleet-demo-{int(time.time())}"
         fleet = FleetSandboxProvider(dispatcher)
-        progress = StageContext(progress=lambda _s, what, done, total: say(f"  rollout {done}/{total} {what}")
-                                if done % 8 == 0 or done == total else None, sandboxes=fleet)
-        result = rollout.tracked(settings, config_r, tasks, "replay", "fleet-demo", images, batch_id,
-                                 context=progress).batch
+        progress = StageContext(
+            progress=lambda _s, what, done, total: (
+                say(f"  rollout {done}/{total} {what}") if done % 8 == 0 or done == total else None
+            ),
+            sandboxes=fleet,
+        )
+        result = rollout.tracked(
+            settings, config_r, tasks, "replay", "fleet-demo", images, batch_id, context=progress
+        ).batch
         thread.join(timeout=1)
         frame = result.store.frame()
         summary["rollout"] = {
-            "batch_id": batch_id, "expected": len(items) * options.samples, "stored": frame.height,
-            "unique": frame["trajectory_id"].n_unique(), "dropped_groups": len(result.store.dropped()),
-            "pending_left": len(result.store.pending()), "resolved": int(frame["resolved"].sum()),
-            "infra_retries": result.report.infra_retries, "wall_s": round(time.perf_counter() - t0, 1),
-            "node_killed": bool(kill), "in_flight_on_killed_node": kill.get("in_flight_on_node_b", 0),
-            "placements": dict(dispatcher.stats.placements), "nodes_lost": list(dispatcher.stats.nodes_lost),
-            "builds_on_nodes": dispatcher.stats.builds, "transfers": dispatcher.stats.transfers,
-            "location": f"{result.store.root}/{batch_id}"}
-        say(f"rollout: {frame.height}/{len(items) * options.samples} trajectories stored, "
+            "batch_id": batch_id,
+            "expected": len(items) * options.samples,
+            "stored": frame.height,
+            "unique": frame["trajectory_id"].n_unique(),
+            "dropped_groups": len(result.store.dropped()),
+            "pending_left": len(result.store.pending()),
+            "resolved": int(frame["resolved"].sum()),
+            "infra_retries": result.report.infra_retries,
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "node_killed": bool(kill),
+            "in_flight_on_killed_node": kill.get("in_flight_on_node_b", 0),
+            "placements": dict(dispatcher.stats.placements),
+            "nodes_lost": list(dispatcher.stats.nodes_lost),
+            "builds_on_nodes": dispatcher.stats.builds,
+            "transfers": dispatcher.stats.transfers,
+            "location": f"{result.store.root}/{batch_id}",
+        }
+        say(
+            f"rollout: {frame.height}/{len(items) * options.samples} trajectories stored, "
             f"{frame['trajectory_id'].n_unique()} unique, {len(result.store.dropped())} groups dropped, "
-            f"{result.report.infra_retries} infra retries, placements {dict(dispatcher.stats.placements)}")
+            f"{result.report.infra_retries} infra retries, placements {dict(dispatcher.stats.placements)}"
+        )
 
         # The host comes back as a new node (same engine): it joins and takes gate work.
         cluster.add_node("node-b2", engines["node-b"], options.capacity)
@@ -129,12 +153,18 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
         config_g = GateConfig(runs=options.gate_runs, shuffle=True, probes=False, concurrency=2)
         gated = gate.tracked(settings, config_g, spec_tasks, images, context=StageContext(sandboxes=fleet))
         summary["gate"] = {
-            "tasks": len(spec_tasks), "accepted": len(gated.accepted_hashes()),
-            "infra_failures": len(gated.infra_failures), "wall_s": round(time.perf_counter() - t0, 1),
-            "placements": {k: v - before.get(k, 0) for k, v in dispatcher.stats.placements.items()
-                           if v - before.get(k, 0)}}
-        say(f"gate: {summary['gate']['accepted']}/{len(spec_tasks)} accepted, sandboxes placed "
-            f"{summary['gate']['placements']}")
+            "tasks": len(spec_tasks),
+            "accepted": len(gated.accepted_hashes()),
+            "infra_failures": len(gated.infra_failures),
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "placements": {
+                k: v - before.get(k, 0) for k, v in dispatcher.stats.placements.items() if v - before.get(k, 0)
+            },
+        }
+        say(
+            f"gate: {summary['gate']['accepted']}/{len(spec_tasks)} accepted, sandboxes placed "
+            f"{summary['gate']['placements']}"
+        )
         summary["nodes_joined"] = list(dispatcher.stats.nodes_joined)
     finally:
         cluster.shutdown()
@@ -142,6 +172,11 @@ def run_fleet_demo(settings: Settings, options: DemoOptions = DemoOptions(), say
             stop_engine(name)
     summary["wall_s"] = round(time.perf_counter() - started, 1)
     r = summary["rollout"]
-    summary["ok"] = (r["stored"] == r["expected"] == r["unique"] and r["dropped_groups"] == 0 and r["node_killed"]
-                     and r["pending_left"] == 0 and summary["gate"]["accepted"] == summary["gate"]["tasks"])
+    summary["ok"] = (
+        r["stored"] == r["expected"] == r["unique"]
+        and r["dropped_groups"] == 0
+        and r["node_killed"]
+        and r["pending_left"] == 0
+        and summary["gate"]["accepted"] == summary["gate"]["tasks"]
+    )
     return summary

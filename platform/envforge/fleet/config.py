@@ -57,9 +57,10 @@ class FleetConfig(BaseModel):
         except SettingsError as exc:
             raise FleetConfigError(f"fleet settings from environment:\n  {exc}") from None
         setting = variables()
-        values: dict[str, Any] = {name: getattr(env, setting[ADDRESS_ENV if name == "ray_address"
-                                                             else PREFIX + name.upper()])
-                                  for name in cls.model_fields}
+        values: dict[str, Any] = {
+            name: getattr(env, setting[ADDRESS_ENV if name == "ray_address" else PREFIX + name.upper()])
+            for name in cls.model_fields
+        }
         values.update(overrides)
         return cls._validated(values, "environment")
 

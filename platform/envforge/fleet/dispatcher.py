@@ -40,8 +40,17 @@ from envforge.sandbox.container import SandboxOptions
 log = logging.getLogger(__name__)
 AGENT_PREFIX = "envforge-node-"
 # Faults that say the node's engine, not the sandbox, is broken; such a node cools down before reuse.
-ENGINE_CAUSES = frozenset({"engine_unavailable", "engine_error", "container_create_failed", "image_build_failed",
-                           "image_transfer_failed", "node_timeout", "node_error"})
+ENGINE_CAUSES = frozenset(
+    {
+        "engine_unavailable",
+        "engine_error",
+        "container_create_failed",
+        "image_build_failed",
+        "image_transfer_failed",
+        "node_timeout",
+        "node_error",
+    }
+)
 ENGINE_COOLDOWN_S = 15.0
 # How often a driver tells the nodes it holds leases on that it is alive (FleetConfig.driver_timeout_s,
 # at least three beats, is when a node gives a silent driver up for dead).
@@ -53,13 +62,17 @@ def check_address(address: str, timeout_s: float) -> None:
     hostport = address.split("://", 1)[-1]
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise FleetConfigError(f"{ADDRESS_ENV}={address!r}: expected HOST:PORT (the GCS port, e.g. "
-                               f"ray-head:6379) or ray://HOST:PORT (Ray Client, e.g. ray://ray-head:10001)")
+        raise FleetConfigError(
+            f"{ADDRESS_ENV}={address!r}: expected HOST:PORT (the GCS port, e.g. "
+            f"ray-head:6379) or ray://HOST:PORT (Ray Client, e.g. ray://ray-head:10001)"
+        )
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as exc:
-        raise FleetConfigError(f"{ADDRESS_ENV}={address}: nothing answers at {host}:{port} ({exc.strerror or exc}); "
-                               "start the Ray head there (ray start --head) or fix the address") from None
+        raise FleetConfigError(
+            f"{ADDRESS_ENV}={address}: nothing answers at {host}:{port} ({exc.strerror or exc}); "
+            "start the Ray head there (ray start --head) or fix the address"
+        ) from None
 
 
 def connect(config: FleetConfig) -> None:
@@ -71,11 +84,18 @@ def connect(config: FleetConfig) -> None:
     if config.ray_address and config.ray_address != "auto":
         check_address(config.ray_address, config.connect_timeout_s)
     try:
-        ray.init(address=config.ray_address or "auto", namespace=config.namespace, log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=False)
+        ray.init(
+            address=config.ray_address or "auto",
+            namespace=config.namespace,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+            configure_logging=False,
+        )
     except ConnectionError as exc:
-        raise FleetConfigError(f"{ADDRESS_ENV}={config.ray_address or '(unset: auto)'}: no Ray cluster to join "
-                               f"({exc}); start one (make fleet-demo starts a local one) or set {ADDRESS_ENV}") from None
+        raise FleetConfigError(
+            f"{ADDRESS_ENV}={config.ray_address or '(unset: auto)'}: no Ray cluster to join "
+            f"({exc}); start one (make fleet-demo starts a local one) or set {ADDRESS_ENV}"
+        ) from None
 
 
 @dataclass
@@ -140,9 +160,11 @@ class FleetDispatcher:
         if problems and strict:
             raise FleetConfigError("sandbox nodes that cannot run sandboxes:\n  " + "\n  ".join(problems))
         if not self.nodes:
-            raise FleetConfigError(f"the Ray cluster at {self.config.ray_address or 'auto'} has no sandbox node: start "
-                                   f"workers with --resources='{{\"{self.config.node_resource}\": N}}' "
-                                   "(platform/deploy/fleet-node.sh does)")
+            raise FleetConfigError(
+                f"the Ray cluster at {self.config.ray_address or 'auto'} has no sandbox node: start "
+                f"workers with --resources='{{\"{self.config.node_resource}\": N}}' "
+                "(platform/deploy/fleet-node.sh does)"
+            )
         if self._heartbeat is None:
             self._heartbeat = threading.Thread(target=self._beat, name="envforge-fleet-heartbeat", daemon=True)
             self._heartbeat.start()
@@ -172,8 +194,11 @@ class FleetDispatcher:
 
         self._last_discovery = time.monotonic()
         problems: list[str] = []
-        alive = {n["NodeID"]: n for n in ray.nodes()
-                 if n.get("Alive") and n.get("Resources", {}).get(self.config.node_resource, 0) > 0}
+        alive = {
+            n["NodeID"]: n
+            for n in ray.nodes()
+            if n.get("Alive") and n.get("Resources", {}).get(self.config.node_resource, 0) > 0
+        }
         for node_id in list(self.nodes):
             if node_id not in alive and self.nodes[node_id].alive:
                 self._lost(self.nodes[node_id], "left the cluster")
@@ -183,11 +208,20 @@ class FleetDispatcher:
             capacity = int(node["Resources"][self.config.node_resource])
             name = node.get("NodeName") or node.get("NodeManagerAddress") or node_id[:8]
             label = f"{name}/{node_id[:8]}"
-            handle = self._agent_class().options(
-                name=AGENT_PREFIX + node_id, namespace=self.config.namespace, lifetime="detached",
-                get_if_exists=True, num_cpus=0, max_concurrency=1024, max_restarts=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(self.config.model_dump(), capacity, label, True)  # True: serve and register its metrics
+            handle = (
+                self._agent_class()
+                .options(
+                    name=AGENT_PREFIX + node_id,
+                    namespace=self.config.namespace,
+                    lifetime="detached",
+                    get_if_exists=True,
+                    num_cpus=0,
+                    max_concurrency=1024,
+                    max_restarts=0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                )
+                .remote(self.config.model_dump(), capacity, label, True)
+            )  # True: serve and register its metrics
             try:
                 info = ray.get(handle.info.remote(), timeout=180)
             except Exception as exc:  # noqa: BLE001 - the agent's constructor failed: say why, naming the node
@@ -202,8 +236,9 @@ class FleetDispatcher:
                 except Exception:  # noqa: BLE001
                     pass
                 continue
-            state = NodeState(node_id, label, handle, info["capacity"], images=set(info["images"]),
-                              idle=dict(info["idle"]), info=info)
+            state = NodeState(
+                node_id, label, handle, info["capacity"], images=set(info["images"]), idle=dict(info["idle"]), info=info
+            )
             with self._cond:
                 self.nodes[node_id] = state
                 self._cond.notify_all()
@@ -278,8 +313,11 @@ class FleetDispatcher:
             node = self._reserve(image)
             if node is None:
                 if time.monotonic() > deadline:
-                    raise InfraError("fleet_full", f"no sandbox node had room for {self.config.acquire_timeout_s:.0f}s "
-                                                   f"(ENVFORGE_FLEET_ACQUIRE_TIMEOUT_S)")
+                    raise InfraError(
+                        "fleet_full",
+                        f"no sandbox node had room for {self.config.acquire_timeout_s:.0f}s "
+                        f"(ENVFORGE_FLEET_ACQUIRE_TIMEOUT_S)",
+                    )
                 if waited_from is None:
                     waited_from = time.monotonic()
                     self.stats.waits += 1
@@ -299,8 +337,9 @@ class FleetDispatcher:
                 engine_fault = exc.cause in ENGINE_CAUSES
                 self._unreserve(node, full_for_s=ENGINE_COOLDOWN_S if engine_fault else 0.0)
                 if engine_fault:
-                    self.on_event(f"node {node.name}: engine fault ({exc.cause}); no placements for "
-                                  f"{ENGINE_COOLDOWN_S:.0f} s")
+                    self.on_event(
+                        f"node {node.name}: engine fault ({exc.cause}); no placements for {ENGINE_COOLDOWN_S:.0f} s"
+                    )
                 raise
             except BaseException:
                 self._unreserve(node)

@@ -86,8 +86,9 @@ class ImageDistribution:
             data_ref = source.handle.export_image.remote(tag)  # stays in the object store, node to node
             result = ray.get(node.handle.import_image.remote(data_ref, tag), timeout=1800)
         except (*lost_errors(), ray.exceptions.RayTaskError) as exc:
-            raise InfraError("image_transfer_failed", f"{tag} from {source.name} to {node.name}: "
-                                                      f"{root_message(exc)}") from None
+            raise InfraError(
+                "image_transfer_failed", f"{tag} from {source.name} to {node.name}: {root_message(exc)}"
+            ) from None
         if isinstance(result, Fault):
             raise result.rebuild()
         d.stats.transfers += 1

@@ -48,15 +48,26 @@ class LocalCluster:
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # no usage report leaves this machine
         from ray.cluster_utils import Cluster
 
-        self._cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 0, "include_dashboard": False, "node_name": "head",
-            "object_store_memory": self.object_store_mb << 20})
+        self._cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 0,
+                "include_dashboard": False,
+                "node_name": "head",
+                "object_store_memory": self.object_store_mb << 20,
+            },
+        )
         import logging
 
         import ray
 
-        ray.init(address=self.address, namespace=self.config.namespace, log_to_driver=False,
-                 logging_level=logging.WARNING, configure_logging=False)
+        ray.init(
+            address=self.address,
+            namespace=self.config.namespace,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+            configure_logging=False,
+        )
         return self.address
 
     @property
@@ -66,8 +77,13 @@ class LocalCluster:
     def add_node(self, name: str, docker_host: str | None, capacity: int, wait: bool = True) -> Any:
         env = {"DOCKER_HOST": docker_host} if docker_host else {}
         node = self._cluster.add_node(
-            wait=wait, num_cpus=1, node_name=name, env_vars=env,
-            resources={self.config.node_resource: capacity}, object_store_memory=self.object_store_mb << 20)
+            wait=wait,
+            num_cpus=1,
+            node_name=name,
+            env_vars=env,
+            resources={self.config.node_resource: capacity},
+            object_store_memory=self.object_store_mb << 20,
+        )
         self.nodes[name] = node
         return node
 

@@ -42,9 +42,24 @@ from envforge.sandbox.pool import SandboxPool
 FULL = "full"
 NODE_LABEL = "envforge.fleet-node"
 # What a driver may ask a leased sandbox to do (no callbacks: output streams are not remoted).
-SANDBOX_METHODS = frozenset({"exec", "write_file", "put_files", "read_file", "apply_patch", "diff", "changed_paths",
-                             "restore_paths", "restore_git_dir", "install_files", "kill_processes", "snapshot",
-                             "reset", "ping"})
+SANDBOX_METHODS = frozenset(
+    {
+        "exec",
+        "write_file",
+        "put_files",
+        "read_file",
+        "apply_patch",
+        "diff",
+        "changed_paths",
+        "restore_paths",
+        "restore_git_dir",
+        "install_files",
+        "kill_processes",
+        "snapshot",
+        "reset",
+        "ping",
+    }
+)
 _PASSED_THROUGH = (ValueError, OSError, KeyError)
 
 
@@ -59,8 +74,13 @@ class Fault:
     def rebuild(self) -> Exception:
         if self.kind == "infra":
             return InfraError(self.cause, self.detail)
-        exc_type = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError, "OSError": OSError,
-                    "KeyError": KeyError, "PermissionError": PermissionError}.get(self.kind, RuntimeError)
+        exc_type = {
+            "ValueError": ValueError,
+            "FileNotFoundError": FileNotFoundError,
+            "OSError": OSError,
+            "KeyError": KeyError,
+            "PermissionError": PermissionError,
+        }.get(self.kind, RuntimeError)
         return exc_type(self.detail)
 
 
@@ -105,9 +125,12 @@ def engine_check(client, min_version: str) -> str:
     if parts(version) < parts(min_version):
         from envforge.settings import read_env
 
-        raise InfraError("engine_unsupported", f"Docker engine {version} at "
-                                               f"DOCKER_HOST={read_env().docker_host or '(local socket)'} "
-                                               f"is older than {min_version} (ENVFORGE_FLEET_MIN_ENGINE_VERSION)")
+        raise InfraError(
+            "engine_unsupported",
+            f"Docker engine {version} at "
+            f"DOCKER_HOST={read_env().docker_host or '(local socket)'} "
+            f"is older than {min_version} (ENVFORGE_FLEET_MIN_ENGINE_VERSION)",
+        )
     return version
 
 
@@ -120,8 +143,9 @@ class NodeAgent:
     labelled with the node: the agent is detached and shared by every driver, so its counters are
     the node's, scraped from the node, never summed into one driver's."""
 
-    def __init__(self, config: dict[str, Any] | FleetConfig, capacity: int, node_name: str = "",
-                 serve_metrics: bool = False):
+    def __init__(
+        self, config: dict[str, Any] | FleetConfig, capacity: int, node_name: str = "", serve_metrics: bool = False
+    ):
         self.config = config if isinstance(config, FleetConfig) else FleetConfig(**config)
         self.capacity = max(0, int(capacity))
         self.node_name = node_name or socket.gethostname()
@@ -130,13 +154,20 @@ class NodeAgent:
         try:
             self.client = docker_client(settings, timeout_s=300)
         except InfraError as exc:
-            raise InfraError("engine_unavailable", f"node {self.node_name}: no Docker engine answers at DOCKER_HOST="
-                                                   f"{self.docker_host} ({exc.detail[:200]}); start one there "
-                                                   f"(platform/deploy/fleet-engine.sh) or set DOCKER_HOST in the "
-                                                   f"node's environment") from None
+            raise InfraError(
+                "engine_unavailable",
+                f"node {self.node_name}: no Docker engine answers at DOCKER_HOST="
+                f"{self.docker_host} ({exc.detail[:200]}); start one there "
+                f"(platform/deploy/fleet-engine.sh) or set DOCKER_HOST in the "
+                f"node's environment",
+            ) from None
         self.engine_version = engine_check(self.client, self.config.min_engine_version)
-        self.pool = SandboxPool(self.client, max_idle_per_key=self.config.max_idle_per_image, max_starting=4,
-                                labels={NODE_LABEL: self.node_name})
+        self.pool = SandboxPool(
+            self.client,
+            max_idle_per_key=self.config.max_idle_per_image,
+            max_starting=4,
+            labels={NODE_LABEL: self.node_name},
+        )
         self.stats = NodeStats()
         self._leases: dict[str, _Lease] = {}
         self._heard: dict[str, float] = {}  # driver (client id) -> when it last beat, acquired or called
@@ -150,8 +181,9 @@ class NodeAgent:
         if serve_metrics:  # a free port unless the node's ENVFORGE_METRICS_PORT says otherwise
             from envforge.observe.http import start_registered_server
 
-            self._metrics, self._target = start_registered_server("fleet_node", f"node {self.node_name}",
-                                                                  {"node": self.node_name}, default_port=0)
+            self._metrics, self._target = start_registered_server(
+                "fleet_node", f"node {self.node_name}", {"node": self.node_name}, default_port=0
+            )
 
     # -- what the dispatcher reads ---------------------------------------------------------
 
@@ -159,12 +191,22 @@ class NodeAgent:
         with self._lock:
             leased = len(self._leases)
         # One /images/json call: `images.list()` would inspect every image on the engine, one request each.
-        images = sorted(t for img in self.client.api.images() for t in img.get("RepoTags") or []
-                        if t.startswith("envforge/"))
-        return {"node": self.node_name, "pid": os.getpid(), "docker_host": self.docker_host,
-                "engine_version": self.engine_version, "capacity": self.capacity, "leased": leased,
-                "idle": self.pool.idle_by_image(), "images": images, "pool": self.pool.stats.as_dict(),
-                "stats": dict(self.stats.__dict__), "metrics_url": self._metrics.url if self._metrics else None}
+        images = sorted(
+            t for img in self.client.api.images() for t in img.get("RepoTags") or [] if t.startswith("envforge/")
+        )
+        return {
+            "node": self.node_name,
+            "pid": os.getpid(),
+            "docker_host": self.docker_host,
+            "engine_version": self.engine_version,
+            "capacity": self.capacity,
+            "leased": leased,
+            "idle": self.pool.idle_by_image(),
+            "images": images,
+            "pool": self.pool.stats.as_dict(),
+            "stats": dict(self.stats.__dict__),
+            "metrics_url": self._metrics.url if self._metrics else None,
+        }
 
     # -- leases ----------------------------------------------------------------------------
 
@@ -198,10 +240,14 @@ class NodeAgent:
         with self._lock:
             held = self._leases.get(lease)
             if held is None or held.sandbox is None:
-                return Fault("infra", "lease_lost", f"lease {lease[:8]} is not held on node {self.node_name} "
-                                                    "(reclaimed: its driver was silent for driver_timeout_s or "
-                                                    "the lease untouched for lease_idle_timeout_s; or the agent "
-                                                    "restarted)")
+                return Fault(
+                    "infra",
+                    "lease_lost",
+                    f"lease {lease[:8]} is not held on node {self.node_name} "
+                    "(reclaimed: its driver was silent for driver_timeout_s or "
+                    "the lease untouched for lease_idle_timeout_s; or the agent "
+                    "restarted)",
+                )
             held.in_flight += 1
             held.last_used = self._heard[held.client_id] = time.monotonic()
         try:
@@ -294,8 +340,13 @@ class NodeAgent:
         now = time.monotonic()
         idle_cutoff, dead_cutoff = now - self.config.lease_idle_timeout_s, now - self.config.driver_timeout_s
         with self._lock:
-            stale = [k for k, v in self._leases.items() if v.in_flight == 0 and v.sandbox is not None
-                     and (v.last_used < idle_cutoff or self._heard.get(v.client_id, now) < dead_cutoff)]
+            stale = [
+                k
+                for k, v in self._leases.items()
+                if v.in_flight == 0
+                and v.sandbox is not None
+                and (v.last_used < idle_cutoff or self._heard.get(v.client_id, now) < dead_cutoff)
+            ]
             doomed = [self._leases.pop(k) for k in stale]
             self.stats.reclaimed += len(doomed)  # counted as they stop being leases, before their removal
             if doomed:

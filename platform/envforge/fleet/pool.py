@@ -22,7 +22,7 @@ from envforge.config import Settings
 from envforge.errors import InfraError
 from envforge.fleet.dispatcher import FleetDispatcher, NodeState
 from envforge.fleet.images import ImageRecipe, parent_of
-from envforge.sandbox.container import INITIAL, ExecResult, Snapshot, SandboxOptions, run_blocking
+from envforge.sandbox.container import INITIAL, ExecResult, SandboxOptions, Snapshot, run_blocking
 from envforge.sandbox.pool import PoolStats
 from envforge.task import Task
 
@@ -45,16 +45,31 @@ class RemoteSandbox:
     async def _acall(self, method: str, *args, **kwargs) -> Any:
         return await self._pool.dispatcher.acall(self.node, "call", self.lease, method, args, kwargs)
 
-    def exec(self, command: str, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
-             workdir: str | None = None, stdin: bytes | None = None, on_output=None, output_cap: int | None = None,
-             report: bool = False) -> ExecResult:
+    def exec(
+        self,
+        command: str,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        stdin: bytes | None = None,
+        on_output=None,
+        output_cap: int | None = None,
+        report: bool = False,
+    ) -> ExecResult:
         if on_output is not None:
             raise ValueError("streaming output (on_output) is not available on fleet sandboxes")
         return self._call("exec", command, **_exec_kwargs(timeout_s, env, workdir, stdin, output_cap, report))
 
-    async def aexec(self, command: str, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
-                    workdir: str | None = None, stdin: bytes | None = None, output_cap: int | None = None,
-                    report: bool = False) -> ExecResult:
+    async def aexec(
+        self,
+        command: str,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        stdin: bytes | None = None,
+        output_cap: int | None = None,
+        report: bool = False,
+    ) -> ExecResult:
         return await self._acall("exec", command, **_exec_kwargs(timeout_s, env, workdir, stdin, output_cap, report))
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
@@ -115,8 +130,13 @@ class RemoteSandbox:
 
 
 def _exec_kwargs(timeout_s, env, workdir, stdin, output_cap, report) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"timeout_s": timeout_s, "env": dict(env) if env else None, "stdin": stdin,
-                              "output_cap": output_cap, "report": report}
+    kwargs: dict[str, Any] = {
+        "timeout_s": timeout_s,
+        "env": dict(env) if env else None,
+        "stdin": stdin,
+        "output_cap": output_cap,
+        "report": report,
+    }
     if workdir is not None:
         kwargs["workdir"] = workdir
     return kwargs
@@ -136,8 +156,13 @@ class FleetSandboxPool:
 
     # -- the queue -------------------------------------------------------------------------
 
-    def register(self, items: Iterable[tuple[Task, str]], samples_per_task: int = 1,
-                 local_client: Any = None, settings: Settings | None = None) -> None:
+    def register(
+        self,
+        items: Iterable[tuple[Task, str]],
+        samples_per_task: int = 1,
+        local_client: Any = None,
+        settings: Settings | None = None,
+    ) -> None:
         """Learn the batch ahead: build recipes of the task images (so a node lacking one builds it) and
         the queue's demand per image (so nodes pre-heat). `local_client`, the driver's own engine when
         it has one, supplies the parent tag of each image (a base or a repository's env layer, which
@@ -197,8 +222,9 @@ class FleetSandboxPool:
 
     def idle_count(self, image: str | None = None) -> int:
         self.dispatcher.refresh()
-        return sum(n for node in self.dispatcher.alive_nodes() for img, n in node.idle.items()
-                   if image is None or img == image)
+        return sum(
+            n for node in self.dispatcher.alive_nodes() for img, n in node.idle.items() if image is None or img == image
+        )
 
     def wait_for_engine(self, timeout_s: float = 120.0) -> float:
         """The scheduler's wait after an infrastructure fault. On the fleet a lost engine or node is

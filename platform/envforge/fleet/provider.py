@@ -67,10 +67,23 @@ class FleetLease:
 
     def describe(self) -> dict[str, Any]:
         dispatcher = self.pool.dispatcher
-        nodes = [{"name": n.name, "capacity": n.capacity, "in_use": n.leased, "idle": sum(n.idle.values()),
-                  "images": len(n.images)} for n in dispatcher.alive_nodes()]
-        return {"backend": "fleet", "ray_address": dispatcher.config.ray_address, "nodes": nodes,
-                "in_use": sum(n["in_use"] for n in nodes), "nodes_lost": list(dispatcher.stats.nodes_lost)}
+        nodes = [
+            {
+                "name": n.name,
+                "capacity": n.capacity,
+                "in_use": n.leased,
+                "idle": sum(n.idle.values()),
+                "images": len(n.images),
+            }
+            for n in dispatcher.alive_nodes()
+        ]
+        return {
+            "backend": "fleet",
+            "ray_address": dispatcher.config.ray_address,
+            "nodes": nodes,
+            "in_use": sum(n["in_use"] for n in nodes),
+            "nodes_lost": list(dispatcher.stats.nodes_lost),
+        }
 
     def withdraw(self) -> None:
         """Tell the nodes this work wants none of its images any more, so they let its warm sandboxes go."""
@@ -103,7 +116,9 @@ class FleetSandboxProvider:
         if self._dispatcher is None:
             dispatcher = dispatcher_from_env(self._environ)
             if dispatcher is None:
-                raise FleetConfigError(f"no fleet to join: {ADDRESS_ENV} is not set (or give the provider a dispatcher)")
+                raise FleetConfigError(
+                    f"no fleet to join: {ADDRESS_ENV} is not set (or give the provider a dispatcher)"
+                )
             self._dispatcher = dispatcher
         return self._dispatcher
 
@@ -111,8 +126,16 @@ class FleetSandboxProvider:
         self.dispatcher  # noqa: B018 - joins the cluster now: a bad address fails here, naming the setting
         return self
 
-    def lease(self, items: Items, sandboxes_per_task: int, *, client: "docker.DockerClient | None" = None,
-              settings: "Settings | None" = None, max_idle_per_key: int = 8, max_starting: int = 4) -> FleetLease:
+    def lease(
+        self,
+        items: Items,
+        sandboxes_per_task: int,
+        *,
+        client: "docker.DockerClient | None" = None,
+        settings: "Settings | None" = None,
+        max_idle_per_key: int = 8,
+        max_starting: int = 4,
+    ) -> FleetLease:
         lease = FleetLease(FleetSandboxPool(self.dispatcher), client, settings)
         lease.expect(items, sandboxes_per_task)
         return lease

@@ -17,8 +17,9 @@ def ray_module() -> Any:
     try:
         import ray
     except ImportError:
-        raise FleetConfigError("the sandbox fleet needs Ray: install envforge with the `fleet` extra "
-                               "(pip install -e '.[fleet]')") from None
+        raise FleetConfigError(
+            "the sandbox fleet needs Ray: install envforge with the `fleet` extra (pip install -e '.[fleet]')"
+        ) from None
     return ray
 
 
@@ -48,7 +49,7 @@ def root_message(exc: BaseException) -> str:
     text = str(exc)
     for marker in ("infrastructure fault", "FleetConfigError", "InfraError"):
         if marker in text:
-            line = text[text.index(marker):].splitlines()[0]
+            line = text[text.index(marker) :].splitlines()[0]
             return line.strip()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else type(exc).__name__

@@ -90,8 +90,9 @@ class Registration:
         atexit.unregister(self.remove)
 
 
-def register(role: str, host: str, port: int, labels: Mapping[str, str] | None = None,
-             directory: Path | None = None) -> Registration:
+def register(
+    role: str, host: str, port: int, labels: Mapping[str, str] | None = None, directory: Path | None = None
+) -> Registration:
     """Write this process's target (`host:port` serving /metrics) with `role` and `labels` as target
     labels. Label values should come from small sets (a stage name, a node name): they end up on
     every series of the target."""
@@ -101,13 +102,19 @@ def register(role: str, host: str, port: int, labels: Mapping[str, str] | None =
     directory.mkdir(parents=True, exist_ok=True)
     prune(directory)
     pid, hostname = os.getpid(), socket.gethostname()
-    doc: list[dict[str, Any]] = [{
-        "targets": [f"{advertised_host(host)}:{int(port)}"],
-        "labels": {"role": role, "hostname": hostname, "pid": str(pid),
-                   # "__" labels are dropped after relabelling: kept in the file only, for `prune`
-                   "__process_started": _process_started(pid) or "",
-                   **{k: str(v) for k, v in (labels or {}).items()}},
-    }]
+    doc: list[dict[str, Any]] = [
+        {
+            "targets": [f"{advertised_host(host)}:{int(port)}"],
+            "labels": {
+                "role": role,
+                "hostname": hostname,
+                "pid": str(pid),
+                # "__" labels are dropped after relabelling: kept in the file only, for `prune`
+                "__process_started": _process_started(pid) or "",
+                **{k: str(v) for k, v in (labels or {}).items()},
+            },
+        }
+    ]
     path = directory / f"{PREFIX}{role}-{hostname}-{pid}-{int(port)}.json"
     write_atomic(path, json.dumps(doc, indent=1))  # its temporary dot-file is not *.json: Prometheus ignores it
     log.info("metrics target %s:%s registered in %s", host, port, path, extra={"metrics_target": str(path)})
@@ -140,8 +147,9 @@ def prune(directory: Path | None = None) -> list[Path]:
     return removed
 
 
-def prometheus_config(targets: str | Path, rules: str | Path | None = None, scrape_interval_s: float = 5.0,
-                      job: str = "envforge") -> dict[str, Any]:
+def prometheus_config(
+    targets: str | Path, rules: str | Path | None = None, scrape_interval_s: float = 5.0, job: str = "envforge"
+) -> dict[str, Any]:
     """A Prometheus configuration that scrapes every registered envforge process (and loads the
     alert rules): what platform/deploy/observability/prometheus.yml is, for another directory.
     Prometheus watches the directory for changes if it exists when it starts (else it finds new
@@ -149,10 +157,12 @@ def prometheus_config(targets: str | Path, rules: str | Path | None = None, scra
     interval = f"{scrape_interval_s:g}s"
     config: dict[str, Any] = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "scrape_configs": [{
-            "job_name": job,
-            "file_sd_configs": [{"files": [f"{str(targets).rstrip('/')}/*.json"], "refresh_interval": "5s"}],
-        }],
+        "scrape_configs": [
+            {
+                "job_name": job,
+                "file_sd_configs": [{"files": [f"{str(targets).rstrip('/')}/*.json"], "refresh_interval": "5s"}],
+            }
+        ],
     }
     if rules is not None:
         config["rule_files"] = [str(rules)]

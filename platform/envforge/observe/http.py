@@ -64,16 +64,21 @@ def metrics_port_from_env(default: int | None = None) -> int | None:
     try:
         port = int(raw)
     except ValueError:
-        raise ValueError(f"environment variable ENVFORGE_METRICS_PORT: expected a port number (0: a free one) "
-                         f"or 'off', got {raw!r}") from None
+        raise ValueError(
+            f"environment variable ENVFORGE_METRICS_PORT: expected a port number (0: a free one) or 'off', got {raw!r}"
+        ) from None
     if not 0 <= port <= 65535:
         raise ValueError(f"environment variable ENVFORGE_METRICS_PORT: {port} is not a port (0-65535)")
     return port
 
 
-def start_registered_server(role: str, what: str, labels: dict[str, str] | None = None,
-                            default_port: int | None = None, directory: Path | None = None
-                            ) -> tuple[MetricsServer | None, Registration | None]:
+def start_registered_server(
+    role: str,
+    what: str,
+    labels: dict[str, str] | None = None,
+    default_port: int | None = None,
+    directory: Path | None = None,
+) -> tuple[MetricsServer | None, Registration | None]:
     """The registry served on ENVFORGE_METRICS_PORT (or `default_port`; 0: a free port) of
     ENVFORGE_METRICS_HOST, and its file_sd registration. (None, None) when the port is off; a port
     another process holds or an unwritable directory costs a warning, never the caller."""
@@ -98,9 +103,12 @@ def start_registered_server(role: str, what: str, labels: dict[str, str] | None 
 
 
 @contextmanager
-def metrics_server_from_env(what: str = "run", default_port: int | None = None,
-                            labels: dict[str, str] | None = None,
-                            data_dir: Path | None = None) -> Iterator[MetricsServer | None]:
+def metrics_server_from_env(
+    what: str = "run",
+    default_port: int | None = None,
+    labels: dict[str, str] | None = None,
+    data_dir: Path | None = None,
+) -> Iterator[MetricsServer | None]:
     """Serve the registry for the duration of a run when ENVFORGE_METRICS_PORT is set (or a
     `default_port` applies: 0 in a Dagster run), registered for Prometheus' file_sd, then linger
     ENVFORGE_METRICS_LINGER_S seconds so the scraper sees the final counts. `labels` become target
@@ -113,8 +121,9 @@ def metrics_server_from_env(what: str = "run", default_port: int | None = None,
     from envforge.settings import read_env
 
     linger = read_env().metrics_linger_s
-    server, target = start_registered_server("run", what, {"stage": what, **(labels or {})}, default_port,
-                                             targets_dir(data_dir))
+    server, target = start_registered_server(
+        "run", what, {"stage": what, **(labels or {})}, default_port, targets_dir(data_dir)
+    )
     if server is None:
         yield None
         return
@@ -131,8 +140,9 @@ def metrics_server_from_env(what: str = "run", default_port: int | None = None,
 
 
 @contextmanager
-def registered_target(role: str, host: str, port: int, labels: dict[str, str] | None = None,
-                      directory: Path | None = None) -> Iterator[None]:
+def registered_target(
+    role: str, host: str, port: int, labels: dict[str, str] | None = None, directory: Path | None = None
+) -> Iterator[None]:
     """A long-running server's registration (the policy server, the environment service) while it serves.
 
     SIGTERM becomes SystemExit meanwhile: uvicorn, once it has shut down gracefully, raises the signal

@@ -21,8 +21,15 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, TextIO
 
-CONTEXT_FIELDS = ("trajectory_id", "task_id", "task_version", "batch_id", "container_id", "dagster_run_id",
-                  "mlflow_run_id")
+CONTEXT_FIELDS = (
+    "trajectory_id",
+    "task_id",
+    "task_version",
+    "batch_id",
+    "container_id",
+    "dagster_run_id",
+    "mlflow_run_id",
+)
 _CONTEXT: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("envforge_log_context", default={})
 # LogRecord attributes that are not `extra=` fields
 _handler: logging.Handler | None = None
@@ -53,8 +60,12 @@ class JsonFormatter(logging.Formatter):
     """`{"ts", "level", "logger", "event", <every context field, null when unknown>, <extra=...>}`."""
 
     def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {"ts": round(record.created, 6), "level": record.levelname.lower(),
-                               "logger": record.name, "event": record.getMessage()}
+        doc: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
         ctx = _CONTEXT.get()
         for name in CONTEXT_FIELDS:
             doc[name] = ctx.get(name)

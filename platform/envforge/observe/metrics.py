@@ -50,82 +50,132 @@ def _h(name: str, doc: str, labels: tuple[str, ...] = ()) -> Histogram:
 
 # -- sandbox pool and runtime ------------------------------------------------------------------
 POOL_IDLE = Gauge("envforge_pool_idle_sandboxes", "started sandboxes waiting warm in the pools", registry=REGISTRY)
-POOL_IN_USE = Gauge("envforge_pool_in_use_sandboxes", "sandboxes handed out and not yet released",
-                    registry=REGISTRY)
-POOL_ACQUIRES = Counter("envforge_pool_acquires_total", "acquires, by whether a warm sandbox served them",
-                        ["result"], registry=REGISTRY)  # result: hit | miss
+POOL_IN_USE = Gauge("envforge_pool_in_use_sandboxes", "sandboxes handed out and not yet released", registry=REGISTRY)
+POOL_ACQUIRES = Counter(
+    "envforge_pool_acquires_total", "acquires, by whether a warm sandbox served them", ["result"], registry=REGISTRY
+)  # result: hit | miss
 POOL_START_SECONDS = _h("envforge_pool_start_seconds", "container start time (create, start, agent, initial state)")
-POOL_START_FAILURES = Counter("envforge_pool_start_failures_total", "container starts that failed", ["cause"],
-                              registry=REGISTRY)
+POOL_START_FAILURES = Counter(
+    "envforge_pool_start_failures_total", "container starts that failed", ["cause"], registry=REGISTRY
+)
 POOL_RESET_SECONDS = _h("envforge_pool_reset_seconds", "time to reset a released sandbox to its initial state")
-POOL_DESTROYED = Counter("envforge_pool_destroyed_total", "sandboxes destroyed, by why (taint kind, reset "
-                         "failure, pool full, trimmed, closed)", ["cause"], registry=REGISTRY)
-SANDBOX_COMMAND_SECONDS = _h("envforge_sandbox_command_seconds", "command latency seen by the host (agent "
-                             "channel, or docker exec when the agent is unavailable)", ("path",))
+POOL_DESTROYED = Counter(
+    "envforge_pool_destroyed_total",
+    "sandboxes destroyed, by why (taint kind, reset failure, pool full, trimmed, closed)",
+    ["cause"],
+    registry=REGISTRY,
+)
+SANDBOX_COMMAND_SECONDS = _h(
+    "envforge_sandbox_command_seconds",
+    "command latency seen by the host (agent channel, or docker exec when the agent is unavailable)",
+    ("path",),
+)
 
 # -- sandbox fleet (the pool metrics above come from each node agent's own pool; these are the fleet's) --
 FLEET_ALIVE_NODES = Gauge("envforge_fleet_alive_nodes", "sandbox nodes this driver can place on", registry=REGISTRY)
-FLEET_NODES_LOST = Counter("envforge_fleet_nodes_lost_total", "sandbox nodes this driver saw die or leave",
-                           registry=REGISTRY)
-FLEET_ACQUIRE_WAIT_SECONDS = _h("envforge_fleet_acquire_wait_seconds", "time an acquire waited for a node with "
-                                "room (backpressure); 0 when one had room at once")
-FLEET_LEASES = Gauge("envforge_fleet_leased_sandboxes", "sandboxes a node agent has leased to drivers now",
-                     registry=REGISTRY)
-FLEET_LEASES_RECLAIMED = Counter("envforge_fleet_leases_reclaimed_total", "leases a node agent took back from silent "
-                                 "or idle drivers", registry=REGISTRY)
-FLEET_IMAGES = Counter("envforge_fleet_images_total", "task images a node agent got, by how", ["how"],
-                       registry=REGISTRY)  # how: built | loaded
+FLEET_NODES_LOST = Counter(
+    "envforge_fleet_nodes_lost_total", "sandbox nodes this driver saw die or leave", registry=REGISTRY
+)
+FLEET_ACQUIRE_WAIT_SECONDS = _h(
+    "envforge_fleet_acquire_wait_seconds",
+    "time an acquire waited for a node with room (backpressure); 0 when one had room at once",
+)
+FLEET_LEASES = Gauge(
+    "envforge_fleet_leased_sandboxes", "sandboxes a node agent has leased to drivers now", registry=REGISTRY
+)
+FLEET_LEASES_RECLAIMED = Counter(
+    "envforge_fleet_leases_reclaimed_total",
+    "leases a node agent took back from silent or idle drivers",
+    registry=REGISTRY,
+)
+FLEET_IMAGES = Counter(
+    "envforge_fleet_images_total", "task images a node agent got, by how", ["how"], registry=REGISTRY
+)  # how: built | loaded
 
 # -- rollout scheduler -------------------------------------------------------------------------
-SCHED_QUEUED = Gauge("envforge_scheduler_queued_trajectories", "trajectories waiting for a concurrency slot",
-                     registry=REGISTRY)
+SCHED_QUEUED = Gauge(
+    "envforge_scheduler_queued_trajectories", "trajectories waiting for a concurrency slot", registry=REGISTRY
+)
 SCHED_IN_FLIGHT = Gauge("envforge_scheduler_in_flight_trajectories", "trajectories running now", registry=REGISTRY)
 SCHED_STEPS = Counter("envforge_scheduler_steps_total", "policy turns executed in sandboxes", registry=REGISTRY)
-SCHED_TRAJECTORIES = Counter("envforge_scheduler_trajectories_total", "trajectories finished, by end reason",
-                             ["end_reason"], registry=REGISTRY)
+SCHED_TRAJECTORIES = Counter(
+    "envforge_scheduler_trajectories_total", "trajectories finished, by end reason", ["end_reason"], registry=REGISTRY
+)
 SCHED_TRAJECTORY_SECONDS = _h("envforge_scheduler_trajectory_seconds", "a trajectory's wall time, reset to grade")
-SCHED_RETRIES = Counter("envforge_scheduler_retries_total", "trajectories restarted on a fresh sandbox, by fault "
-                        "class", ["fault"], registry=REGISTRY)
-SCHED_DROPPED_GROUPS = Counter("envforge_scheduler_dropped_groups_total", "groups dropped after a sample's retry "
-                               "budget ran out", registry=REGISTRY)
-SCHED_REWARD = Histogram("envforge_scheduler_trajectory_reward", "rewards of finished trajectories",
-                         buckets=(0.0, 0.25, 0.5, 0.75, 1.0), registry=REGISTRY)
+SCHED_RETRIES = Counter(
+    "envforge_scheduler_retries_total",
+    "trajectories restarted on a fresh sandbox, by fault class",
+    ["fault"],
+    registry=REGISTRY,
+)
+SCHED_DROPPED_GROUPS = Counter(
+    "envforge_scheduler_dropped_groups_total", "groups dropped after a sample's retry budget ran out", registry=REGISTRY
+)
+SCHED_REWARD = Histogram(
+    "envforge_scheduler_trajectory_reward",
+    "rewards of finished trajectories",
+    buckets=(0.0, 0.25, 0.5, 0.75, 1.0),
+    registry=REGISTRY,
+)
 
 # -- verifier and gate ---------------------------------------------------------------------------
-VERIFY_GRADINGS = Counter("envforge_verifier_gradings_total", "gradings on a pristine copy, by outcome "
-                          "(resolved | unresolved | infra_error) and first reason kind", ["outcome", "reason"],
-                          registry=REGISTRY)
+VERIFY_GRADINGS = Counter(
+    "envforge_verifier_gradings_total",
+    "gradings on a pristine copy, by outcome (resolved | unresolved | infra_error) and first reason kind",
+    ["outcome", "reason"],
+    registry=REGISTRY,
+)
 VERIFY_SECONDS = _h("envforge_verifier_grading_seconds", "time of one grading, sandbox acquire included")
-GATE_TASKS = Counter("envforge_gate_tasks_total", "tasks judged by the flakiness gate, by verdict and first "
-                     "disagreement kind", ["verdict", "reason"], registry=REGISTRY)
+GATE_TASKS = Counter(
+    "envforge_gate_tasks_total",
+    "tasks judged by the flakiness gate, by verdict and first disagreement kind",
+    ["verdict", "reason"],
+    registry=REGISTRY,
+)
 
 # -- training ------------------------------------------------------------------------------------
 TRAIN_STEPS = Counter("envforge_train_steps_total", "optimizer updates", ["algorithm"], registry=REGISTRY)
-TRAIN_TOKENS = Counter("envforge_train_tokens_total", "completion tokens trained on", ["algorithm"],
-                       registry=REGISTRY)
-TRAIN_TOKENS_PER_SECOND = Gauge("envforge_train_tokens_per_second", "throughput of the last update: tokens "
-                                "(prompt and completion) through the model per second of the update itself",
-                                ["algorithm"], registry=REGISTRY)
-TRAIN_STEP_SECONDS = _h("envforge_train_step_seconds", "wall time of one optimizer update (all its micro-batches)",
-                        ("algorithm",))
+TRAIN_TOKENS = Counter("envforge_train_tokens_total", "completion tokens trained on", ["algorithm"], registry=REGISTRY)
+TRAIN_TOKENS_PER_SECOND = Gauge(
+    "envforge_train_tokens_per_second",
+    "throughput of the last update: tokens (prompt and completion) through the model per second of the update itself",
+    ["algorithm"],
+    registry=REGISTRY,
+)
+TRAIN_STEP_SECONDS = _h(
+    "envforge_train_step_seconds", "wall time of one optimizer update (all its micro-batches)", ("algorithm",)
+)
 TRAIN_LOSS = Gauge("envforge_train_loss", "loss of the last update", ["algorithm"], registry=REGISTRY)
-TRAIN_EVAL_LOSS = Gauge("envforge_train_eval_loss", "held-out loss at the last evaluation step (SFT)",
-                        ["algorithm"], registry=REGISTRY)
-TRAIN_REWARD_MEAN = Gauge("envforge_train_reward_mean", "mean reward of the last update's samples",
-                          ["algorithm"], registry=REGISTRY)
-TRAIN_STALENESS = Gauge("envforge_train_policy_staleness_versions", "trainer version minus the oldest behaviour "
-                        "version in the last update", ["algorithm"], registry=REGISTRY)
+TRAIN_EVAL_LOSS = Gauge(
+    "envforge_train_eval_loss", "held-out loss at the last evaluation step (SFT)", ["algorithm"], registry=REGISTRY
+)
+TRAIN_REWARD_MEAN = Gauge(
+    "envforge_train_reward_mean", "mean reward of the last update's samples", ["algorithm"], registry=REGISTRY
+)
+TRAIN_STALENESS = Gauge(
+    "envforge_train_policy_staleness_versions",
+    "trainer version minus the oldest behaviour version in the last update",
+    ["algorithm"],
+    registry=REGISTRY,
+)
 
 # -- policy server -----------------------------------------------------------------------------
-POLICY_REQUEST_SECONDS = _h("envforge_policy_request_seconds", "chat-completion latency of the policy server",
-                            ("status",))
-POLICY_TOKENS = Counter("envforge_policy_generated_tokens_total", "completion tokens generated by the policy "
-                        "server", registry=REGISTRY)
-POLICY_BATCH_ROWS = Histogram("envforge_policy_batch_rows", "sequences sampled together in one batched generation "
-                              "of the policy server", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=REGISTRY)
+POLICY_REQUEST_SECONDS = _h(
+    "envforge_policy_request_seconds", "chat-completion latency of the policy server", ("status",)
+)
+POLICY_TOKENS = Counter(
+    "envforge_policy_generated_tokens_total", "completion tokens generated by the policy server", registry=REGISTRY
+)
+POLICY_BATCH_ROWS = Histogram(
+    "envforge_policy_batch_rows",
+    "sequences sampled together in one batched generation of the policy server",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+    registry=REGISTRY,
+)
 
 
 # -- hooks (what library code calls) -------------------------------------------------------------
+
 
 def pool_acquired(hit: bool) -> None:
     if _enabled:
@@ -229,8 +279,9 @@ def graded(seconds: float, resolved: bool, reasons: list[str], infra_error: str 
 
 def gate_judged(accepted: bool, disagreements: list[str]) -> None:
     if _enabled:
-        GATE_TASKS.labels("accepted" if accepted else "quarantined",
-                          reason_kind(disagreements[0]) if disagreements else "none").inc()
+        GATE_TASKS.labels(
+            "accepted" if accepted else "quarantined", reason_kind(disagreements[0]) if disagreements else "none"
+        ).inc()
 
 
 ALGORITHMS = frozenset({"grpo", "sft"})
@@ -247,8 +298,12 @@ def train_step(metrics: Mapping[str, float], algorithm: str = "grpo") -> None:
     TRAIN_TOKENS.labels(algorithm).inc(float(metrics.get("tokens", 0.0)))
     if "step_time_s" in metrics:
         TRAIN_STEP_SECONDS.labels(algorithm).observe(float(metrics["step_time_s"]))
-    for gauge, key in ((TRAIN_TOKENS_PER_SECOND, "tokens_per_s"), (TRAIN_LOSS, "loss"),
-                       (TRAIN_REWARD_MEAN, "reward_mean"), (TRAIN_EVAL_LOSS, "eval_loss")):
+    for gauge, key in (
+        (TRAIN_TOKENS_PER_SECOND, "tokens_per_s"),
+        (TRAIN_LOSS, "loss"),
+        (TRAIN_REWARD_MEAN, "reward_mean"),
+        (TRAIN_EVAL_LOSS, "eval_loss"),
+    ):
         if key in metrics:
             gauge.labels(algorithm).set(float(metrics[key]))
 

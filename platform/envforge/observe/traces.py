@@ -26,8 +26,9 @@ _tracer: trace.Tracer | None = None
 _env_checked = False
 
 
-def configure_tracing(exporter: SpanExporter | None, *, batch: bool = True,
-                      service_name: str = "envforge") -> TracerProvider | None:
+def configure_tracing(
+    exporter: SpanExporter | None, *, batch: bool = True, service_name: str = "envforge"
+) -> TracerProvider | None:
     """Export envforge's spans to `exporter` (None: tracing off). Returns the provider (flush/shutdown)."""
     global _provider, _tracer, _env_checked
     _env_checked = True
@@ -56,8 +57,10 @@ def exporter_from_env() -> SpanExporter | None:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError as exc:  # the exporter is a pinned dependency; a trimmed install may lack it
-            raise RuntimeError("ENVFORGE_TRACES=otlp needs opentelemetry-exporter-otlp-proto-http "
-                               f"(pip install -c constraints.txt opentelemetry-exporter-otlp-proto-http): {exc}")
+            raise RuntimeError(
+                "ENVFORGE_TRACES=otlp needs opentelemetry-exporter-otlp-proto-http "
+                f"(pip install -c constraints.txt opentelemetry-exporter-otlp-proto-http): {exc}"
+            )
         return OTLPSpanExporter()  # reads OTEL_EXPORTER_OTLP_ENDPOINT / _HEADERS itself
     raise ValueError(f"environment variable ENVFORGE_TRACES: expected off, console or otlp, got {kind!r}")
 

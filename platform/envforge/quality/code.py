@@ -31,7 +31,8 @@ from envforge.quality.text import tokens
 ID, STR = "ID", "STR"
 _KEEP = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins)) | {"self", "cls"}
 
-_LEX = re.compile(r"""
+_LEX = re.compile(
+    r"""
   (?P<comment>\#[^\n]*)
 | (?P<string>(?:[rRbBuUfF]{1,2})?(?:\"\"\"[\s\S]*?(?:\"\"\"|\Z)|'''[\s\S]*?(?:'''|\Z)
              |"(?:\\.|[^"\\\n])*(?:"|$)|'(?:\\.|[^'\\\n])*(?:'|$)))
@@ -39,10 +40,13 @@ _LEX = re.compile(r"""
 | (?P<name>[^\W\d]\w*)
 | (?P<op>\*\*=?|//=?|->|<<=?|>>=?|:=|[-+*/%&|^@=<>!]=|[-+*/%&|^~<>=.,:;@()\[\]{}])
 | (?P<nl>\n)
-""", re.VERBOSE | re.MULTILINE)
+""",
+    re.VERBOSE | re.MULTILINE,
+)
 
-_CODE_START = re.compile(r"^[ \t]*(?:def |class |async def |from [\w.]+ import |import [\w.]|@\w|if __name__)",
-                         re.MULTILINE)
+_CODE_START = re.compile(
+    r"^[ \t]*(?:def |class |async def |from [\w.]+ import |import [\w.]|@\w|if __name__)", re.MULTILINE
+)
 _FENCE = re.compile(r"^[ \t]*```[\w+-]*[ \t]*\n(.*?)^[ \t]*```", re.MULTILINE | re.DOTALL)
 _PY_SUFFIXES = (".py", ".pyi", ".pyw")
 _ASSIGN = frozenset({"=", "+=", "-=", "*=", "/=", "//=", "%=", "|=", "&=", "^=", "**=", ">>=", "<<=", "@="})
@@ -107,8 +111,12 @@ def defined_names(lexemes: list[Lexeme]) -> set[str]:
                 line_names = []
             elif t == ":" and in_lambda:
                 in_lambda = False
-            if (t == ":=" or (depth == 0 and t in _ASSIGN)) and prev is not None \
-                    and prev[KIND] == "name" and prev[TEXT] not in _KEEP:
+            if (
+                (t == ":=" or (depth == 0 and t in _ASSIGN))
+                and prev is not None
+                and prev[KIND] == "name"
+                and prev[TEXT] not in _KEEP
+            ):
                 names.add(prev[TEXT])
         elif x[KIND] == "name":
             p = prev[TEXT] if prev is not None else ""
@@ -180,8 +188,11 @@ def python_views(source: str, around: str = "") -> CodeViews:
     imported = _imported(lexemes)
     defined = {d.lower() for d in defined_names(lexemes) - imported}
     prose_parts = [around] if around else []
-    prose_parts += [x[TEXT].lstrip("#") if x[KIND] == "comment" else _string_body(x[TEXT])
-                    for i, x in enumerate(lexemes) if x[KIND] == "comment" or i in docs]
+    prose_parts += [
+        x[TEXT].lstrip("#") if x[KIND] == "comment" else _string_body(x[TEXT])
+        for i, x in enumerate(lexemes)
+        if x[KIND] == "comment" or i in docs
+    ]
     prose_text = "\n".join(prose_parts)
     prose = [ID if w in defined else w for w in tokens(prose_text)]
     return CodeViews(code_tokens(lexemes, docs, imported), prose, prose_text)
@@ -208,7 +219,7 @@ def code_segments(text: str) -> tuple[str, str]:
     m = _CODE_START.search(text)
     if m is None:
         return "", text
-    return text[m.start():], text[: m.start()]
+    return text[m.start() :], text[: m.start()]
 
 
 def is_python_path(path: str) -> bool:

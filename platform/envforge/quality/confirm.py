@@ -64,8 +64,13 @@ class Prepared:
 _UNSET = object()
 
 
-def prepare(text: str, hasher: MinHasher, window_words: int, python: bool | None = None,
-            views: CodeViews | None | object = _UNSET) -> Prepared:
+def prepare(
+    text: str,
+    hasher: MinHasher,
+    window_words: int,
+    python: bool | None = None,
+    views: CodeViews | None | object = _UNSET,
+) -> Prepared:
     """A text ready for exact comparison (see the module docstring); `views`: its code views,
     when already computed."""
     words = tokens(text)
@@ -78,9 +83,18 @@ def prepare(text: str, hasher: MinHasher, window_words: int, python: bool | None
     if views is not None:
         prose = views.prose if views.prose and views.prose != words else None
         code = views.code or None
-    return Prepared(words, hashes, short, window_words, seq, hasher.ngram,
-                    prose, hasher.word_hashes(prose) if prose else None,
-                    code, hasher.word_hashes(code) if code else None)
+    return Prepared(
+        words,
+        hashes,
+        short,
+        window_words,
+        seq,
+        hasher.ngram,
+        prose,
+        hasher.word_hashes(prose) if prose else None,
+        code,
+        hasher.word_hashes(code) if code else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -131,11 +145,14 @@ class Match:
         if run is not None and run.run:
             what = {"text": "word", "prose": "word (masked prose)", "code": "token (normalized code)"}[run.view]
             r = f"shared {run.run}-{what} run" + (
-                f" (>= {run.needed})" if run.flagged else
-                " (hollow: a counting sequence or placeholders, not counted)" if run.hollow else
-                f" (needs {run.needed})")
+                f" (>= {run.needed})"
+                if run.flagged
+                else " (hollow: a counting sequence or placeholders, not counted)"
+                if run.hollow
+                else f" (needs {run.needed})"
+            )
             if run.snippet:
-                r += f": \"{run.snippet}\""
+                r += f': "{run.snippet}"'
             parts = [r, jac] if run.strength >= self.exact_jaccard / self.threshold else [jac, r]
         else:
             parts = [jac]
@@ -143,7 +160,7 @@ class Match:
 
 
 def _snippet(words: list[str], start: int, length: int) -> str:
-    part = words[start: start + min(length, SNIPPET_WORDS)]
+    part = words[start : start + min(length, SNIPPET_WORDS)]
     return " ".join(part) + (" ..." if length > SNIPPET_WORDS else "")
 
 
@@ -181,8 +198,15 @@ def hollow(tokens_: list[str], min_distinct: int) -> bool:
     return False
 
 
-def qualifying_run(view: str, a_hashes: np.ndarray, a_tokens: list[str], b_hashes: np.ndarray, needed: int,
-                   min_distinct: int, tries: int = 4) -> RunEvidence:
+def qualifying_run(
+    view: str,
+    a_hashes: np.ndarray,
+    a_tokens: list[str],
+    b_hashes: np.ndarray,
+    needed: int,
+    min_distinct: int,
+    tries: int = 4,
+) -> RunEvidence:
     """The longest shared run that is not `hollow`, else the longest (marked hollow).
 
     A counting sequence or a row of masked names is shared by unrelated texts all the time;
@@ -195,10 +219,13 @@ def qualifying_run(view: str, a_hashes: np.ndarray, a_tokens: list[str], b_hashe
         ev = RunEvidence(view, r.length, needed, _snippet(a_tokens, r.a_start, r.length))
         if first is None:
             first = ev
-        if r.length < needed or not hollow(a_tokens[r.a_start: r.a_start + r.length], min_distinct):
-            return ev if r.length >= needed else (first if first.run < needed else
-                                                  RunEvidence(view, first.run, needed, first.snippet, True))
-        a[r.a_start: r.a_start + r.length] = _SENTINEL - np.arange(r.a_start, r.a_start + r.length, dtype=np.uint64)
+        if r.length < needed or not hollow(a_tokens[r.a_start : r.a_start + r.length], min_distinct):
+            return (
+                ev
+                if r.length >= needed
+                else (first if first.run < needed else RunEvidence(view, first.run, needed, first.snippet, True))
+            )
+        a[r.a_start : r.a_start + r.length] = _SENTINEL - np.arange(r.a_start, r.a_start + r.length, dtype=np.uint64)
     return RunEvidence(view, first.run, needed, first.snippet, True)
 
 
@@ -213,8 +240,9 @@ def compare(config: DedupConfig, a: Prepared, b: Prepared) -> Match:
         runs.append(qualifying_run("prose", a.prose_hashes, a.prose, b.prose_hashes, config.verbatim_ngram, distinct))
     if a.code_hashes is not None and b.code_hashes is not None:
         runs.append(qualifying_run("code", a.code_hashes, a.code, b.code_hashes, config.code_run, distinct))
-    return Match(round(j, 6), runs[0].run, j >= config.threshold, any(r.flagged for r in runs),
-                 config.threshold, tuple(runs))
+    return Match(
+        round(j, 6), runs[0].run, j >= config.threshold, any(r.flagged for r in runs), config.threshold, tuple(runs)
+    )
 
 
 def confirm(config: DedupConfig, text_a: str, text_b: str, hasher: MinHasher | None = None) -> Match:

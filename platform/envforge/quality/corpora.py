@@ -64,8 +64,9 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
-def read_corpus(path: Path, name: str | None = None,
-                on_error: Callable[[str, str], None] | None = None) -> Iterator[CorpusDoc]:
+def read_corpus(
+    path: Path, name: str | None = None, on_error: Callable[[str, str], None] | None = None
+) -> Iterator[CorpusDoc]:
     """Stream the documents of a file or directory.
 
     A bad record (not JSON, not an object, no text) names its file and line: with `on_error`
@@ -208,8 +209,9 @@ def parse_corpus_specs(specs: list[str], where: str) -> dict[str, Path]:
     return out
 
 
-def active_corpora(dedup_dir: Path, extra: list[str] | None = None,
-                   environ: dict[str, str] | None = None) -> dict[str, Path | None]:
+def active_corpora(
+    dedup_dir: Path, extra: list[str] | None = None, environ: dict[str, str] | None = None
+) -> dict[str, Path | None]:
     """What a run checks against: HumanEval, the registry, ENVFORGE_CORPORA, then `extra`
     (NAME=PATH for this run only). Path None is the built-in HumanEval."""
     from envforge.settings import read_env

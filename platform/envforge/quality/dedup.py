@@ -81,28 +81,53 @@ class ContaminationRecord:
     workspace: dict = _field(default_factory=dict)  # what the workspace scan read and skipped
 
     def details(self, semantic: SemanticOutcome | None = None) -> dict:
-        return {"evidence": [e.as_dict() for e in self.evidence], "workspace": self.workspace,
-                "semantic": semantic.as_dict() if semantic is not None else {"status": "off"}}
+        return {
+            "evidence": [e.as_dict() for e in self.evidence],
+            "workspace": self.workspace,
+            "semantic": semantic.as_dict() if semantic is not None else {"status": "off"},
+        }
 
 
 def _exact_evidence(item: FieldText, c: Candidate) -> Evidence:
     m = c.match
-    return Evidence(item.field, item.path, c.corpus, c.doc_id, m.flagged, round(m.strength, 4), m.describe(),
-                    m.exact_jaccard, c.est_jaccard, {r.view: [r.run, r.needed] for r in m.runs}, c.proposed_by)
+    return Evidence(
+        item.field,
+        item.path,
+        c.corpus,
+        c.doc_id,
+        m.flagged,
+        round(m.strength, 4),
+        m.describe(),
+        m.exact_jaccard,
+        c.est_jaccard,
+        {r.view: [r.run, r.needed] for r in m.runs},
+        c.proposed_by,
+    )
 
 
 def _semantic_evidence(item: FieldText, hit: SemanticHit, config: DedupConfig) -> Evidence:
     if hit.decided_by == "judge":
         verdict = hit.judge or {}
-        detail = f"judge ({verdict.get('model')}, {verdict.get('prompt_version')}): {verdict.get('verdict')}: " \
-                 f"{verdict.get('rationale', '')} (cosine {hit.cosine:.2f})"
+        detail = (
+            f"judge ({verdict.get('model')}, {verdict.get('prompt_version')}): {verdict.get('verdict')}: "
+            f"{verdict.get('rationale', '')} (cosine {hit.cosine:.2f})"
+        )
         strength = 1.0 if hit.flagged else hit.cosine / config.semantic.flag_cosine * 0.99
     else:
         need = config.semantic.flag_cosine
         detail = f"embedding cosine {hit.cosine:.2f}" + (f" >= {need}" if hit.flagged else f" (flags at {need})")
         strength = hit.cosine / need
-    return Evidence(item.field, item.path, hit.corpus, hit.doc_id, hit.flagged, round(strength, 4), detail,
-                    proposed_by=("semantic",), semantic=hit.as_dict())
+    return Evidence(
+        item.field,
+        item.path,
+        hit.corpus,
+        hit.doc_id,
+        hit.flagged,
+        round(strength, 4),
+        detail,
+        proposed_by=("semantic",),
+        semantic=hit.as_dict(),
+    )
 
 
 def _rank(e: Evidence) -> tuple:
@@ -135,9 +160,13 @@ def _reason(flagged: list[Evidence], strongest: Evidence | None, docs: int, note
     return f"{why}; {note}" if note else why
 
 
-def decontaminate(tasks: Sequence[Task], index: ReferenceIndex, config: DedupConfig | None = None,
-                  corpora: Sequence[str] | None = None,
-                  data_dir: Path | None = None) -> tuple[list[ContaminationRecord], SemanticOutcome]:
+def decontaminate(
+    tasks: Sequence[Task],
+    index: ReferenceIndex,
+    config: DedupConfig | None = None,
+    corpora: Sequence[str] | None = None,
+    data_dir: Path | None = None,
+) -> tuple[list[ContaminationRecord], SemanticOutcome]:
     """One record per task: every field compared, the evidence of each, the verdict.
 
     `corpora`: only these corpora's documents count (None: all the index holds). `data_dir`:
@@ -162,10 +191,13 @@ def decontaminate(tasks: Sequence[Task], index: ReferenceIndex, config: DedupCon
     semantic = SemanticOutcome()
     if config.semantic.enabled:
         picked = [i for i, it in enumerate(first_item) if it.field in config.semantic.fields]
-        semantic = run_semantic(index, [queries[i].text for i in picked], [first_item[i].label for i in picked],
-                                config.semantic, allowed)
-        semantic.hits = [SemanticHit(picked[h.query], h.corpus, h.doc_id, h.cosine, h.flagged, h.decided_by, h.judge)
-                         for h in semantic.hits]
+        semantic = run_semantic(
+            index, [queries[i].text for i in picked], [first_item[i].label for i in picked], config.semantic, allowed
+        )
+        semantic.hits = [
+            SemanticHit(picked[h.query], h.corpus, h.doc_id, h.cosine, h.flagged, h.decided_by, h.judge)
+            for h in semantic.hits
+        ]
     sem_by_query: dict[int, list[SemanticHit]] = {}
     for h in semantic.hits:
         sem_by_query.setdefault(h.query, []).append(h)
@@ -184,12 +216,22 @@ def decontaminate(tasks: Sequence[Task], index: ReferenceIndex, config: DedupCon
         flagged = [e for e in chosen if e.flagged]
         strongest = chosen[0] if chosen else None
         runs = strongest.runs.get("text", [0])[0] if strongest else 0
-        out.append(ContaminationRecord(
-            t.id, t.content_hash, bool(flagged), strongest.corpus if strongest else None,
-            strongest.doc_id if strongest else None, strongest.est_jaccard if strongest else 0.0,
-            strongest.exact_jaccard if strongest else 0.0, runs,
-            _reason(flagged, strongest, index.size, note), strongest.field if strongest else None, chosen,
-            scan.as_dict()))
+        out.append(
+            ContaminationRecord(
+                t.id,
+                t.content_hash,
+                bool(flagged),
+                strongest.corpus if strongest else None,
+                strongest.doc_id if strongest else None,
+                strongest.est_jaccard if strongest else 0.0,
+                strongest.exact_jaccard if strongest else 0.0,
+                runs,
+                _reason(flagged, strongest, index.size, note),
+                strongest.field if strongest else None,
+                chosen,
+                scan.as_dict(),
+            )
+        )
     return out, semantic
 
 
@@ -250,8 +292,9 @@ def distinct_block(a: np.ndarray, b_shingles: np.ndarray, n: int) -> int:
     return int((edges[1::2] - edges[::2]).max()) if len(edges) else 0
 
 
-def near_duplicate_pairs(tasks: Sequence[Task], others: Sequence[Task] = (),
-                         config: DedupConfig = DedupConfig()) -> list[DuplicatePair]:
+def near_duplicate_pairs(
+    tasks: Sequence[Task], others: Sequence[Task] = (), config: DedupConfig = DedupConfig()
+) -> list[DuplicatePair]:
     """Confirmed near-duplicate pairs within `tasks`, and between `tasks` and `others`.
 
     Shingles shared by `boilerplate_min_tasks` or more of all these tasks are left out first;
@@ -285,8 +328,10 @@ def near_duplicate_pairs(tasks: Sequence[Task], others: Sequence[Task] = (),
         contained = inter / smaller if smaller else 0.0
         if jac >= config.threshold or (smaller >= MIN_CONTAINED_SHINGLES and contained >= config.dedup_containment):
             n = hasher.ngram
-            if min(distinct_block(seq(i), np.unique(seq(j)), n),
-                   distinct_block(seq(j), np.unique(seq(i)), n)) >= config.dedup_distinct_words:
+            if (
+                min(distinct_block(seq(i), np.unique(seq(j)), n), distinct_block(seq(j), np.unique(seq(i)), n))
+                >= config.dedup_distinct_words
+            ):
                 continue
             run = longest_shared_run(hasher.word_hashes(tokens(texts[i])), hasher.word_hashes(tokens(texts[j])))
             x, y = (i, j) if i < len(tasks) else (j, i)  # a batch task first
@@ -341,7 +386,8 @@ def cluster_keys(tasks: Sequence[Task], pairs: Sequence[DuplicatePair]) -> dict[
     return {m: c.representative for c in clusters(tasks, pairs) for m in c.members}
 
 
-def straddling_pairs(splits: dict[str, str], pairs: Sequence[DuplicatePair],
-                     sides: tuple[str, str] = ("train", "eval")) -> list[DuplicatePair]:
+def straddling_pairs(
+    splits: dict[str, str], pairs: Sequence[DuplicatePair], sides: tuple[str, str] = ("train", "eval")
+) -> list[DuplicatePair]:
     """The pairs with one task on each side: near duplicates a model is trained on and evaluated on."""
     return [p for p in pairs if {splits.get(p.a), splits.get(p.b)} == set(sides)]

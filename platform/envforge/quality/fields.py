@@ -71,8 +71,12 @@ class ScanReport:
             ex.append(path)
 
     def as_dict(self) -> dict:
-        return {"files": self.files, "bytes": self.bytes, "skipped": dict(self.skipped),
-                "examples": {k: list(v) for k, v in self.examples.items()}}
+        return {
+            "files": self.files,
+            "bytes": self.bytes,
+            "skipped": dict(self.skipped),
+            "examples": {k: list(v) for k, v in self.examples.items()},
+        }
 
     def summary(self) -> str:
         left = ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items()))
@@ -80,8 +84,7 @@ class ScanReport:
 
 
 def _added_lines(section_text: str) -> str:
-    return "\n".join(ln[1:] for ln in section_text.splitlines()
-                     if ln.startswith("+") and not ln.startswith("+++"))
+    return "\n".join(ln[1:] for ln in section_text.splitlines() if ln.startswith("+") and not ln.startswith("+++"))
 
 
 def patch_fields(field_name: str, patch: str | None) -> list[FieldText]:
@@ -187,11 +190,12 @@ class WorkspaceReader:
         return out
 
     def from_git(self, repo: Path, commit: str, report: ScanReport) -> list[tuple[str, str]]:
-        listing = subprocess.run(["git", "-C", str(repo), "ls-tree", "-r", "-l", "-z", commit],
-                                 capture_output=True)
+        listing = subprocess.run(["git", "-C", str(repo), "ls-tree", "-r", "-l", "-z", commit], capture_output=True)
         if listing.returncode != 0:
-            raise ValueError(f"environment.repository: cannot list {commit} in {repo}: "
-                             f"{listing.stderr.decode(errors='replace').strip()}")
+            raise ValueError(
+                f"environment.repository: cannot list {commit} in {repo}: "
+                f"{listing.stderr.decode(errors='replace').strip()}"
+            )
         wanted: list[tuple[str, str, int]] = []
         projected = 0
         for entry in filter(None, listing.stdout.split(b"\0")):
@@ -215,8 +219,11 @@ class WorkspaceReader:
                 projected += min(n, self.scan.max_file_bytes)
         if not wanted:
             return []
-        batch = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch"],
-                               input="".join(f"{sha}\n" for _, sha, _ in wanted).encode(), capture_output=True)
+        batch = subprocess.run(
+            ["git", "-C", str(repo), "cat-file", "--batch"],
+            input="".join(f"{sha}\n" for _, sha, _ in wanted).encode(),
+            capture_output=True,
+        )
         data, pos, out = batch.stdout, 0, []
         for rel, _, size in wanted:
             header_end = data.index(b"\n", pos)
@@ -226,7 +233,7 @@ class WorkspaceReader:
                 pos = header_end + 1
                 continue
             n = int(header[2])
-            body = data[header_end + 1: header_end + 1 + n]
+            body = data[header_end + 1 : header_end + 1 + n]
             pos = header_end + 1 + n + 1
             text = self._text(rel, body[: self.scan.max_file_bytes], size, report)
             if text is not None:

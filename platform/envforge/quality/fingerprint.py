@@ -51,14 +51,14 @@ def batch_ngrams(streams: Sequence[np.ndarray], n: int, salt: int = 0) -> tuple[
     if m > 0:
         acc = np.full(m, np.uint64((salt * _ROLL_INT + n) & _MASK64))
         for j in range(n):
-            acc = acc * _ROLL + flat[j: j + m]
+            acc = acc * _ROLL + flat[j : j + m]
         own = owner_tok[:m]
         valid = (np.arange(m) - starts[own]) <= (lengths[own] - n)
         hashes.append(fmix64(acc[valid]))
         owners.append(own[valid])
     for i in np.flatnonzero((lengths > 0) & (lengths < n)):
         acc = (salt * _ROLL_INT + int(lengths[i]) + 0x5BD1E995) & _MASK64
-        for t in flat[starts[i]: starts[i] + lengths[i]].tolist():
+        for t in flat[starts[i] : starts[i] + lengths[i]].tolist():
             acc = (acc * _ROLL_INT + t) & _MASK64
         hashes.append(fmix64(np.array([acc], dtype=np.uint64)))
         owners.append(np.array([i], dtype=np.int64))
@@ -78,7 +78,7 @@ def winnow(hashes: np.ndarray, owners: np.ndarray, w: int) -> tuple[np.ndarray, 
     keep_h, keep_o = [hashes[short]], [owners[short]]
     if len(hashes) >= w:
         view = np.lib.stride_tricks.sliding_window_view(hashes, w)
-        same = owners[: len(hashes) - w + 1] == owners[w - 1:]
+        same = owners[: len(hashes) - w + 1] == owners[w - 1 :]
         mins = view.min(axis=1)[same]
         own = owners[: len(hashes) - w + 1][same]
         fresh = np.r_[True, (mins[1:] != mins[:-1]) | (own[1:] != own[:-1])]
@@ -195,7 +195,7 @@ def longest_shared_run(a: np.ndarray, b: np.ndarray) -> Run:
         ha, hb = _window_hashes(pa, ia, mid), _window_hashes(pb, ib, mid)
         found = None
         for i, j in _common_positions(ha, hb)[:8]:
-            if np.array_equal(a[i: i + mid], b[j: j + mid]):
+            if np.array_equal(a[i : i + mid], b[j : j + mid]):
                 found = Run(mid, i, j)
                 break
         if found is not None:

@@ -44,7 +44,7 @@ def banding(threshold: float, num_perm: int, weights: tuple[float, float]) -> tu
 
 def collision_probability(jaccard: float, bands: int, rows: int) -> float:
     """P(a pair with this Jaccard shares at least one band) = 1 - (1 - j^r)^b."""
-    return 1.0 - (1.0 - jaccard ** rows) ** bands
+    return 1.0 - (1.0 - jaccard**rows) ** bands
 
 
 def _band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:

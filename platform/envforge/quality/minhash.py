@@ -50,7 +50,7 @@ class MinHasher:
             raise ValueError("ngram and char_ngram must be >= 1")
         gen = np.random.RandomState(self.seed)
         # Affine bijections on 32-bit values: h -> (a*h + b) mod 2^32, with odd a.
-        self._a = (gen.randint(0, 1 << 31, self.num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1))
+        self._a = gen.randint(0, 1 << 31, self.num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
         self._b = gen.randint(0, 1 << 32, self.num_perm, dtype=np.uint64)
         self._a32, self._b32 = self._a.astype(np.uint32), self._b.astype(np.uint32)
 
@@ -69,8 +69,11 @@ class MinHasher:
             return np.zeros(0, np.uint64), np.zeros(0, np.int64), strings
         buf = " ".join(strings).encode()
         hashes, starts = hash_tokens(buf, self.seed)
-        offsets = np.cumsum([0] + [len(s.encode()) + 1 for s in strings[:-1]]) if not buf.isascii() else \
-            np.cumsum([0] + [len(s) + 1 for s in strings[:-1]])
+        offsets = (
+            np.cumsum([0] + [len(s.encode()) + 1 for s in strings[:-1]])
+            if not buf.isascii()
+            else np.cumsum([0] + [len(s) + 1 for s in strings[:-1]])
+        )
         owner = np.searchsorted(offsets, starts, side="right") - 1
         return hashes, np.bincount(owner, minlength=len(strings)).astype(np.int64), strings
 
@@ -83,7 +86,7 @@ class MinHasher:
         m = len(word_hashes) - n + 1
         acc = np.zeros(m, dtype=np.uint64)
         for j in range(n):
-            acc = acc * _ROLL + word_hashes[j: j + m]
+            acc = acc * _ROLL + word_hashes[j : j + m]
         return _fmix64(acc)
 
     def shingle_sequence(self, word_hashes: np.ndarray) -> np.ndarray:
@@ -92,8 +95,9 @@ class MinHasher:
 
     def _char_shingles(self, token_str: str) -> np.ndarray:
         grams = char_shingle_strings(" ".join(token_str.split()), self.char_ngram)
-        h = np.fromiter((xxhash.xxh64_intdigest(g.encode(), seed=self.seed) for g in grams), dtype=np.uint64,
-                        count=len(grams))
+        h = np.fromiter(
+            (xxhash.xxh64_intdigest(g.encode(), seed=self.seed) for g in grams), dtype=np.uint64, count=len(grams)
+        )
         return np.unique((h & _MASK32).astype(np.uint32))
 
     def shingle_hashes(self, text: str) -> np.ndarray:
@@ -109,8 +113,9 @@ class MinHasher:
         """(n, num_perm) uint32 MinHash signatures. An empty text gets all-EMPTY_SLOT."""
         texts = list(texts)
         flat, lengths, strings = self.text_hashes(texts)
-        return self.signatures_from_hashes(np.split(flat, np.cumsum(lengths)[:-1]) if len(texts) else [],
-                                           strings.__getitem__)
+        return self.signatures_from_hashes(
+            np.split(flat, np.cumsum(lengths)[:-1]) if len(texts) else [], strings.__getitem__
+        )
 
     def signatures_from_hashes(self, hashes: Sequence[np.ndarray], short_text: Callable[[int], str]) -> np.ndarray:
         """Signatures of texts given their token hashes; a text under `short_words` tokens uses
@@ -133,7 +138,7 @@ class MinHasher:
             m = len(wh) - k + 1
             acc = np.zeros(m, dtype=np.uint64)
             for j in range(k):
-                acc = acc * _ROLL + wh[j: j + m]
+                acc = acc * _ROLL + wh[j : j + m]
             starts = np.cumsum(lengths) - lengths
             doc_of_pos = np.repeat(np.arange(len(long_docs)), lengths)[:m]
             offset = np.arange(m) - starts[doc_of_pos]

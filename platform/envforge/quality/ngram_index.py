@@ -61,8 +61,9 @@ class NgramIndex:
         c = counts[hit]
         ends = np.cumsum(c)
         offsets = np.arange(ends[-1]) - np.repeat(ends - c, c) + np.repeat(lo[hit], c)
-        pairs = np.stack([np.repeat(np.asarray(owners, np.int64)[hit], c),
-                          self._docs[offsets].astype(np.int64)], axis=1)
+        pairs = np.stack(
+            [np.repeat(np.asarray(owners, np.int64)[hit], c), self._docs[offsets].astype(np.int64)], axis=1
+        )
         pairs = np.unique(pairs, axis=0)
         return pairs[:, 0], pairs[:, 1]
 

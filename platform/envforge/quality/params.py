@@ -35,19 +35,27 @@ class IndexConfig:
     ngram: int = _help("word n-gram shingles for MinHash and exact Jaccard", 5)
     char_ngram: int = _help("character n-grams for texts under short_words words", 5)
     short_words: int = _help("texts with fewer words use character shingles and the short run rule", 20)
-    window_words: int = _help("texts are compared in half-overlapping windows of this many words "
-                              "(containment: a task copied into a longer document still matches)", 100)
-    candidate_threshold: float = _help("Jaccard the LSH banding is tuned for; lower it to propose more "
-                                       "pairs below the decision threshold", 0.5)
+    window_words: int = _help(
+        "texts are compared in half-overlapping windows of this many words "
+        "(containment: a task copied into a longer document still matches)",
+        100,
+    )
+    candidate_threshold: float = _help(
+        "Jaccard the LSH banding is tuned for; lower it to propose more pairs below the decision threshold", 0.5
+    )
     fp_weight: float = _help("LSH banding weight of false positives (recall-weighted by default)", RECALL_WEIGHTS[0])
     fn_weight: float = _help("LSH banding weight of false negatives", RECALL_WEIGHTS[1])
     seed: int = _help("hash seed", 1)
     index_ngram: int = _help("n of the exact word n-gram index", 8)
-    guaranteed_run: int = _help("a shared run of at least this many words (or masked prose words) always "
-                                "becomes a candidate (winnowing window = guaranteed_run - index_ngram + 1)", 13)
+    guaranteed_run: int = _help(
+        "a shared run of at least this many words (or masked prose words) always "
+        "becomes a candidate (winnowing window = guaranteed_run - index_ngram + 1)",
+        13,
+    )
     code_index_ngram: int = _help("n of the exact n-gram index over normalized code tokens", 12)
-    code_guaranteed_run: int = _help("a shared run of at least this many normalized code tokens always "
-                                     "becomes a candidate", 40)
+    code_guaranteed_run: int = _help(
+        "a shared run of at least this many normalized code tokens always becomes a candidate", 40
+    )
     max_df: int = _help("an n-gram in more reference documents than this is boilerplate and proposes nothing", 100)
 
     def __post_init__(self) -> None:
@@ -56,8 +64,9 @@ class IndexConfig:
         if self.guaranteed_run < self.index_ngram:
             raise ValueError(f"guaranteed_run {self.guaranteed_run} must be >= index_ngram {self.index_ngram}")
         if self.code_guaranteed_run < self.code_index_ngram:
-            raise ValueError(f"code_guaranteed_run {self.code_guaranteed_run} must be >= code_index_ngram "
-                             f"{self.code_index_ngram}")
+            raise ValueError(
+                f"code_guaranteed_run {self.code_guaranteed_run} must be >= code_index_ngram {self.code_index_ngram}"
+            )
 
     def hasher(self) -> "MinHasher":
         from envforge.quality.minhash import MinHasher
@@ -71,8 +80,11 @@ class IndexConfig:
 
     def differences(self, other: "IndexConfig") -> dict[str, tuple]:
         """{parameter: (this, other)} for every parameter that differs."""
-        return {f.name: (getattr(self, f.name), getattr(other, f.name)) for f in fields(self)
-                if getattr(self, f.name) != getattr(other, f.name)}
+        return {
+            f.name: (getattr(self, f.name), getattr(other, f.name))
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        }
 
     def cli_flags(self) -> str:
         """The `envforge dedup index --rebuild` options that rebuild an index with these parameters."""
@@ -84,34 +96,90 @@ class IndexConfig:
 class WorkspaceScan:
     """What of a task's workspace is read; everything left out is counted and named."""
 
-    max_file_bytes: int = _help("bytes read per file; a longer file is read up to here and reported truncated",
-                                256 * 1024)
+    max_file_bytes: int = _help(
+        "bytes read per file; a longer file is read up to here and reported truncated", 256 * 1024
+    )
     max_files: int = _help("files read per workspace; the rest are reported skipped", 5000)
     max_total_bytes: int = _help("bytes read per workspace; the rest are reported skipped", 32 * 1024 * 1024)
     skip_dirs: tuple[str, ...] = _help(
         "directory names never read (vendored, generated, caches)",
-        (".git", "node_modules", "vendor", "third_party", "third-party", "site-packages", ".venv", "venv",
-         "__pycache__", ".tox", ".mypy_cache", ".pytest_cache", "dist", "build", ".eggs", "bower_components"))
+        (
+            ".git",
+            "node_modules",
+            "vendor",
+            "third_party",
+            "third-party",
+            "site-packages",
+            ".venv",
+            "venv",
+            "__pycache__",
+            ".tox",
+            ".mypy_cache",
+            ".pytest_cache",
+            "dist",
+            "build",
+            ".eggs",
+            "bower_components",
+        ),
+    )
     skip_suffixes: tuple[str, ...] = _help(
         "file endings never read (lock files, minified and compiled files, archives, media)",
-        (".lock", "-lock.json", ".min.js", ".min.css", ".map", ".pyc", ".so", ".o", ".a", ".dll", ".exe",
-         ".class", ".jar", ".zip", ".gz", ".tgz", ".bz2", ".xz", ".7z", ".png", ".jpg", ".jpeg", ".gif",
-         ".ico", ".pdf", ".woff", ".woff2", ".ttf", ".parquet", ".npy", ".npz", ".pt", ".safetensors"))
+        (
+            ".lock",
+            "-lock.json",
+            ".min.js",
+            ".min.css",
+            ".map",
+            ".pyc",
+            ".so",
+            ".o",
+            ".a",
+            ".dll",
+            ".exe",
+            ".class",
+            ".jar",
+            ".zip",
+            ".gz",
+            ".tgz",
+            ".bz2",
+            ".xz",
+            ".7z",
+            ".png",
+            ".jpg",
+            ".jpeg",
+            ".gif",
+            ".ico",
+            ".pdf",
+            ".woff",
+            ".woff2",
+            ".ttf",
+            ".parquet",
+            ".npy",
+            ".npz",
+            ".pt",
+            ".safetensors",
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class SemanticConfig:
     """The optional paraphrase stage: embedding retrieval, then optionally an LLM judge."""
 
-    url: str = _help("OpenAI-compatible base URL of the embeddings server, ending in /v1; setting it turns the "
-                     "semantic stage on (empty: off)", "")
+    url: str = _help(
+        "OpenAI-compatible base URL of the embeddings server, ending in /v1; setting it turns the "
+        "semantic stage on (empty: off)",
+        "",
+    )
     model: str = _help("embedding model name sent to the server", "")
-    api_key_env: str = _help("environment variable holding the API key, if the server needs one",
-                             "ENVFORGE_EMBEDDINGS_API_KEY")
+    api_key_env: str = _help(
+        "environment variable holding the API key, if the server needs one", "ENVFORGE_EMBEDDINGS_API_KEY"
+    )
     top_k: int = _help("reference documents retrieved per task field", 3)
     candidate_cosine: float = _help("cosine similarity from which a retrieved document is a candidate", 0.8)
-    flag_cosine: float = _help("without a judge (or when it is down), cosine from which a candidate counts "
-                               "as a paraphrase", 0.92)
+    flag_cosine: float = _help(
+        "without a judge (or when it is down), cosine from which a candidate counts as a paraphrase", 0.92
+    )
     judge_url: str = _help("OpenAI-compatible base URL of the judge model (empty: no judge)", "")
     judge_model: str = _help("judge model name", "")
     fields: tuple[str, ...] = _help("task fields embedded and compared", ("instruction", "solution", "tests"))
@@ -119,8 +187,7 @@ class SemanticConfig:
     batch_size: int = _help("texts per embeddings request", 64)
     timeout_s: float = _help("seconds per request", 30.0)
     max_retries: int = _help("retries per request before the endpoint counts as down", 2)
-    required: bool = _help("fail the run instead of falling back to the exact stages when an endpoint is down",
-                           False)
+    required: bool = _help("fail the run instead of falling back to the exact stages when an endpoint is down", False)
 
     def __post_init__(self) -> None:
         if self.url and not self.model:
@@ -140,20 +207,36 @@ class DedupConfig:
     threshold: float = _help("exact Jaccard (best window pair) at or above which texts are near duplicates", 0.5)
     verbatim_ngram: int = _help("a shared run of this many words (or masked prose words) is a verbatim leak", 13)
     verbatim_ngram_short: int = _help("the same when either text is short", 8)
-    code_run: int = _help("a shared run of this many normalized code tokens (identifiers and strings "
-                          "canonicalized) is a leak of renamed code", 50)
-    min_distinct_run_tokens: int = _help("a shared run counts only with at least this many distinct tokens besides "
-                                         "masked names and punctuation, and not a counting sequence", 3)
-    boilerplate_min_tasks: int = _help("task-vs-task dedup: a shingle found in at least this many tasks is "
-                                       "boilerplate (a template intro, a license header) and is ignored", 5)
-    dedup_containment: float = _help("task-vs-task dedup: also duplicates when this share of the smaller "
-                                     "task's own (non-boilerplate) shingles is in the other", 0.8)
-    dedup_distinct_words: int = _help("task-vs-task dedup: two tasks that each hold a run of this many words found "
-                                      "nowhere in the other are different tasks, whatever they share (a template "
-                                      "intro both start with)", 8)
-    index: IndexConfig | None = field(default=None, metadata={"help": "reference index parameters (None: those "
-                                                                      "the index on disk was built with)",
-                                                              "option": False})  # `envforge dedup index` sets them
+    code_run: int = _help(
+        "a shared run of this many normalized code tokens (identifiers and strings "
+        "canonicalized) is a leak of renamed code",
+        50,
+    )
+    min_distinct_run_tokens: int = _help(
+        "a shared run counts only with at least this many distinct tokens besides "
+        "masked names and punctuation, and not a counting sequence",
+        3,
+    )
+    boilerplate_min_tasks: int = _help(
+        "task-vs-task dedup: a shingle found in at least this many tasks is "
+        "boilerplate (a template intro, a license header) and is ignored",
+        5,
+    )
+    dedup_containment: float = _help(
+        "task-vs-task dedup: also duplicates when this share of the smaller "
+        "task's own (non-boilerplate) shingles is in the other",
+        0.8,
+    )
+    dedup_distinct_words: int = _help(
+        "task-vs-task dedup: two tasks that each hold a run of this many words found "
+        "nowhere in the other are different tasks, whatever they share (a template "
+        "intro both start with)",
+        8,
+    )
+    index: IndexConfig | None = field(
+        default=None,
+        metadata={"help": "reference index parameters (None: those the index on disk was built with)", "option": False},
+    )  # `envforge dedup index` sets them
     workspace: WorkspaceScan = field(default_factory=WorkspaceScan, metadata={"help": "workspace scanning"})
     semantic: SemanticConfig = field(default_factory=SemanticConfig, metadata={"help": "semantic stage"})
 
@@ -195,13 +278,17 @@ class DedupConfig:
         out = []
         ix = self.index_config
         if self.threshold < ix.candidate_threshold:
-            out.append(f"threshold {self.threshold} is below the LSH band's {ix.candidate_threshold}: pairs between "
-                       f"them become candidates only through shared runs; rebuild with `envforge dedup index "
-                       f"--rebuild --candidate-threshold {self.threshold}` to propose them by Jaccard too")
+            out.append(
+                f"threshold {self.threshold} is below the LSH band's {ix.candidate_threshold}: pairs between "
+                f"them become candidates only through shared runs; rebuild with `envforge dedup index "
+                f"--rebuild --candidate-threshold {self.threshold}` to propose them by Jaccard too"
+            )
         if self.verbatim_ngram < ix.guaranteed_run:
-            out.append(f"verbatim_ngram {self.verbatim_ngram} is below the index's guaranteed run "
-                       f"{ix.guaranteed_run}: shorter shared runs are found only by chance; rebuild with "
-                       f"`envforge dedup index --rebuild --guaranteed-run {self.verbatim_ngram}`")
+            out.append(
+                f"verbatim_ngram {self.verbatim_ngram} is below the index's guaranteed run "
+                f"{ix.guaranteed_run}: shorter shared runs are found only by chance; rebuild with "
+                f"`envforge dedup index --rebuild --guaranteed-run {self.verbatim_ngram}`"
+            )
         if self.code_run < ix.code_guaranteed_run:
             out.append(f"code_run {self.code_run} is below the index's guaranteed code run {ix.code_guaranteed_run}")
         return out

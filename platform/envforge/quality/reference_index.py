@@ -116,8 +116,10 @@ class ReferenceIndex:
             built = IndexConfig(**data["index"])
             if config is not None and config != built:
                 diff = ", ".join(f"{k} {b} (asked: {a})" for k, (a, b) in config.differences(built).items())
-                raise IndexMismatch(f"index {self.root} was built with {diff}; rebuild it with these parameters: "
-                                    f"envforge dedup index --rebuild {config.cli_flags()}".rstrip())
+                raise IndexMismatch(
+                    f"index {self.root} was built with {diff}; rebuild it with these parameters: "
+                    f"envforge dedup index --rebuild {config.cli_flags()}".rstrip()
+                )
             self.config = built
             self.build_id: str = data["build_id"]
             self.files: dict[str, dict] = data["files"]
@@ -169,8 +171,9 @@ class ReferenceIndex:
 
     # -- fingerprints (shared by documents and queries) ---------------------------------
 
-    def _fingerprint(self, texts: Sequence[str], python: Sequence[bool | None], winnowed: bool
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[CodeViews | None]]:
+    def _fingerprint(
+        self, texts: Sequence[str], python: Sequence[bool | None], winnowed: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[CodeViews | None]]:
         """Window signatures (and the text each window belongs to), n-grams (hashes, owning
         text) and code views of a batch of texts. Reference documents are winnowed; queries
         keep every n-gram."""
@@ -180,7 +183,7 @@ class ReferenceIndex:
         win_hashes, win_owner = [], []
         for i, h in enumerate(doc_hashes):
             for s in window_starts(len(h), c.window_words):
-                win_hashes.append(h[s: s + c.window_words])
+                win_hashes.append(h[s : s + c.window_words])
                 win_owner.append(i)
         owner = np.asarray(win_owner, dtype=np.int64)
         sigs = self.hasher.signatures_from_hashes(win_hashes, lambda k: strings[win_owner[k]])
@@ -229,8 +232,7 @@ class ReferenceIndex:
             self.ngrams.add(ng_h, ng_o + self.documents)
             self.live = np.concatenate([self.live, np.ones(len(batch), bool)])
             self.documents += len(batch)
-            table = pa.table({"corpus": [d.corpus for d in batch], "doc_id": [d.doc_id for d in batch],
-                              "text": texts})
+            table = pa.table({"corpus": [d.corpus for d in batch], "doc_id": [d.doc_id for d in batch], "text": texts})
             pq.write_table(table, self.root / f"docs-{self.parts:05d}.parquet")
             self.parts += 1
             added += len(batch)
@@ -241,10 +243,11 @@ class ReferenceIndex:
 
     def _retire(self, key: str) -> None:
         entry = self.files.pop(key)
-        self.live[entry["first"]: entry["first"] + entry["count"]] = False
+        self.live[entry["first"] : entry["first"] + entry["count"]] = False
 
-    def _add_file(self, key: str, corpus: str, digest: str, docs: Iterable[CorpusDoc],
-                  progress: Callable[[int], None] | None) -> int:
+    def _add_file(
+        self, key: str, corpus: str, digest: str, docs: Iterable[CorpusDoc], progress: Callable[[int], None] | None
+    ) -> int:
         first = self.documents
         n = self.add(docs, progress)
         self.files[key] = {"corpus": corpus, "digest": digest, "first": first, "count": n}
@@ -296,8 +299,10 @@ class ReferenceIndex:
         keep = pa.array(self.live)
         for key, entry in sorted(self.files.items(), key=lambda kv: kv[1]["first"]):
             rows = table.slice(entry["first"], entry["count"]).filter(keep.slice(entry["first"], entry["count"]))
-            docs = (CorpusDoc(c, d, t) for c, d, t in zip(*(rows.column(n).to_pylist()
-                                                           for n in ("corpus", "doc_id", "text"))))
+            docs = (
+                CorpusDoc(c, d, t)
+                for c, d, t in zip(*(rows.column(n).to_pylist() for n in ("corpus", "doc_id", "text")))
+            )
             fresh._add_file(key, entry["corpus"], entry["digest"], docs, None)
         fresh.save()
         self._clear()
@@ -314,10 +319,19 @@ class ReferenceIndex:
         np.save(self.root / "sigs.npy", self.sigs)
         np.save(self.root / "windows.npy", self.window_doc)
         np.save(self.root / "live.npy", self.live)
-        manifest = {"format": FORMAT, "build_id": self.build_id, "index": asdict(self.config), "bands": self.bands.bands,
-                    "rows": self.bands.rows, "documents": self.documents, "live_documents": self.size,
-                    "windows": int(self.bands.size), "ngram_postings": self.ngrams.size, "parts": self.parts,
-                    "files": self.files}
+        manifest = {
+            "format": FORMAT,
+            "build_id": self.build_id,
+            "index": asdict(self.config),
+            "bands": self.bands.bands,
+            "rows": self.bands.rows,
+            "documents": self.documents,
+            "live_documents": self.size,
+            "windows": int(self.bands.size),
+            "ngram_postings": self.ngrams.size,
+            "parts": self.parts,
+            "files": self.files,
+        }
         write_atomic(self.root / "manifest.json", json.dumps(manifest, indent=2))
 
     def corpus_summary(self) -> dict[str, dict]:
@@ -334,13 +348,25 @@ class ReferenceIndex:
     def docs(self) -> pa.Table:
         if self._docs is None:
             parts = [pq.read_table(self.root / f"docs-{i:05d}.parquet", memory_map=True) for i in range(self.parts)]
-            self._docs = pa.concat_tables(parts) if parts else pa.table({"corpus": pa.array([], pa.string()),
-                                                                        "doc_id": pa.array([], pa.string()),
-                                                                        "text": pa.array([], pa.string())})
+            self._docs = (
+                pa.concat_tables(parts)
+                if parts
+                else pa.table(
+                    {
+                        "corpus": pa.array([], pa.string()),
+                        "doc_id": pa.array([], pa.string()),
+                        "text": pa.array([], pa.string()),
+                    }
+                )
+            )
         return self._docs
 
-    def search(self, queries: Sequence[QueryText | str], config: DedupConfig | None = None,
-               corpora: Iterable[str] | None = None) -> list[Candidate]:
+    def search(
+        self,
+        queries: Sequence[QueryText | str],
+        config: DedupConfig | None = None,
+        corpora: Iterable[str] | None = None,
+    ) -> list[Candidate]:
         """Every candidate document of every query, confirmed; one Candidate per (query, document).
 
         `corpora`: only documents of these corpora (None: all current documents).
@@ -382,8 +408,7 @@ class ReferenceIndex:
             if (t, d) not in best_est:
                 best_est[(t, d)] = self._estimate(q_sigs, owner, t, d)
             match = compare(config, prepared_q[t], prepared_d[d])
-            out.append(Candidate(t, corpus, doc_id, round(best_est[(t, d)], 4), match,
-                                 tuple(sorted(proposed[(t, d)]))))
+            out.append(Candidate(t, corpus, doc_id, round(best_est[(t, d)], 4), match, tuple(sorted(proposed[(t, d)]))))
         return out
 
     def _estimate(self, q_sigs: np.ndarray, owner: np.ndarray, query: int, doc: int) -> float:

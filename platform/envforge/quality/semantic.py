@@ -43,7 +43,8 @@ JUDGE_SYSTEM = (
     "contaminated if it asks for the same problem as the benchmark item, even when reworded, "
     "renamed, translated or reordered; it is clean if it is a different problem, even on a similar "
     "topic. Answer with one JSON object and nothing else: "
-    '{"verdict": "contaminated" | "clean", "rationale": "<one or two sentences>"}')
+    '{"verdict": "contaminated" | "clean", "rationale": "<one or two sentences>"}'
+)
 JUDGE_USER = "Benchmark item ({corpus}/{doc_id}):\n<<<\n{reference}\n>>>\n\nTask text ({field}):\n<<<\n{task}\n>>>"
 
 
@@ -80,20 +81,33 @@ class SemanticOutcome:
         return ""
 
     def as_dict(self) -> dict:
-        return {"status": self.status, "error": self.error, "model": self.model, "judge_model": self.judge_model,
-                "prompt_version": self.prompt_version, "hits": len(self.hits), "embedded_docs": self.embedded_docs}
+        return {
+            "status": self.status,
+            "error": self.error,
+            "model": self.model,
+            "judge_model": self.judge_model,
+            "prompt_version": self.prompt_version,
+            "hits": len(self.hits),
+            "embedded_docs": self.embedded_docs,
+        }
 
 
 def _client(url: str, model: str, config: SemanticConfig) -> OpenAIChatPolicy:
-    return OpenAIChatPolicy(url, model, api_key=os.environ.get(config.api_key_env) or None,
-                            timeout_s=config.timeout_s, max_retries=config.max_retries, backoff_s=0.2)
+    return OpenAIChatPolicy(
+        url,
+        model,
+        api_key=os.environ.get(config.api_key_env) or None,
+        timeout_s=config.timeout_s,
+        max_retries=config.max_retries,
+        backoff_s=0.2,
+    )
 
 
 async def embed(client: OpenAIChatPolicy, texts: Sequence[str], config: SemanticConfig) -> np.ndarray:
     """(n, dim) float32 unit vectors for `texts`, in batches of `batch_size`."""
     out: list[np.ndarray] = []
     for start in range(0, len(texts), config.batch_size):
-        chunk = [t[: config.max_chars] or " " for t in texts[start: start + config.batch_size]]
+        chunk = [t[: config.max_chars] or " " for t in texts[start : start + config.batch_size]]
         body = await client.request("/embeddings", {"model": config.model, "input": chunk})
         try:
             data = sorted(body["data"], key=lambda d: d["index"])
@@ -146,24 +160,45 @@ def _parse_verdict(text: str) -> dict | None:
     return {"verdict": verdict, "rationale": str(data.get("rationale", ""))[:1000]}
 
 
-async def judge(client: OpenAIChatPolicy, field_name: str, task_text: str, corpus: str, doc_id: str,
-                reference: str, config: SemanticConfig) -> dict:
+async def judge(
+    client: OpenAIChatPolicy,
+    field_name: str,
+    task_text: str,
+    corpus: str,
+    doc_id: str,
+    reference: str,
+    config: SemanticConfig,
+) -> dict:
     """The judge's verdict on one candidate: {verdict, rationale, raw (when unparseable)}."""
-    user = JUDGE_USER.format(corpus=corpus, doc_id=doc_id, reference=reference[: config.max_chars],
-                             field=field_name, task=task_text[: config.max_chars])
-    payload = {"model": client.model, "messages": [{"role": "system", "content": JUDGE_SYSTEM},
-                                                   {"role": "user", "content": user}],
-               "temperature": 0.0, "max_tokens": 300, "seed": 0}
+    user = JUDGE_USER.format(
+        corpus=corpus,
+        doc_id=doc_id,
+        reference=reference[: config.max_chars],
+        field=field_name,
+        task=task_text[: config.max_chars],
+    )
+    payload = {
+        "model": client.model,
+        "messages": [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}],
+        "temperature": 0.0,
+        "max_tokens": 300,
+        "seed": 0,
+    }
     out = parse_chat_response(await client.request("/chat/completions", payload))
     verdict = _parse_verdict(out.text)
     return verdict if verdict is not None else {"verdict": "unparseable", "rationale": "", "raw": out.text[:500]}
 
 
-def run_semantic(index, texts: Sequence[str], fields: Sequence[str], config: SemanticConfig,
-                 corpora: set[str] | None = None) -> SemanticOutcome:
+def run_semantic(
+    index, texts: Sequence[str], fields: Sequence[str], config: SemanticConfig, corpora: set[str] | None = None
+) -> SemanticOutcome:
     """Retrieve (and judge) reference documents for each text (its field name in `fields`)."""
-    outcome = SemanticOutcome(status="ok", model=config.model, judge_model=config.judge_model,
-                              prompt_version=JUDGE_PROMPT_VERSION if config.judge_url else "")
+    outcome = SemanticOutcome(
+        status="ok",
+        model=config.model,
+        judge_model=config.judge_model,
+        prompt_version=JUDGE_PROMPT_VERSION if config.judge_url else "",
+    )
     try:
         asyncio.run(_run(index, texts, fields, config, corpora, outcome))
     except PolicyError as exc:
@@ -173,8 +208,14 @@ def run_semantic(index, texts: Sequence[str], fields: Sequence[str], config: Sem
     return outcome
 
 
-async def _run(index, texts: Sequence[str], fields: Sequence[str], config: SemanticConfig,
-               corpora: set[str] | None, outcome: SemanticOutcome) -> None:
+async def _run(
+    index,
+    texts: Sequence[str],
+    fields: Sequence[str],
+    config: SemanticConfig,
+    corpora: set[str] | None,
+    outcome: SemanticOutcome,
+) -> None:
     client = _client(config.url, config.model, config)
     judge_client = _client(config.judge_url, config.judge_model, config) if config.judge_url else None
     try:
@@ -207,14 +248,16 @@ async def _run(index, texts: Sequence[str], fields: Sequence[str], config: Seman
                 verdict = None
                 if judge_client is not None and not judge_down:
                     try:
-                        verdict = await judge(judge_client, fields[i], texts[i], corpus, doc_id,
-                                              text_col[d].as_py(), config)
+                        verdict = await judge(
+                            judge_client, fields[i], texts[i], corpus, doc_id, text_col[d].as_py(), config
+                        )
                         verdict.update(model=config.judge_model, prompt_version=JUDGE_PROMPT_VERSION)
                     except PolicyError as exc:
                         judge_down = f"{config.judge_url}: {exc}"
                 if verdict is not None and verdict["verdict"] != "unparseable":
-                    hit = SemanticHit(i, corpus, doc_id, round(cos, 4), verdict["verdict"] == "contaminated",
-                                      "judge", verdict)
+                    hit = SemanticHit(
+                        i, corpus, doc_id, round(cos, 4), verdict["verdict"] == "contaminated", "judge", verdict
+                    )
                 else:
                     hit = SemanticHit(i, corpus, doc_id, round(cos, 4), cos >= config.flag_cosine, "cosine", verdict)
                 outcome.hits.append(hit)

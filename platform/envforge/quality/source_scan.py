@@ -36,18 +36,43 @@ def scan_rows(loaded: Sequence[tuple[SourceRef, LoadResult]], data_dir: Path | N
         source = str(ref.path)
         for task in res.tasks:
             verdict, findings = _statement(task, reader)
-            rows.append({"source": source, "kind": ref.kind, "record": task.origin, "becomes": "task",
-                         "reason": "", "statement": verdict, "findings": findings})
+            rows.append(
+                {
+                    "source": source,
+                    "kind": ref.kind,
+                    "record": task.origin,
+                    "becomes": "task",
+                    "reason": "",
+                    "statement": verdict,
+                    "findings": findings,
+                }
+            )
         for cand in res.candidates:
             verdict, findings = _statement(cand.provisional_task(), reader)
-            rows.append({"source": source, "kind": ref.kind, "record": cand.origin, "becomes": "candidate",
-                         "reason": "tests derived at ingest (FAIL_TO_PASS by running the suite before and after)",
-                         "statement": verdict, "findings": findings})
+            rows.append(
+                {
+                    "source": source,
+                    "kind": ref.kind,
+                    "record": cand.origin,
+                    "becomes": "candidate",
+                    "reason": "tests derived at ingest (FAIL_TO_PASS by running the suite before and after)",
+                    "statement": verdict,
+                    "findings": findings,
+                }
+            )
         for kind, problems in (("skipped", res.skipped), ("rejected", res.rejects)):
             for p in problems:
-                rows.append({"source": source, "kind": ref.kind, "record": p.source, "becomes": kind,
-                             "reason": f"{p.field}: {p.reason}" if p.field else p.reason, "statement": "-",
-                             "findings": []})
+                rows.append(
+                    {
+                        "source": source,
+                        "kind": ref.kind,
+                        "record": p.source,
+                        "becomes": kind,
+                        "reason": f"{p.field}: {p.reason}" if p.field else p.reason,
+                        "statement": "-",
+                        "findings": [],
+                    }
+                )
     return rows
 
 

@@ -19,8 +19,13 @@ from envforge.errors import Problem
 from envforge.quality.fields import WorkspaceReader, WorkspaceScan
 from envforge.quality.statement_config import StatementReviewConfig
 from envforge.quality.statement_review import ReviewOutcome, review_statements
-from envforge.quality.statements import StatementCheck, StatementContext, StatementPolicy, StatementSummary, \
-    repair_statement
+from envforge.quality.statements import (
+    StatementCheck,
+    StatementContext,
+    StatementPolicy,
+    StatementSummary,
+    repair_statement,
+)
 from envforge.task import Task
 
 
@@ -43,15 +48,18 @@ def with_statement(task: Task, check: StatementCheck, review: dict | None = None
         record["original"] = task.spec.instruction
     if review is not None:
         record["review"] = review
-    spec = task.spec.model_copy(update={"instruction": text,
-                                        "metadata": {**task.spec.metadata, "statement": record}})
+    spec = task.spec.model_copy(update={"instruction": text, "metadata": {**task.spec.metadata, "statement": record}})
     updated = task.model_copy(update={"spec": spec})
     return updated.model_copy(update={"content_hash": updated.compute_content_hash()})
 
 
-def apply_statement_policy(tasks: list[Task], policy: StatementPolicy, data_dir: Path | None = None,
-                           reader: WorkspaceReader | None = None,
-                           review: StatementReviewConfig | None = None) -> StatementOutcome:
+def apply_statement_policy(
+    tasks: list[Task],
+    policy: StatementPolicy,
+    data_dir: Path | None = None,
+    reader: WorkspaceReader | None = None,
+    review: StatementReviewConfig | None = None,
+) -> StatementOutcome:
     """Check and repair every task's statement; with a review endpoint, have a model rate the kept ones
     (and rewrite them, when asked); keep, mark or reject each by the policy."""
     outcome = StatementOutcome()
@@ -75,16 +83,30 @@ def apply_statement_policy(tasks: list[Task], policy: StatementPolicy, data_dir:
         kept.append((task, context))
     review = review or StatementReviewConfig()
     if review.url:
-        shown = [(t.model_copy(update={"spec": t.spec.model_copy(update={"instruction": outcome.checks[t.id].statement})}),
-                  c) for t, c in kept]
-        outcome.review = review_statements(shown, review, {t.id: outcome.checks[t.id].verdict == "flagged"
-                                                            for t, _ in kept})
+        shown = [
+            (
+                t.model_copy(
+                    update={"spec": t.spec.model_copy(update={"instruction": outcome.checks[t.id].statement})}
+                ),
+                c,
+            )
+            for t, c in kept
+        ]
+        outcome.review = review_statements(
+            shown, review, {t.id: outcome.checks[t.id].verdict == "flagged" for t, _ in kept}
+        )
     for task, _ in kept:
         check, rating = outcome.checks[task.id], outcome.review.reviews.get(task.id)
         if rating is not None and review.enforce and policy == "strict" and rating.bad:
-            outcome.rejects.append(Problem(task.origin, "instruction", f"model review: underspecified "
-                                           f"{rating.underspecified}/3, test validity {rating.test_validity}/3: "
-                                           f"{rating.rationale} (statements: strict, review.enforce)"))
+            outcome.rejects.append(
+                Problem(
+                    task.origin,
+                    "instruction",
+                    f"model review: underspecified "
+                    f"{rating.underspecified}/3, test validity {rating.test_validity}/3: "
+                    f"{rating.rationale} (statements: strict, review.enforce)",
+                )
+            )
             continue
         text = rating.rewrite if rating is not None and rating.rewrite_accepted else None
         outcome.tasks.append(with_statement(task, check, rating.as_json() if rating is not None else None, text))
@@ -97,9 +119,11 @@ def statement_verdicts(tasks: list[Task]) -> dict[str, dict]:
     out = {}
     for task in tasks:
         record = task.spec.metadata.get("statement") or {}
-        out[task.id] = {"verdict": record.get("verdict", "unchecked"),
-                        "findings": [f"{f['rule']}: {f['evidence']}" for f in record.get("findings", [])],
-                        "repaired": [f"{f['rule']}: {f['evidence']}" for f in record.get("repaired", [])]}
+        out[task.id] = {
+            "verdict": record.get("verdict", "unchecked"),
+            "findings": [f"{f['rule']}: {f['evidence']}" for f in record.get("findings", [])],
+            "repaired": [f"{f['rule']}: {f['evidence']}" for f in record.get("repaired", [])],
+        }
     return out
 
 

@@ -22,10 +22,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from envforge.quality.statement_config import StatementReviewConfig
 from envforge.quality.statements import StatementContext, check_statement
 from envforge.rollout.policies.base import PolicyError
 from envforge.rollout.policies.openai_client import OpenAIChatPolicy, parse_chat_response
-from envforge.quality.statement_config import StatementReviewConfig
 from envforge.task import Task
 
 PROMPT_VERSION = "statement-review/1"
@@ -41,11 +41,16 @@ SYSTEM = (
     "work, but some perfectly reasonable solutions would fail them (they check names, messages or details the "
     "statement does not ask for); 3 = the tests are too narrow or too broad, or check something else.\n"
     "Answer with one JSON object and nothing else: "
-    '{"underspecified": <0-3>, "test_validity": <0-3>, "rationale": "<two sentences at most>"%s}')
-REWRITE_FIELD = (', "rewrite": "<the statement rewritten as a user would report the problem: what goes wrong '
-                 'and what is expected, without naming the hidden tests or describing the fix>"')
-USER = "STATEMENT:\n<<<\n{statement}\n>>>\n\nTESTS (hidden from the agent):\n<<<\n{tests}\n>>>\n\n" \
-       "REFERENCE (hidden from the agent):\n<<<\n{reference}\n>>>"
+    '{"underspecified": <0-3>, "test_validity": <0-3>, "rationale": "<two sentences at most>"%s}'
+)
+REWRITE_FIELD = (
+    ', "rewrite": "<the statement rewritten as a user would report the problem: what goes wrong '
+    'and what is expected, without naming the hidden tests or describing the fix>"'
+)
+USER = (
+    "STATEMENT:\n<<<\n{statement}\n>>>\n\nTESTS (hidden from the agent):\n<<<\n{tests}\n>>>\n\n"
+    "REFERENCE (hidden from the agent):\n<<<\n{reference}\n>>>"
+)
 
 
 @dataclass(frozen=True)
@@ -93,19 +98,33 @@ def parse_review(text: str) -> dict[str, Any] | None:
             return None
         scores[key] = int(value)
     rewrite = data.get("rewrite")
-    return {**scores, "rationale": str(data.get("rationale", ""))[:1000],
-            "rewrite": rewrite.strip() if isinstance(rewrite, str) else ""}
+    return {
+        **scores,
+        "rationale": str(data.get("rationale", ""))[:1000],
+        "rewrite": rewrite.strip() if isinstance(rewrite, str) else "",
+    }
 
 
-async def review_task(client: OpenAIChatPolicy, task: Task, context: StatementContext,
-                      config: StatementReviewConfig) -> Review:
+async def review_task(
+    client: OpenAIChatPolicy, task: Task, context: StatementContext, config: StatementReviewConfig
+) -> Review:
     """The model's rating of one task's statement (and its rewrite, checked by the deterministic rules)."""
     n = config.max_chars
-    user = USER.format(statement=task.spec.instruction[:n], tests=(task.test_patch or "(none)")[:n],
-                       reference=(task.reference_patch or "(none)")[:n])
-    payload = {"model": client.model, "temperature": 0.0, "seed": 0, "max_tokens": 700 if config.rewrite else 300,
-               "messages": [{"role": "system", "content": SYSTEM % (REWRITE_FIELD if config.rewrite else "")},
-                            {"role": "user", "content": user}]}
+    user = USER.format(
+        statement=task.spec.instruction[:n],
+        tests=(task.test_patch or "(none)")[:n],
+        reference=(task.reference_patch or "(none)")[:n],
+    )
+    payload = {
+        "model": client.model,
+        "temperature": 0.0,
+        "seed": 0,
+        "max_tokens": 700 if config.rewrite else 300,
+        "messages": [
+            {"role": "system", "content": SYSTEM % (REWRITE_FIELD if config.rewrite else "")},
+            {"role": "user", "content": user},
+        ],
+    }
     out = parse_chat_response(await client.request("/chat/completions", payload))
     parsed = parse_review(out.text)
     if parsed is None:
@@ -113,8 +132,16 @@ async def review_task(client: OpenAIChatPolicy, task: Task, context: StatementCo
     review = Review("ok", parsed["underspecified"], parsed["test_validity"], parsed["rationale"], model=config.model)
     if config.rewrite and parsed["rewrite"]:
         findings = check_statement(parsed["rewrite"], context)
-        review = Review("ok", review.underspecified, review.test_validity, review.rationale, parsed["rewrite"],
-                        not findings, tuple(f"{f.rule}: {f.evidence}" for f in findings), model=config.model)
+        review = Review(
+            "ok",
+            review.underspecified,
+            review.test_validity,
+            review.rationale,
+            parsed["rewrite"],
+            not findings,
+            tuple(f"{f.rule}: {f.evidence}" for f in findings),
+            model=config.model,
+        )
     return review
 
 
@@ -142,22 +169,37 @@ class ReviewOutcome:
         return (self.agreement.get("both_bad", 0) + self.agreement.get("both_ok", 0)) / rated if rated else None
 
     def as_json(self) -> dict[str, Any]:
-        return {"status": self.status, "error": self.error, "prompt_version": PROMPT_VERSION,
-                "agreement": dict(sorted(self.agreement.items())), "agreement_rate": self.agreement_rate(),
-                "reviews": {k: v.as_json() for k, v in sorted(self.reviews.items())}}
+        return {
+            "status": self.status,
+            "error": self.error,
+            "prompt_version": PROMPT_VERSION,
+            "agreement": dict(sorted(self.agreement.items())),
+            "agreement_rate": self.agreement_rate(),
+            "reviews": {k: v.as_json() for k, v in sorted(self.reviews.items())},
+        }
 
 
 def agreement_cell(rules_flagged: bool, review: Review) -> str:
     if review.bad is None:
         return "no_rating"
-    return {(True, True): "both_bad", (True, False): "rules_only", (False, True): "model_only",
-            (False, False): "both_ok"}[(rules_flagged, review.bad)]
+    return {
+        (True, True): "both_bad",
+        (True, False): "rules_only",
+        (False, True): "model_only",
+        (False, False): "both_ok",
+    }[(rules_flagged, review.bad)]
 
 
-async def _review_all(tasks: Sequence[tuple[Task, StatementContext]], config: StatementReviewConfig,
-                      outcome: ReviewOutcome) -> None:
-    client = OpenAIChatPolicy(config.url, config.model, api_key=os.environ.get(config.api_key_env) or None,
-                              timeout_s=config.timeout_s, max_retries=2)
+async def _review_all(
+    tasks: Sequence[tuple[Task, StatementContext]], config: StatementReviewConfig, outcome: ReviewOutcome
+) -> None:
+    client = OpenAIChatPolicy(
+        config.url,
+        config.model,
+        api_key=os.environ.get(config.api_key_env) or None,
+        timeout_s=config.timeout_s,
+        max_retries=2,
+    )
     gate = asyncio.Semaphore(config.concurrency)
 
     async def one(task: Task, context: StatementContext) -> None:
@@ -175,8 +217,9 @@ async def _review_all(tasks: Sequence[tuple[Task, StatementContext]], config: St
         await client.aclose()
 
 
-def review_statements(tasks: Sequence[tuple[Task, StatementContext]], config: StatementReviewConfig,
-                      rules_flagged: dict[str, bool]) -> ReviewOutcome:
+def review_statements(
+    tasks: Sequence[tuple[Task, StatementContext]], config: StatementReviewConfig, rules_flagged: dict[str, bool]
+) -> ReviewOutcome:
     """Review every task (concurrently); `rules_flagged` is the deterministic verdict per task id."""
     outcome = ReviewOutcome()
     if not config.url or not tasks:
@@ -193,5 +236,4 @@ def review_statements(tasks: Sequence[tuple[Task, StatementContext]], config: St
     return outcome
 
 
-__all__ = ["BAD_SCORE", "PROMPT_VERSION", "Review", "ReviewOutcome", "parse_review", "review_statements",
-           "review_task"]
+__all__ = ["BAD_SCORE", "PROMPT_VERSION", "Review", "ReviewOutcome", "parse_review", "review_statements", "review_task"]

@@ -44,48 +44,88 @@ MIN_LITERAL_CHARS = 4
 MAX_FAILURES_SHOWN = 3
 MAX_FAILURE_CHARS = 300
 
-_TRAILER_KEYS = ("co-authored-by", "signed-off-by", "reviewed-by", "acked-by", "tested-by", "reported-by",
-                 "suggested-by", "helped-by", "change-id", "cc", "reviewed-on", "pr-url", "differential revision",
-                 "link", "bug", "issue", "refs", "see-also", "fixes", "closes", "resolves", "co-developed-by",
-                 "release-note", "changelog", "jira", "ticket")
+_TRAILER_KEYS = (
+    "co-authored-by",
+    "signed-off-by",
+    "reviewed-by",
+    "acked-by",
+    "tested-by",
+    "reported-by",
+    "suggested-by",
+    "helped-by",
+    "change-id",
+    "cc",
+    "reviewed-on",
+    "pr-url",
+    "differential revision",
+    "link",
+    "bug",
+    "issue",
+    "refs",
+    "see-also",
+    "fixes",
+    "closes",
+    "resolves",
+    "co-developed-by",
+    "release-note",
+    "changelog",
+    "jira",
+    "ticket",
+)
 _TRAILER = re.compile(r"^\s*(?:" + "|".join(re.escape(k) for k in _TRAILER_KEYS) + r")\s*:.*$", re.I | re.M)
 _MERGE_LINE = re.compile(r"^\s*Merge (?:pull request|branch|remote-tracking branch) .*$", re.I | re.M)
-_CLOSING_REF = re.compile(r"\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?|refs?|see|related to|part of)\s*:?\s+"
-                          r"(?:[\w.-]+/[\w.-]+)?(?:#|GH-)\d+\b[.,;]?", re.I)
+_CLOSING_REF = re.compile(
+    r"\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?|refs?|see|related to|part of)\s*:?\s+"
+    r"(?:[\w.-]+/[\w.-]+)?(?:#|GH-)\d+\b[.,;]?",
+    re.I,
+)
 _PAREN_REF = re.compile(r"\s*\((?:[\w.-]+/[\w.-]+)?(?:#|GH-|!)\d+\)")
 _BARE_REF = re.compile(r"(?<![\w&])(?:[\w.-]+/[\w.-]+)?(?:#|GH-)\d+\b")
 _REF_URL = re.compile(r"https?://\S+/(?:pull|pulls|issues|merge_requests|commit)/\S+", re.I)
 _ENVFORGE_PREFIX = re.compile(r"^\s*Ticket\s+[^\s:]+:\s*")
 _TRACKER_KEY_PREFIX = re.compile(r"^\s*\[?[A-Z][A-Z0-9]{1,9}-\d+\]?\s*[:\-]?\s*")
-_CONVENTIONAL = re.compile(r"^\s*(?:feat|fix|bugfix|hotfix|chore|refactor|perf|test|tests|docs|build|ci|style|revert)"
-                           r"(?:\([^)]{0,40}\))?!?:\s*", re.I)
+_CONVENTIONAL = re.compile(
+    r"^\s*(?:feat|fix|bugfix|hotfix|chore|refactor|perf|test|tests|docs|build|ci|style|revert)"
+    r"(?:\([^)]{0,40}\))?!?:\s*",
+    re.I,
+)
 
-_ADD_TEST = re.compile(r"\b(?:add(?:s|ed|ing)?|write|writes|wrote|include[sd]?|introduc(?:e|es|ed|ing)|new)\b"
-                       r"[^.\n]{0,40}?\b(?:(?:regression|unit|integration)\s+)?tests?\b(?!\s*(?:suite|runner))|"
-                       r"\btests?\s+(?:added|included|for this)\b|\bwith\s+(?:a\s+)?(?:regression\s+)?tests?\b", re.I)
+_ADD_TEST = re.compile(
+    r"\b(?:add(?:s|ed|ing)?|write|writes|wrote|include[sd]?|introduc(?:e|es|ed|ing)|new)\b"
+    r"[^.\n]{0,40}?\b(?:(?:regression|unit|integration)\s+)?tests?\b(?!\s*(?:suite|runner))|"
+    r"\btests?\s+(?:added|included|for this)\b|\bwith\s+(?:a\s+)?(?:regression\s+)?tests?\b",
+    re.I,
+)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _STRING = re.compile(r"""(?P<q>['"])(?P<s>(?:\\.|(?!(?P=q)).){%d,120})(?P=q)""" % MIN_LITERAL_CHARS)
 _DEF = re.compile(r"^\s*(?:async\s+)?def\s+(test\w*)|^\s*class\s+(Test\w*)", re.M)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(])")
 # Sentences that say how to change the code (a commit message's voice), not what goes wrong.
-_IMPERATIVE = re.compile(r"^\s*(?:[-*]\s*)?(?:use|call|replace|rename|change|set|pass|add|remove|delete|drop|move|wrap|"
-                         r"calculate|compute|switch|convert|catch|refactor|extract|inline|introduce|implement|store|"
-                         r"cache|memoi[sz]e|iterate|loop|split|join|strip|append|import|initiali[sz]e|reorder|swap|"
-                         r"instead of)\b", re.I)
+_IMPERATIVE = re.compile(
+    r"^\s*(?:[-*]\s*)?(?:use|call|replace|rename|change|set|pass|add|remove|delete|drop|move|wrap|"
+    r"calculate|compute|switch|convert|catch|refactor|extract|inline|introduce|implement|store|"
+    r"cache|memoi[sz]e|iterate|loop|split|join|strip|append|import|initiali[sz]e|reorder|swap|"
+    r"instead of)\b",
+    re.I,
+)
 _BEHAVIOUR = re.compile(
     r"\b(?:error|errors|exception|traceback|raise[sd]?|crash(?:es|ed)?|fail(?:s|ed|ing|ure|ures)?|wrong|incorrect(?:ly)?|"
     r"should|expected|expect(?:s|ing)?|instead|actual(?:ly)?|returns?|returned|output(?:s)?|prints?|shows?|gives?|"
     r"produces?|bug|broken|breaks?|doesn'?t|does not|don'?t|do not|can'?t|cannot|unable|missing|hangs?|leaks?|"
     r"invalid|unexpected|must|never|always|ignored?|ignores|when|rejects?|accepts?|allows?|warns?|warning|"
     r"supports?|regression|mismatch|overflow|timeout|deadlock|slow|reports?|not|only|too (?:many|few|much|little|"
-    r"large|small|long|short|early|late)|off by one|duplicated?|lost|loses?|empty|none|null|nan|negative)\b", re.I)
+    r"large|small|long|short|early|late)|off by one|duplicated?|lost|loses?|empty|none|null|nan|negative)\b",
+    re.I,
+)
 
 # Words too common in prose to count as "an identifier the reference adds" unless quoted as code.
-_PROSE = frozenset("""a an and are as at be but by can do for from has have if in into is it its not of on or so
+_PROSE = frozenset(
+    """a an and are as at be but by can do for from has have if in into is it its not of on or so
 than that the then this to was were will with without you your we our they their all any each every none no yes
 only also both either new old value values data file files name names type types list dict set get put key keys
 item items result results error errors test tests case cases time date self cls args kwargs true false none
-return raise def class import from pass else elif while for try except finally lambda yield async await""".split())
+return raise def class import from pass else elif while for try except finally lambda yield async await""".split()
+)
 
 
 @dataclass(frozen=True)
@@ -121,10 +161,15 @@ class StatementContext:
         tests = task.spec.verification.tests
         messages = (task.spec.metadata or {}).get("failure_messages") or {}
         text = "\n".join(body for _, body in workspace)
-        return cls(kind=task.spec.source or "", reference_patch=task.reference_patch or "",
-                   test_patch=task.test_patch or "", fail_to_pass=tuple(tests.fail_to_pass) if tests else (),
-                   failure_messages=tuple(sorted((str(k), str(v)) for k, v in messages.items())),
-                   existing_identifiers=frozenset(_IDENT.findall(text)), existing_text=text)
+        return cls(
+            kind=task.spec.source or "",
+            reference_patch=task.reference_patch or "",
+            test_patch=task.test_patch or "",
+            fail_to_pass=tuple(tests.fail_to_pass) if tests else (),
+            failure_messages=tuple(sorted((str(k), str(v)) for k, v in messages.items())),
+            existing_identifiers=frozenset(_IDENT.findall(text)),
+            existing_text=text,
+        )
 
 
 @dataclass(frozen=True)
@@ -151,9 +196,13 @@ class StatementCheck:
         return f"statement flagged: {shown}{more}"
 
     def as_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "findings": [asdict(f) for f in self.findings],
-                "repaired": [asdict(f) for f in self.repaired], "cleaned": list(self.cleaned),
-                "added_failures": self.added_failures}
+        return {
+            "verdict": self.verdict,
+            "findings": [asdict(f) for f in self.findings],
+            "repaired": [asdict(f) for f in self.repaired],
+            "cleaned": list(self.cleaned),
+            "added_failures": self.added_failures,
+        }
 
 
 # ---------------------------------------------------------------------------------------------- patches
@@ -217,8 +266,11 @@ def added_literals(patch: str, existing_text: str = "") -> set[str]:
     lines = patch_lines(patch)
     before = {m.group("s") for ln in (*lines.removed, *lines.context) for m in _STRING.finditer(ln)}
     after = {m.group("s") for ln in lines.added for m in _STRING.finditer(ln)}
-    return {s for s in after - before if len(s.strip()) >= MIN_LITERAL_CHARS and re.search(r"\w", s)
-            and s not in existing_text}
+    return {
+        s
+        for s in after - before
+        if len(s.strip()) >= MIN_LITERAL_CHARS and re.search(r"\w", s) and s not in existing_text
+    }
 
 
 def _strip_strings(line: str) -> str:
@@ -272,8 +324,12 @@ def _word_in(word: str, text: str) -> bool:
 
 
 def _code_like(name: str) -> bool:
-    return "_" in name.strip("_") or bool(re.search(r"\d", name)) or bool(re.search(r"[a-z][A-Z]", name)) \
+    return (
+        "_" in name.strip("_")
+        or bool(re.search(r"\d", name))
+        or bool(re.search(r"[a-z][A-Z]", name))
         or (name.isupper() and len(name) > 3)
+    )
 
 
 def _quoted_spans(text: str) -> str:
@@ -302,17 +358,27 @@ def leak_findings(text: str, context: StatementContext) -> list[Finding]:
             continue
         imperative = any(_IMPERATIVE.match(s) and _word_in(ident, s) for s in sentences)
         if _code_like(ident) or _word_in(ident, quoted) or imperative:
-            findings.append(Finding("leak.added_identifier", ident,
-                                    "uses an identifier only the reference solution introduces"))
+            findings.append(
+                Finding("leak.added_identifier", ident, "uses an identifier only the reference solution introduces")
+            )
     if context.kind in COMMIT_DERIVED_KINDS:
-        touched = {i for ln in patch_lines(context.reference_patch).added for i in _IDENT.findall(_code(ln))
-                   if len(i) >= 3 and i.lower() not in _PROSE and not keyword.iskeyword(i)}
+        touched = {
+            i
+            for ln in patch_lines(context.reference_patch).added
+            for i in _IDENT.findall(_code(ln))
+            if len(i) >= 3 and i.lower() not in _PROSE and not keyword.iskeyword(i)
+        }
         for sentence in sentences:
             if _IMPERATIVE.match(sentence):
                 named = sorted(i for i in touched if _word_in(i, sentence))
                 if named:
-                    findings.append(Finding("leak.solution_step", sentence.strip()[:160],
-                                            f"tells how to change the code the fix changes ({', '.join(named[:3])})"))
+                    findings.append(
+                        Finding(
+                            "leak.solution_step",
+                            sentence.strip()[:160],
+                            f"tells how to change the code the fix changes ({', '.join(named[:3])})",
+                        )
+                    )
     for literal in sorted(added_literals(context.reference_patch, context.existing_text)):
         # an expected output quoted in a report is the spec; a literal in an instruction is the fix
         if any(_IMPERATIVE.match(s) and literal in s for s in sentences):
@@ -321,8 +387,13 @@ def leak_findings(text: str, context: StatementContext) -> list[Finding]:
         if len(line) >= MIN_PATCH_LINE_CHARS and line in squashed:
             findings.append(Finding("leak.patch_line", line[:120], "contains a line of the reference solution"))
     for m in _ADD_TEST.finditer(text):
-        findings.append(Finding("leak.add_test", m.group(0).strip(), "asks for tests the grading already holds back "
-                                                                     "(and says a hidden test exists)"))
+        findings.append(
+            Finding(
+                "leak.add_test",
+                m.group(0).strip(),
+                "asks for tests the grading already holds back (and says a hidden test exists)",
+            )
+        )
     return _unique(findings)
 
 
@@ -333,14 +404,25 @@ def underspecified_findings(text: str, kind: str = "") -> list[Finding]:
     words = re.findall(r"[\w'`]+", text)
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if len(words) < MIN_WORDS:
-        findings.append(Finding("underspecified.too_short", f"{len(words)} words",
-                                f"fewer than {MIN_WORDS} words cannot describe a problem"))
+        findings.append(
+            Finding(
+                "underspecified.too_short",
+                f"{len(words)} words",
+                f"fewer than {MIN_WORDS} words cannot describe a problem",
+            )
+        )
     if kind in COMMIT_DERIVED_KINDS and len(lines) == 1 and len(words) < BARE_TITLE_WORDS:
-        findings.append(Finding("underspecified.bare_title", lines[0][:120],
-                                "a bare title: no description of what goes wrong"))
+        findings.append(
+            Finding("underspecified.bare_title", lines[0][:120], "a bare title: no description of what goes wrong")
+        )
     if not _BEHAVIOUR.search(text):
-        findings.append(Finding("underspecified.no_behaviour", text[:80].replace("\n", " "),
-                                "names no observable behaviour (what fails, what is expected)"))
+        findings.append(
+            Finding(
+                "underspecified.no_behaviour",
+                text[:80].replace("\n", " "),
+                "names no observable behaviour (what fails, what is expected)",
+            )
+        )
     return findings
 
 
@@ -420,8 +502,9 @@ def repair_statement(text: str, context: StatementContext) -> StatementCheck:
         if failures:
             lead = repaired.rstrip(".") + "." if repaired else ""
             body = "\n".join(f"- {f}" for f in failures)
-            repaired = (f"{lead}\n\n" if lead else "") + \
-                f"Observed behaviour: with the code as it is, the project's tests report:\n{body}"
+            repaired = (
+                f"{lead}\n\n" if lead else ""
+            ) + f"Observed behaviour: with the code as it is, the project's tests report:\n{body}"
             added = len(failures)
     after = check_statement(repaired, context)
     if added:  # the observed failures are the behaviour; thinness of the title alone is no longer a finding
@@ -431,8 +514,9 @@ def repair_statement(text: str, context: StatementContext) -> StatementCheck:
     changed = bool(removed or leaks or added) and repaired != text  # whitespace alone is no repair
     repaired = repaired if changed else text
     verdict: Verdict = "flagged" if after else "repaired" if changed else "ok"
-    return StatementCheck(verdict, repaired, tuple(after),
-                          tuple(f for f in original if f not in after), tuple(removed), added)
+    return StatementCheck(
+        verdict, repaired, tuple(after), tuple(f for f in original if f not in after), tuple(removed), added
+    )
 
 
 def _unique(findings: list[Finding]) -> list[Finding]:
@@ -465,11 +549,29 @@ class StatementSummary:
                 mine[key] = mine.get(key, 0) + n
 
     def as_json(self) -> dict[str, Any]:
-        return {"checked": self.checked, "verdicts": dict(sorted(self.verdicts.items())),
-                "rules": dict(sorted(self.rules.items()))}
+        return {
+            "checked": self.checked,
+            "verdicts": dict(sorted(self.verdicts.items())),
+            "rules": dict(sorted(self.rules.items())),
+        }
 
 
-__all__ = ["COMMIT_DERIVED_KINDS", "STATEMENT_POLICIES", "Finding", "StatementCheck", "StatementContext",
-           "StatementPolicy", "StatementSummary", "added_identifiers", "added_literals", "check_statement",
-           "clean_statement", "hidden_test_names", "leak_findings", "observed_failures", "patch_lines",
-           "repair_statement", "underspecified_findings"]
+__all__ = [
+    "COMMIT_DERIVED_KINDS",
+    "STATEMENT_POLICIES",
+    "Finding",
+    "StatementCheck",
+    "StatementContext",
+    "StatementPolicy",
+    "StatementSummary",
+    "added_identifiers",
+    "added_literals",
+    "check_statement",
+    "clean_statement",
+    "hidden_test_names",
+    "leak_findings",
+    "observed_failures",
+    "patch_lines",
+    "repair_statement",
+    "underspecified_findings",
+]

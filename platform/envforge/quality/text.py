@@ -47,7 +47,7 @@ def is_short(words: list[str], short_words: int) -> bool:
 def char_shingle_strings(text: str, n: int) -> list[str]:
     if len(text) <= n:
         return [text] if text else []
-    return [text[i: i + n] for i in range(len(text) - n + 1)]
+    return [text[i : i + n] for i in range(len(text) - n + 1)]
 
 
 def patch_body(patch: str | None) -> str:

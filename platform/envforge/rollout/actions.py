@@ -69,27 +69,60 @@ class Submit:
 Action = Union[Run, ReadFile, WriteFile, ApplyPatch, Submit]
 
 # What every policy is told first: the rollout scheduler, the verl export and the environment service use it.
-SYSTEM_PROMPT = ("You are a software engineer working in a sandboxed repository. Use the tools to inspect and change "
-                 "files and to run commands; call `submit` when the task is done.")
+SYSTEM_PROMPT = (
+    "You are a software engineer working in a sandboxed repository. Use the tools to inspect and change "
+    "files and to run commands; call `submit` when the task is done."
+)
 
 TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "run", "description": "Run a shell command in /workspace and see its exit code and output.",
-        "parameters": {"type": "object", "properties": {
-            "command": {"type": "string"}, "timeout_s": {"type": "number"}}, "required": ["command"]}}},
-    {"type": "function", "function": {
-        "name": "read_file", "description": "Read a text file (path relative to /workspace).",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
-    {"type": "function", "function": {
-        "name": "write_file", "description": "Create or overwrite a file (path relative to /workspace).",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                       "required": ["path", "content"]}}},
-    {"type": "function", "function": {
-        "name": "apply_patch", "description": "Apply a unified diff to /workspace.",
-        "parameters": {"type": "object", "properties": {"patch": {"type": "string"}}, "required": ["patch"]}}},
-    {"type": "function", "function": {
-        "name": "submit", "description": "Finish: the current state of /workspace is graded.",
-        "parameters": {"type": "object", "properties": {}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "description": "Run a shell command in /workspace and see its exit code and output.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}, "timeout_s": {"type": "number"}},
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a text file (path relative to /workspace).",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "description": "Create or overwrite a file (path relative to /workspace).",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                "required": ["path", "content"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "apply_patch",
+            "description": "Apply a unified diff to /workspace.",
+            "parameters": {"type": "object", "properties": {"patch": {"type": "string"}}, "required": ["patch"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "submit",
+            "description": "Finish: the current state of /workspace is graded.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
 ]
 _FIELDS: dict[str, tuple[type, dict[str, type], dict[str, type]]] = {
     # name: (class, required {arg: type}, optional {arg: type})
@@ -155,8 +188,10 @@ def parse_text(text: str) -> Action:
         raise ActionError("the turn is too long to contain a valid action")
     m = TOOL_CALL.search(text)
     if m is None:
-        raise ActionError('no action found: reply with <tool_call>{"name": ..., "arguments": {...}}</tool_call> '
-                          "(tools: " + ", ".join(_FIELDS) + ")")
+        raise ActionError(
+            'no action found: reply with <tool_call>{"name": ..., "arguments": {...}}</tool_call> '
+            "(tools: " + ", ".join(_FIELDS) + ")"
+        )
     try:
         obj = json.loads(m.group("body"))
     except ValueError as exc:

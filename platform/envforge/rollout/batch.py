@@ -57,14 +57,21 @@ def batch_metrics(store: TrajectoryStore, report: BatchReport, k: int) -> dict[s
     pk = statistics.fmean(pass_at_k(len(v), sum(v), kk) for v in per_task.values()) if per_task else 0.0
     overhead = sorted(report.step_overhead_s)
     return {
-        "trajectories": float(frame.height), "tasks": float(len(per_task)), "pass_at_1": round(p1, 6),
-        f"pass_at_{kk}": round(pk, 6), "mean_reward": float(frame["reward"].mean() or 0.0),
-        "mean_turns": float(frame["n_turns"].mean() or 0.0), "tokens": float(frame["n_tokens"].sum() or 0),
-        "infra_retries": float(report.infra_retries), "dropped_groups": float(len(report.dropped_groups)),
-        "pool_hit_rate": round(report.pool_hit_rate, 4), "steps_per_s": round(report.steps_per_s, 3),
+        "trajectories": float(frame.height),
+        "tasks": float(len(per_task)),
+        "pass_at_1": round(p1, 6),
+        f"pass_at_{kk}": round(pk, 6),
+        "mean_reward": float(frame["reward"].mean() or 0.0),
+        "mean_turns": float(frame["n_turns"].mean() or 0.0),
+        "tokens": float(frame["n_tokens"].sum() or 0),
+        "infra_retries": float(report.infra_retries),
+        "dropped_groups": float(len(report.dropped_groups)),
+        "pool_hit_rate": round(report.pool_hit_rate, 4),
+        "steps_per_s": round(report.steps_per_s, 3),
         "scheduler_overhead_ms_per_step": round(1000 * statistics.median(overhead), 3) if overhead else 0.0,
-        "malformed_turns": float(sum(sum(1 for turn in json.loads(t) if turn["parse_error"])
-                                     for t in frame["turns_json"])),
+        "malformed_turns": float(
+            sum(sum(1 for turn in json.loads(t) if turn["parse_error"]) for t in frame["turns_json"])
+        ),
     }
 
 
@@ -73,11 +80,20 @@ def rollout_sandboxes_per_task(config: RolloutConfig) -> int:
     return config.n_samples * 2
 
 
-def run_batch(settings: Settings, items: Sequence[tuple[Task, str]], policy: Any, config: RolloutConfig,
-              task_set_version: str = "", batch_id: str | None = None, root: str | None = None,
-              client: docker.DockerClient | None = None, progress: Progress | None = None,
-              pool: SandboxPool | None = None, sandboxes: SandboxProvider | None = None,
-              register: BatchRegistry | None = None) -> BatchResult:
+def run_batch(
+    settings: Settings,
+    items: Sequence[tuple[Task, str]],
+    policy: Any,
+    config: RolloutConfig,
+    task_set_version: str = "",
+    batch_id: str | None = None,
+    root: str | None = None,
+    client: docker.DockerClient | None = None,
+    progress: Progress | None = None,
+    pool: SandboxPool | None = None,
+    sandboxes: SandboxProvider | None = None,
+    register: BatchRegistry | None = None,
+) -> BatchResult:
     """Roll out every (task, image) n_samples times into the store; hand the batch's row to `register`
     (the stages pass the catalog's `record_rollout_batch`; None: the batch is not registered).
 
@@ -89,8 +105,14 @@ def run_batch(settings: Settings, items: Sequence[tuple[Task, str]], policy: Any
     if pool is not None:  # a given pool (a benchmark's cold one) is the caller's to close
         lease = nullcontext(pool)
     else:
-        lease = or_local(sandboxes).lease(items, rollout_sandboxes_per_task(config), client=client, settings=settings,
-                                          max_idle_per_key=max(2, config.concurrency), max_starting=4)
+        lease = or_local(sandboxes).lease(
+            items,
+            rollout_sandboxes_per_task(config),
+            client=client,
+            settings=settings,
+            max_idle_per_key=max(2, config.concurrency),
+            max_starting=4,
+        )
     batch_id = batch_id or default_batch_id(task_set_version, getattr(policy, "policy_id", "policy"), config.seed)
     store = TrajectoryStore(root or settings.artifact_root("rollouts"), batch_id)
     with lease as sandbox_pool:
@@ -100,16 +122,29 @@ def run_batch(settings: Settings, items: Sequence[tuple[Task, str]], policy: Any
     return record_batch(store, report, policy, config, task_set_version, register)
 
 
-def record_batch(store: TrajectoryStore, report: BatchReport, policy: Any, config: RolloutConfig,
-                 task_set_version: str = "", register: BatchRegistry | None = None) -> BatchResult:
+def record_batch(
+    store: TrajectoryStore,
+    report: BatchReport,
+    policy: Any,
+    config: RolloutConfig,
+    task_set_version: str = "",
+    register: BatchRegistry | None = None,
+) -> BatchResult:
     """A finished scheduler run's metrics, its row handed to `register` (what every rollout batch gets)."""
     metrics = batch_metrics(store, report, k=config.n_samples)
     if register is not None:
-        register({
-            "batch_id": store.batch_id, "task_set_version": task_set_version,
-            "policy_id": getattr(policy, "policy_id", "?"), "location": f"{store.root}/{store.batch_id}",
-            "n_tasks": report.n_tasks, "n_samples": config.n_samples,
-            "n_trajectories": int(metrics["trajectories"]), "n_dropped_groups": len(store.dropped()),
-            "pass_at_1": metrics["pass_at_1"], "metrics_json": json.dumps(metrics, sort_keys=True),
-        })
+        register(
+            {
+                "batch_id": store.batch_id,
+                "task_set_version": task_set_version,
+                "policy_id": getattr(policy, "policy_id", "?"),
+                "location": f"{store.root}/{store.batch_id}",
+                "n_tasks": report.n_tasks,
+                "n_samples": config.n_samples,
+                "n_trajectories": int(metrics["trajectories"]),
+                "n_dropped_groups": len(store.dropped()),
+                "pass_at_1": metrics["pass_at_1"],
+                "metrics_json": json.dumps(metrics, sort_keys=True),
+            }
+        )
     return BatchResult(report, store, metrics)

@@ -58,7 +58,7 @@ def _clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     head = limit * 2 // 3
-    return text[:head] + f"\n... [{len(text) - limit} characters cut] ...\n" + text[-(limit - head):]
+    return text[:head] + f"\n... [{len(text) - limit} characters cut] ...\n" + text[-(limit - head) :]
 
 
 def workspace_path(path: str) -> str:
@@ -87,14 +87,21 @@ class RolloutEnv:
         started = time.perf_counter()
         hits = self.pool.stats.hits
         self.sandbox = await self.pool.aacquire(self.image, options_for(self.task))
-        self.stats = {"acquire_s": round(time.perf_counter() - started, 4), "warm": self.pool.stats.hits > hits,
-                      "image": self.image}
+        self.stats = {
+            "acquire_s": round(time.perf_counter() - started, 4),
+            "warm": self.pool.stats.hits > hits,
+            "image": self.image,
+        }
         self.turns, self.done, self.end_reason = 0, False, None
         self._deadline = time.monotonic() + self.limits.trajectory_timeout_s
         listing = await self.sandbox.aexec("git ls-files | head -n %d" % MAX_LISTED_FILES, timeout_s=60)
         files = listing.text().strip() or "(empty)"
-        return Observation(_clip(f"{self.task.spec.instruction.strip()}\n\nThe repository is in {WORKSPACE}. "
-                                 f"Files:\n{files}", MAX_FIRST_OBSERVATION_CHARS))
+        return Observation(
+            _clip(
+                f"{self.task.spec.instruction.strip()}\n\nThe repository is in {WORKSPACE}. Files:\n{files}",
+                MAX_FIRST_OBSERVATION_CHARS,
+            )
+        )
 
     def _remaining(self) -> float:
         return self._deadline - time.monotonic()
@@ -128,8 +135,9 @@ class RolloutEnv:
         except InfraError:
             raise
         except Exception as exc:  # noqa: BLE001 - a tool error is an observation, never an escape
-            return Observation(f"error: {action.name} failed: {type(exc).__name__}: {exc}"[:2000], 1,
-                               error="tool_failed")
+            return Observation(
+                f"error: {action.name} failed: {type(exc).__name__}: {exc}"[:2000], 1, error="tool_failed"
+            )
 
     async def _run_tool(self, action: Action) -> Observation:
         sb = self.sandbox
@@ -137,8 +145,12 @@ class RolloutEnv:
         timeout = max(1.0, min(self.limits.step_timeout_s, self._remaining()))
         if isinstance(action, Run):
             env = self.task.spec.environment
-            res = await sb.aexec(action.command, timeout_s=min(timeout, action.timeout_s or timeout),
-                                 env=env.command_env(), workdir=env.command_workdir())
+            res = await sb.aexec(
+                action.command,
+                timeout_s=min(timeout, action.timeout_s or timeout),
+                env=env.command_env(),
+                workdir=env.command_workdir(),
+            )
             parts = [f"exit code: {res.exit_code}" + (" (timed out)" if res.timed_out else "")]
             if res.stdout:
                 parts.append("stdout:\n" + res.text())
@@ -146,11 +158,13 @@ class RolloutEnv:
                 parts.append("stderr:\n" + res.err_text())
             return Observation("\n".join(parts), exit_code=res.exit_code)
         if isinstance(action, ReadFile):
-            res = await sb.aexec(f"cat -- {shlex.quote(workspace_path(action.path))}", timeout_s=timeout,
-                                 output_cap=1 << 20)
+            res = await sb.aexec(
+                f"cat -- {shlex.quote(workspace_path(action.path))}", timeout_s=timeout, output_cap=1 << 20
+            )
             if res.exit_code != 0:
-                return Observation(f"error: cannot read {action.path}: {res.err_text().strip()}", res.exit_code,
-                                   error="read_failed")
+                return Observation(
+                    f"error: cannot read {action.path}: {res.err_text().strip()}", res.exit_code, error="read_failed"
+                )
             return Observation(res.text(), 0)
         if isinstance(action, WriteFile):
             try:
@@ -185,9 +199,14 @@ class RolloutEnv:
         except PolicyOutcome as exc:
             if not keep_sandbox:
                 await self.close()
-            return "", VerificationResult(task_id=self.task.id, solution="rollout", reward=0.0, resolved=False,
-                                          reasons=[f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason],
-                                          image=self.image)
+            return "", VerificationResult(
+                task_id=self.task.id,
+                solution="rollout",
+                reward=0.0,
+                resolved=False,
+                reasons=[f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason],
+                image=self.image,
+            )
         if not keep_sandbox:
             await self.close()
         result = await run_blocking(self.grader.grade, self.task, self.image, diff, "rollout")

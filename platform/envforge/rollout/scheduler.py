@@ -29,8 +29,8 @@ from envforge.observe import metrics as live
 from envforge.observe.logs import bind, log_context
 from envforge.observe.traces import set_attributes, span
 from envforge.progress import Progress
-from envforge.rollout.config import RolloutConfig
 from envforge.rollout.actions import SYSTEM_PROMPT, TOOLS, ActionError, parse_text, parse_tool_call
+from envforge.rollout.config import RolloutConfig
 from envforge.rollout.env import EnvLimits, RolloutEnv
 from envforge.rollout.policies.base import PolicyError, PolicyOutput
 from envforge.rollout.store import TrajectoryStore
@@ -41,6 +41,7 @@ from envforge.task import Task
 from envforge.verify.grader import Grader
 
 log = logging.getLogger("envforge.rollout")
+
 
 @dataclass
 class BatchReport:
@@ -92,9 +93,16 @@ def _action_dict(action: Any) -> dict[str, Any] | None:
 
 
 class RolloutScheduler:
-    def __init__(self, pool: SandboxPool, grader: Grader, policy: Any, store: TrajectoryStore,
-                 config: RolloutConfig = RolloutConfig(), progress: Progress | None = None,
-                 on_group: Callable[[list[Trajectory]], Awaitable[None]] | None = None):
+    def __init__(
+        self,
+        pool: SandboxPool,
+        grader: Grader,
+        policy: Any,
+        store: TrajectoryStore,
+        config: RolloutConfig = RolloutConfig(),
+        progress: Progress | None = None,
+        on_group: Callable[[list[Trajectory]], Awaitable[None]] | None = None,
+    ):
         self.pool, self.grader, self.policy, self.store, self.config = pool, grader, policy, store, config
         self.progress = progress
         self.on_group = on_group
@@ -108,15 +116,30 @@ class RolloutScheduler:
         Its log lines carry the trajectory's ids, and its span (with children per step and for the
         grade) the container's, so one trajectory can be followed end to end (envforge.observe)."""
         tid = trajectory_id(self.store.batch_id, task.id, sample)
-        with log_context(trajectory_id=tid, task_id=task.id, task_version=task.content_hash), \
-                span("rollout.trajectory", **{"envforge.trajectory_id": tid, "envforge.task_id": task.id,
-                                              "envforge.task_version": task.content_hash,
-                                              "envforge.batch_id": self.store.batch_id}) as current:
+        with (
+            log_context(trajectory_id=tid, task_id=task.id, task_version=task.content_hash),
+            span(
+                "rollout.trajectory",
+                **{
+                    "envforge.trajectory_id": tid,
+                    "envforge.task_id": task.id,
+                    "envforge.task_version": task.content_hash,
+                    "envforge.batch_id": self.store.batch_id,
+                },
+            ) as current,
+        ):
             traj = await self._episode(task, image, sample, task_set_version, current)
             set_attributes(current, **{"envforge.reward": traj.reward, "envforge.end_reason": traj.end_reason})
-            log.info("trajectory graded", extra={"reward": traj.reward, "resolved": traj.resolved,
-                                                 "end_reason": traj.end_reason, "turns": len(traj.turns),
-                                                 "duration_s": traj.duration_s})
+            log.info(
+                "trajectory graded",
+                extra={
+                    "reward": traj.reward,
+                    "resolved": traj.resolved,
+                    "end_reason": traj.end_reason,
+                    "turns": len(traj.turns),
+                    "duration_s": traj.duration_s,
+                },
+            )
         live.trajectory_finished(traj.end_reason, len(traj.turns), traj.duration_s, traj.reward)
         return traj
 
@@ -124,10 +147,19 @@ class RolloutScheduler:
         cfg = self.config
         actor = self.policy.episode(task) if hasattr(self.policy, "episode") else self.policy
         seed = sample_seed(cfg.seed, task.id, sample)
-        traj = Trajectory(batch_id=self.store.batch_id, task_id=task.id, content_hash=task.content_hash,
-                          task_set_version=task_set_version, policy_id=actor.policy_id,
-                          policy_version=int(getattr(actor, "version", 0)), sample_index=sample, seed=seed,
-                          instruction=task.spec.instruction, source=task.spec.source, started_at=time.time())
+        traj = Trajectory(
+            batch_id=self.store.batch_id,
+            task_id=task.id,
+            content_hash=task.content_hash,
+            task_set_version=task_set_version,
+            policy_id=actor.policy_id,
+            policy_version=int(getattr(actor, "version", 0)),
+            sample_index=sample,
+            seed=seed,
+            instruction=task.spec.instruction,
+            source=task.spec.source,
+            started_at=time.time(),
+        )
         started = time.perf_counter()
         timings = {"reset_s": 0.0, "policy_s": 0.0, "env_s": 0.0, "verify_s": 0.0, "close_s": 0.0}
         env = RolloutEnv(self.pool, self.grader, task, image, EnvLimits.for_task(task, cfg.max_turns))
@@ -135,40 +167,66 @@ class RolloutScheduler:
             with span("sandbox.reset", **{"envforge.image": image}) as reset_span:
                 obs = await env.reset()
                 container = env.sandbox.id if env.sandbox is not None else None
-                set_attributes(reset_span, **{"envforge.container_id": container, "envforge.warm": env.stats.get("warm")})
+                set_attributes(
+                    reset_span, **{"envforge.container_id": container, "envforge.warm": env.stats.get("warm")}
+                )
             set_attributes(current, **{"envforge.container_id": container})
             bind(container_id=container)
             timings["reset_s"] = time.perf_counter() - started
             traj.sandbox = dict(env.stats)
             log.debug("sandbox ready", extra={"warm": env.stats.get("warm"), "acquire_s": env.stats.get("acquire_s")})
-            messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
-                                              {"role": "user", "content": obs.text}]
+            messages: list[dict[str, Any]] = [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": obs.text},
+            ]
             done = False
             while not done:
                 with span("rollout.step", **{"envforge.turn": len(traj.turns)}) as step_span:
                     t0 = time.perf_counter()
-                    out = await actor.act(messages, TOOLS, seed=seed + len(traj.turns), temperature=cfg.temperature,
-                                          max_tokens=cfg.max_tokens)
+                    out = await actor.act(
+                        messages,
+                        TOOLS,
+                        seed=seed + len(traj.turns),
+                        temperature=cfg.temperature,
+                        max_tokens=cfg.max_tokens,
+                    )
                     t1 = time.perf_counter()
                     message, action = _policy_message(out)
                     obs, done, _ = await env.step(action)
                     t2 = time.perf_counter()
-                    set_attributes(step_span, **{"envforge.action": getattr(action, "name", "malformed"),
-                                                 "envforge.exit_code": obs.exit_code})
+                    set_attributes(
+                        step_span,
+                        **{
+                            "envforge.action": getattr(action, "name", "malformed"),
+                            "envforge.exit_code": obs.exit_code,
+                        },
+                    )
                 timings["policy_s"] += t1 - t0
                 timings["env_s"] += t2 - t1
                 messages.append(message)
                 if "tool_calls" in message:
-                    messages.append({"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
-                                     "content": obs.text})
+                    messages.append(
+                        {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": obs.text}
+                    )
                 else:
                     messages.append({"role": "user", "content": obs.text})
-                traj.turns.append(Turn(
-                    index=len(traj.turns), text=out.text, tool_calls=list(out.tool_calls), action=_action_dict(action),
-                    parse_error=str(action) if isinstance(action, ActionError) else None, observation=obs.text,
-                    exit_code=obs.exit_code, policy_s=round(t1 - t0, 6), env_s=round(t2 - t1, 6),
-                    prompt_token_ids=out.prompt_token_ids, token_ids=out.token_ids, logprobs=out.logprobs,
-                    finish_reason=out.finish_reason))
+                traj.turns.append(
+                    Turn(
+                        index=len(traj.turns),
+                        text=out.text,
+                        tool_calls=list(out.tool_calls),
+                        action=_action_dict(action),
+                        parse_error=str(action) if isinstance(action, ActionError) else None,
+                        observation=obs.text,
+                        exit_code=obs.exit_code,
+                        policy_s=round(t1 - t0, 6),
+                        env_s=round(t2 - t1, 6),
+                        prompt_token_ids=out.prompt_token_ids,
+                        token_ids=out.token_ids,
+                        logprobs=out.logprobs,
+                        finish_reason=out.finish_reason,
+                    )
+                )
             traj.end_reason = env.end_reason or "submitted"
             t0 = time.perf_counter()
             with span("rollout.verify"):
@@ -191,8 +249,9 @@ class RolloutScheduler:
         traj.timings = {k: round(v, 6) for k, v in timings.items()}
         return traj
 
-    async def _with_retries(self, task: Task, image: str, sample: int, task_set_version: str,
-                            report: BatchReport) -> Trajectory | str:
+    async def _with_retries(
+        self, task: Task, image: str, sample: int, task_set_version: str, report: BatchReport
+    ) -> Trajectory | str:
         """The trajectory, or the reason the retry budget ran out."""
         cfg = self.config
         last = ""
@@ -209,9 +268,16 @@ class RolloutScheduler:
                 last = f"{type(exc).__name__}: {exc}"
                 fault = exc.cause if isinstance(exc, InfraError) else "policy_error"
                 live.trajectory_retried(fault)
-                log.warning("infrastructure fault, retrying on a fresh sandbox", extra={
-                    "fault": fault, "attempt": attempt + 1, "detail": str(exc)[:300],
-                    "trajectory_id": trajectory_id(self.store.batch_id, task.id, sample), "task_id": task.id})
+                log.warning(
+                    "infrastructure fault, retrying on a fresh sandbox",
+                    extra={
+                        "fault": fault,
+                        "attempt": attempt + 1,
+                        "detail": str(exc)[:300],
+                        "trajectory_id": trajectory_id(self.store.batch_id, task.id, sample),
+                        "task_id": task.id,
+                    },
+                )
                 if isinstance(exc, InfraError):
                     # A dockerd restart fails everything in flight within a second: wait for the
                     # engine instead of spending the retry budget while it is away.
@@ -225,19 +291,30 @@ class RolloutScheduler:
 
     async def run(self, items: Sequence[tuple[Task, str]], task_set_version: str = "") -> BatchReport:
         """Roll out every (task, image) n_samples times; returns what this run did."""
-        with log_context(batch_id=self.store.batch_id), \
-                span("rollout.batch", **{"envforge.batch_id": self.store.batch_id,
-                                         "envforge.task_set_version": task_set_version}):
+        with (
+            log_context(batch_id=self.store.batch_id),
+            span(
+                "rollout.batch",
+                **{"envforge.batch_id": self.store.batch_id, "envforge.task_set_version": task_set_version},
+            ),
+        ):
             return await self._run(items, task_set_version)
 
     async def _run(self, items: Sequence[tuple[Task, str]], task_set_version: str) -> BatchReport:
         cfg = self.config
         started = time.perf_counter()
         hits0, misses0 = self.pool.stats.hits, self.pool.stats.misses
-        self.store.ensure_manifest({"batch_id": self.store.batch_id, "task_set_version": task_set_version,
-                                    "policy_id": getattr(self.policy, "policy_id", "?"), "n_samples": cfg.n_samples,
-                                    "seed": cfg.seed, "config": cfg.as_params(),
-                                    "tasks": sorted(t.id for t, _ in items)})
+        self.store.ensure_manifest(
+            {
+                "batch_id": self.store.batch_id,
+                "task_set_version": task_set_version,
+                "policy_id": getattr(self.policy, "policy_id", "?"),
+                "n_samples": cfg.n_samples,
+                "seed": cfg.seed,
+                "config": cfg.as_params(),
+                "tasks": sorted(t.id for t, _ in items),
+            }
+        )
         report = BatchReport(self.store.batch_id, len(items), cfg.n_samples)
         stored_ids = set(self.store.frame()["trajectory_id"])
         dropped = {g.task_id for g in self.store.dropped()}
@@ -257,8 +334,9 @@ class RolloutScheduler:
             for task, image in items:
                 if task.id in dropped or task.id in closed:
                     continue
-                done_here = {m for m in range(cfg.n_samples)
-                             if trajectory_id(self.store.batch_id, task.id, m) in stored_ids}
+                done_here = {
+                    m for m in range(cfg.n_samples) if trajectory_id(self.store.batch_id, task.id, m) in stored_ids
+                }
                 if n == 0:
                     report.resumed += len(done_here)
                     if len(done_here) == cfg.n_samples:
@@ -278,8 +356,13 @@ class RolloutScheduler:
                 return
             closed.add(task_id)
             if bad:
-                group = DroppedGroup(self.store.batch_id, task_id, "; ".join(f"sample {n}: {r}" for n, r in bad.items()),
-                                     attempts.get(task_id, {}), sorted(got))
+                group = DroppedGroup(
+                    self.store.batch_id,
+                    task_id,
+                    "; ".join(f"sample {n}: {r}" for n, r in bad.items()),
+                    attempts.get(task_id, {}),
+                    sorted(got),
+                )
                 await run_blocking(self.store.record_dropped, group)
                 report.dropped_groups.append(group)
                 live.group_dropped()
@@ -303,8 +386,9 @@ class RolloutScheduler:
                     outcome = await self._with_retries(task, image, n, task_set_version, report)
                 finally:
                     live.scheduler_in_flight(-1)
-            attempts.setdefault(task.id, {})[n] = 1 + (outcome.infra_retries if isinstance(outcome, Trajectory)
-                                                       else cfg.max_infra_retries)
+            attempts.setdefault(task.id, {})[n] = 1 + (
+                outcome.infra_retries if isinstance(outcome, Trajectory) else cfg.max_infra_retries
+            )
             if isinstance(outcome, Trajectory):
                 report.steps += len(outcome.turns)
                 report.tokens += outcome.n_tokens
@@ -335,4 +419,3 @@ class RolloutScheduler:
         report.pool_hits = self.pool.stats.hits - hits0
         report.pool_misses = self.pool.stats.misses - misses0
         return report
-

@@ -37,29 +37,62 @@ def _safe(name: str) -> str:
 
 def trajectory_row(t: Trajectory) -> dict[str, Any]:
     return {
-        "trajectory_id": t.trajectory_id, "batch_id": t.batch_id, "group_id": t.group_id, "task_id": t.task_id,
-        "content_hash": t.content_hash, "task_set_version": t.task_set_version, "policy_id": t.policy_id,
-        "policy_version": t.policy_version, "sample_index": t.sample_index, "seed": t.seed, "source": t.source,
-        "instruction": t.instruction, "turns_json": dumps([t.__dict__ for t in t.turns]), "n_turns": len(t.turns),
-        "n_tokens": t.n_tokens, "end_reason": t.end_reason, "final_diff": t.final_diff, "reward": float(t.reward),
-        "resolved": bool(t.resolved), "verification_json": dumps(t.verification),
-        "failure_reasons": list(t.failure_reasons), "infra_retries": t.infra_retries,
-        "sandbox_json": dumps(t.sandbox), "timings_json": dumps(t.timings), "started_at": float(t.started_at), "duration_s": float(t.duration_s),
+        "trajectory_id": t.trajectory_id,
+        "batch_id": t.batch_id,
+        "group_id": t.group_id,
+        "task_id": t.task_id,
+        "content_hash": t.content_hash,
+        "task_set_version": t.task_set_version,
+        "policy_id": t.policy_id,
+        "policy_version": t.policy_version,
+        "sample_index": t.sample_index,
+        "seed": t.seed,
+        "source": t.source,
+        "instruction": t.instruction,
+        "turns_json": dumps([t.__dict__ for t in t.turns]),
+        "n_turns": len(t.turns),
+        "n_tokens": t.n_tokens,
+        "end_reason": t.end_reason,
+        "final_diff": t.final_diff,
+        "reward": float(t.reward),
+        "resolved": bool(t.resolved),
+        "verification_json": dumps(t.verification),
+        "failure_reasons": list(t.failure_reasons),
+        "infra_retries": t.infra_retries,
+        "sandbox_json": dumps(t.sandbox),
+        "timings_json": dumps(t.timings),
+        "started_at": float(t.started_at),
+        "duration_s": float(t.duration_s),
     }
 
 
 def row_to_trajectory(row: dict[str, Any]) -> Trajectory:
     from envforge.rollout.trajectory import Turn
+
     return Trajectory(
-        batch_id=row["batch_id"], task_id=row["task_id"], content_hash=row["content_hash"],
-        task_set_version=row["task_set_version"], policy_id=row["policy_id"], policy_version=row["policy_version"],
-        sample_index=row["sample_index"], seed=row["seed"], instruction=row["instruction"],
-        turns=[Turn(**t) for t in json.loads(row["turns_json"])], end_reason=row["end_reason"],
-        final_diff=row["final_diff"], reward=row["reward"], resolved=row["resolved"],
-        verification=json.loads(row["verification_json"]), failure_reasons=list(row["failure_reasons"]),
-        infra_retries=row["infra_retries"], sandbox=json.loads(row["sandbox_json"]),
-        timings=json.loads(row["timings_json"]), started_at=row["started_at"],
-        duration_s=row["duration_s"], source=row["source"])
+        batch_id=row["batch_id"],
+        task_id=row["task_id"],
+        content_hash=row["content_hash"],
+        task_set_version=row["task_set_version"],
+        policy_id=row["policy_id"],
+        policy_version=row["policy_version"],
+        sample_index=row["sample_index"],
+        seed=row["seed"],
+        instruction=row["instruction"],
+        turns=[Turn(**t) for t in json.loads(row["turns_json"])],
+        end_reason=row["end_reason"],
+        final_diff=row["final_diff"],
+        reward=row["reward"],
+        resolved=row["resolved"],
+        verification=json.loads(row["verification_json"]),
+        failure_reasons=list(row["failure_reasons"]),
+        infra_retries=row["infra_retries"],
+        sandbox=json.loads(row["sandbox_json"]),
+        timings=json.loads(row["timings_json"]),
+        started_at=row["started_at"],
+        duration_s=row["duration_s"],
+        source=row["source"],
+    )
 
 
 def trajectory_frame(trajectories: Iterable[Trajectory]) -> pl.DataFrame:
@@ -125,8 +158,12 @@ class TrajectoryStore:
         try:
             TrajectoryRow.validate(frame, lazy=True)
         except pandera.errors.SchemaErrors as err:
-            raise BatchRejectedError([Problem(f"trajectories of {self.batch_id}", str(r.get("column") or ""),
-                                              str(r.get("check"))) for r in err.failure_cases.to_dicts()]) from None
+            raise BatchRejectedError(
+                [
+                    Problem(f"trajectories of {self.batch_id}", str(r.get("column") or ""), str(r.get("check")))
+                    for r in err.failure_cases.to_dicts()
+                ]
+            ) from None
         buf = io.BytesIO()
         frame.write_parquet(buf)
         seq = len(self._ls("", ".parquet"))
@@ -134,7 +171,8 @@ class TrajectoryStore:
         self._write(path, buf.getvalue())
         for t in trajectories:
             self.fs.rm(self._pending_path(t.task_id, t.sample_index)) if self.fs.exists(
-                self._pending_path(t.task_id, t.sample_index)) else None
+                self._pending_path(t.task_id, t.sample_index)
+            ) else None
         return path
 
     def record_dropped(self, group: DroppedGroup) -> None:
@@ -188,8 +226,13 @@ class TrajectoryStore:
         write_url(str(path), text.encode("utf-8"))
         return len(rows)
 
-    def export_verl(self, path: str | Path, service_url: str = "", splits: dict[str, str] | None = None,
-                    max_turns: dict[str, int] | None = None) -> int:  # splits by task id, max_turns by content hash
+    def export_verl(
+        self,
+        path: str | Path,
+        service_url: str = "",
+        splits: dict[str, str] | None = None,
+        max_turns: dict[str, int] | None = None,
+    ) -> int:  # splits by task id, max_turns by content hash
         """verl's multi-turn RL data, one row per task of the batch (see `envforge.rollout.verl_export`);
         returns the number of rows."""
         from envforge.rollout.verl_export import verl_rows, write_verl_parquet

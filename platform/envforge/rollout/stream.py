@@ -68,9 +68,14 @@ class GroupStream:
 
     def _fresh(self, group: list[Trajectory]) -> bool:
         if self.is_stale(group):
-            self.stale.append({"task_id": group[0].task_id, "batch_id": group[0].batch_id,
-                               "policy_version": min(t.policy_version for t in group),
-                               "trainer_version": self.current_version()})
+            self.stale.append(
+                {
+                    "task_id": group[0].task_id,
+                    "batch_id": group[0].batch_id,
+                    "policy_version": min(t.policy_version for t in group),
+                    "trainer_version": self.current_version(),
+                }
+            )
             return False
         self.yielded += 1
         return True

@@ -73,8 +73,12 @@ def static_score(task: Task) -> float:
     if task.reference_patch:
         sections = split_diff(task.reference_patch)
         files = len(sections)
-        lines = sum(1 for s in sections for line in s.text.splitlines()
-                    if line[:1] in "+-" and not line.startswith(("+++", "---")))
+        lines = sum(
+            1
+            for s in sections
+            for line in s.text.splitlines()
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))
+        )
     else:
         cmds = task.spec.reference_solution.commands or []
         lines = sum(len(c.splitlines()) for c in cmds)
@@ -87,8 +91,19 @@ def static_score(task: Task) -> float:
 def tiers_from_passes(tasks: Sequence[Task], solved: dict[str, tuple[int, int]]) -> list[TierRow]:
     """Rows from measured (solved, k) per task id; tasks without a measurement get static tiers."""
     measured = [t for t in tasks if t.id in solved]
-    rows = [TierRow(t.id, t.content_hash, t.spec.source, tier_for(*solved[t.id]), "pass@k", solved[t.id][0],
-                    solved[t.id][1], solved[t.id][0] / solved[t.id][1]) for t in measured]
+    rows = [
+        TierRow(
+            t.id,
+            t.content_hash,
+            t.spec.source,
+            tier_for(*solved[t.id]),
+            "pass@k",
+            solved[t.id][0],
+            solved[t.id][1],
+            solved[t.id][0] / solved[t.id][1],
+        )
+        for t in measured
+    ]
     rest = [t for t in tasks if t.id not in solved]
     return rows + static_tiers(rest)
 
@@ -103,8 +118,13 @@ def static_tiers(tasks: Sequence[Task]) -> list[TierRow]:
     return rows
 
 
-def stratified_split(rows: Iterable[TierRow], eval_fraction: float = 0.2, seed: int = 0,
-                     groups: Mapping[str, str] | None = None, audit_only: Collection[str] = ()) -> list[TierRow]:
+def stratified_split(
+    rows: Iterable[TierRow],
+    eval_fraction: float = 0.2,
+    seed: int = 0,
+    groups: Mapping[str, str] | None = None,
+    audit_only: Collection[str] = (),
+) -> list[TierRow]:
     """Train/eval split stratified by (tier, source); unsolved tasks, and the content hashes in
     `audit_only` (verifiers the gate found too weak to train on), go to `audit`.
 
@@ -136,8 +156,10 @@ def stratified_split(rows: Iterable[TierRow], eval_fraction: float = 0.2, seed: 
         target = max(1, target)
     cap = {k: len(v) - 1 if len(v) >= 2 else len(v) for k, v in strata.items()}
     quota = {k: min(cap[k], int(len(v) * eval_fraction)) for k, v in strata.items()}
-    by_remainder = sorted(strata, key=lambda k: (-(len(strata[k]) * eval_fraction - int(len(strata[k]) * eval_fraction)),
-                                                 -len(strata[k]), k))
+    by_remainder = sorted(
+        strata,
+        key=lambda k: (-(len(strata[k]) * eval_fraction - int(len(strata[k]) * eval_fraction)), -len(strata[k]), k),
+    )
     while sum(quota.values()) < target and any(quota[k] < cap[k] for k in strata):
         for k in by_remainder:
             if sum(quota.values()) >= target:

@@ -41,17 +41,23 @@ def system_message() -> str:
     """The system prompt with the tools and the text form of a call (the Hermes/Qwen convention the
     rollout tools parse), so prompts work for models and templates without native tool support."""
     tools = "\n".join(json.dumps(t, sort_keys=True) for t in TOOLS)
-    return (f"{SYSTEM_PROMPT}\n\n# Tools\n\nYou may call the following tools:\n<tools>\n{tools}\n</tools>\n\n"
-            'To act, answer with one JSON object between tags:\n<tool_call>{"name": <tool-name>, "arguments": '
-            "<args-json-object>}</tool_call>")
+    return (
+        f"{SYSTEM_PROMPT}\n\n# Tools\n\nYou may call the following tools:\n<tools>\n{tools}\n</tools>\n\n"
+        'To act, answer with one JSON object between tags:\n<tool_call>{"name": <tool-name>, "arguments": '
+        "<args-json-object>}</tool_call>"
+    )
 
 
 def user_message(instruction: str) -> str:
     return f"{instruction.strip()}\n\nThe repository is in {WORKSPACE}."
 
 
-def verl_rows(trajectories: Iterable[Trajectory], service_url: str, splits: Mapping[str, str] | None = None,
-              max_turns: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+def verl_rows(
+    trajectories: Iterable[Trajectory],
+    service_url: str,
+    splits: Mapping[str, str] | None = None,
+    max_turns: Mapping[str, int] | None = None,
+) -> list[dict[str, Any]]:
     """One row per task of the trajectories (ordered by task id); `splits` by task id (from the task set's
     tiers), `max_turns` by content hash (from the catalog)."""
     by_task: dict[str, list[Trajectory]] = defaultdict(list)
@@ -62,21 +68,31 @@ def verl_rows(trajectories: Iterable[Trajectory], service_url: str, splits: Mapp
         group = by_task[task_id]
         first = group[0]
         truth = {"task_id": task_id, "content_hash": first.content_hash, "task_set_version": first.task_set_version}
-        rows.append({
-            "data_source": f"envforge/{first.source or 'task'}",
-            "agent_name": AGENT_NAME,
-            "prompt": [{"role": "system", "content": system_message()},
-                       {"role": "user", "content": user_message(first.instruction)}],
-            "tools": json.dumps(TOOLS),
-            "ability": ABILITY,
-            "reward_model": {"style": "rule", "ground_truth": json.dumps(truth, sort_keys=True)},
-            "extra_info": {
-                "index": index, "split": (splits or {}).get(task_id, "train"), "task_id": task_id,
-                "content_hash": first.content_hash, "task_set_version": first.task_set_version,
-                "service_url": service_url, "max_turns": int((max_turns or {}).get(first.content_hash, 0)),
-                "batch_id": first.batch_id, "batch_samples": len(group),
-                "batch_pass_rate": sum(1 for t in group if t.resolved) / len(group)},
-        })
+        rows.append(
+            {
+                "data_source": f"envforge/{first.source or 'task'}",
+                "agent_name": AGENT_NAME,
+                "prompt": [
+                    {"role": "system", "content": system_message()},
+                    {"role": "user", "content": user_message(first.instruction)},
+                ],
+                "tools": json.dumps(TOOLS),
+                "ability": ABILITY,
+                "reward_model": {"style": "rule", "ground_truth": json.dumps(truth, sort_keys=True)},
+                "extra_info": {
+                    "index": index,
+                    "split": (splits or {}).get(task_id, "train"),
+                    "task_id": task_id,
+                    "content_hash": first.content_hash,
+                    "task_set_version": first.task_set_version,
+                    "service_url": service_url,
+                    "max_turns": int((max_turns or {}).get(first.content_hash, 0)),
+                    "batch_id": first.batch_id,
+                    "batch_samples": len(group),
+                    "batch_pass_rate": sum(1 for t in group if t.resolved) / len(group),
+                },
+            }
+        )
     return rows
 
 

@@ -67,9 +67,9 @@ XBASH = BIN_DIR + "/bash"
 # earlier commands, so the same command's observation differed with the sandbox's history (a rollout's
 # next prompt, and everything after it, depended on which warm sandbox it got). Eval'd, it is "bash: x: ...".
 _RUN = 'IFS= read -r -d "" __s < "$__f"; unset __f; eval "unset __s\n$__s"'
-_BOOT = 'read -r -u 3 _go || exit 0; exec 3<&-; __f=$ENVFORGE_CMD; unset _go ENVFORGE_CMD; ' + _RUN
+_BOOT = "read -r -u 3 _go || exit 0; exec 3<&-; __f=$ENVFORGE_CMD; unset _go ENVFORGE_CMD; " + _RUN
 # For a command that gets a report channel on fd 3: no waiting, the script already exists.
-_BOOT_NOW = '__f=$ENVFORGE_CMD; unset ENVFORGE_CMD; ' + _RUN
+_BOOT_NOW = "__f=$ENVFORGE_CMD; unset ENVFORGE_CMD; " + _RUN
 
 
 def _oom_first():
@@ -173,8 +173,8 @@ class Spawner:
                 for fd in (0, 1, 2, 3):  # dup2 onto itself keeps O_CLOEXEC
                     os.set_inheritable(fd, True)
                 for fd in [int(f) for f in os.listdir("/proc/self/fd")]:  # close_range may be blocked by
-                    if fd > 3:                                              # seccomp; 64k close() calls
-                        try:                                                # would cost milliseconds
+                    if fd > 3:  # seccomp; 64k close() calls
+                        try:  # would cost milliseconds
                             os.close(fd)
                         except OSError:
                             pass
@@ -249,8 +249,7 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
             rep_r, rep_w = os.pipe()
             # Reopening /dev/fd/3 checks the pipe inode's mode, and the agent (root) owns it.
             os.fchmod(rep_w, 0o622)
-            pid, in_w, out_r, err_r, script = SPAWNER.spawn_with_report(
-                cmd, cwd, dict(CHILD_ENV, **(env or {})), rep_w)
+            pid, in_w, out_r, err_r, script = SPAWNER.spawn_with_report(cmd, cwd, dict(CHILD_ENV, **(env or {})), rep_w)
         else:
             pid, in_w, out_r, err_r, script = SPAWNER.spawn(cmd, cwd, dict(CHILD_ENV, **(env or {})))
     except OSError as exc:
@@ -261,9 +260,17 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
             raise
         what = "process limit" if exc.errno == errno.EAGAIN else "memory"
         msg = f"envforge: cannot start the command: the sandbox's {what} is exhausted\n".encode()
-        return {"exit_code": 126, "stdout": "", "stderr": base64.b64encode(msg).decode(),
-                "stdout_truncated": False, "stderr_truncated": False, "oom_seen": _oom_seen[0],
-                "duration": time.monotonic() - started, "timed_out": False, "oom_killed": False}
+        return {
+            "exit_code": 126,
+            "stdout": "",
+            "stderr": base64.b64encode(msg).decode(),
+            "stdout_truncated": False,
+            "stderr_truncated": False,
+            "oom_seen": _oom_seen[0],
+            "duration": time.monotonic() - started,
+            "timed_out": False,
+            "oom_killed": False,
+        }
     bufs = {"stdout": bytearray(), "stderr": bytearray(), "report": bytearray()}
     trunc = {"stdout": False, "stderr": False, "report": False}
     caps = {"stdout": cap, "stderr": cap, "report": REPORT_CAP}
@@ -324,7 +331,7 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
                 continue
             if name == "stdin":
                 try:
-                    pending = pending[os.write(in_w, pending[:65536]):]
+                    pending = pending[os.write(in_w, pending[:65536]) :]
                     if not pending:
                         sel.unregister(in_w)
                         os.close(in_w)
@@ -371,16 +378,22 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
     exit_code = 128 - exit_code if exit_code < 0 else exit_code
     # 137 = SIGKILL, of the shell itself or (reported by the shell) of the command it ran.
     oom = exit_code == 137 and not timed_out and oom_killed_since_last_look()
-    extra = {"report": base64.b64encode(bytes(bufs["report"])).decode(),
-             "report_truncated": trunc["report"]} if report else {}
+    extra = (
+        {"report": base64.b64encode(bytes(bufs["report"])).decode(), "report_truncated": trunc["report"]}
+        if report
+        else {}
+    )
     return {
         **extra,
         "oom_seen": _oom_seen[0],
         "exit_code": exit_code,
         "stdout": base64.b64encode(bytes(bufs["stdout"])).decode(),
         "stderr": base64.b64encode(bytes(bufs["stderr"])).decode(),
-        "stdout_truncated": trunc["stdout"], "stderr_truncated": trunc["stderr"],
-        "duration": time.monotonic() - started, "timed_out": timed_out, "oom_killed": oom,
+        "stdout_truncated": trunc["stdout"],
+        "stderr_truncated": trunc["stderr"],
+        "duration": time.monotonic() - started,
+        "timed_out": timed_out,
+        "oom_killed": oom,
     }
 
 
@@ -423,11 +436,13 @@ def kill_sandbox_processes(keep=()):
 # dead: the tmpfs mounts (a `chmod 000` does not stop it), POSIX message queues and System V IPC.
 # What survived a reset could reach the next episode or its grading (a symlink into /dev/shm).
 WRITABLE = "/workspace /tmp /run/envforge /dev/shm"
-WIPE_WRITABLE = (f"chmod -R u+rwX {WRITABLE} 2>/dev/null; "
-                 f"find {WRITABLE} -mindepth 1 -maxdepth 1 -exec rm -rf -- {{}} + ; "
-                 "find /dev/mqueue -mindepth 1 -maxdepth 1 -delete 2>/dev/null; "
-                 "ipcrm --all 2>/dev/null; "
-                 f"test -z \"$(find {WRITABLE} /dev/mqueue -mindepth 1 -maxdepth 1 2>/dev/null | head -n 1)\"")
+WIPE_WRITABLE = (
+    f"chmod -R u+rwX {WRITABLE} 2>/dev/null; "
+    f"find {WRITABLE} -mindepth 1 -maxdepth 1 -exec rm -rf -- {{}} + ; "
+    "find /dev/mqueue -mindepth 1 -maxdepth 1 -delete 2>/dev/null; "
+    "ipcrm --all 2>/dev/null; "
+    f'test -z "$(find {WRITABLE} /dev/mqueue -mindepth 1 -maxdepth 1 2>/dev/null | head -n 1)"'
+)
 
 
 def restore(snapshot):
@@ -545,11 +560,20 @@ def handle(line, send):
         if op == "exec":
             on_chunk = None
             if req.get("stream"):
+
                 def on_chunk(name, data, rid=rid):
                     send({"id": rid, "chunk": name, "data": base64.b64encode(data).decode()})
-            result = run_command(req["cmd"], float(req["timeout"]), req.get("env"), req.get("cwd") or WORKSPACE,
-                                 base64.b64decode(req["stdin"]) if req.get("stdin") else b"",
-                                 int(req.get("cap", 1 << 20)), on_chunk, bool(req.get("report")))
+
+            result = run_command(
+                req["cmd"],
+                float(req["timeout"]),
+                req.get("env"),
+                req.get("cwd") or WORKSPACE,
+                base64.b64decode(req["stdin"]) if req.get("stdin") else b"",
+                int(req.get("cap", 1 << 20)),
+                on_chunk,
+                bool(req.get("report")),
+            )
         elif op == "reset":
             result = restore(req.get("snapshot"))
         elif op == "kill":

@@ -32,7 +32,8 @@ class AgentTimeout(Exception):
 class AgentChannel:
     def __init__(self, client: docker.DockerClient, container_id: str):
         self._sock_wrapper = client.api.attach_socket(
-            container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+        )
         self._sock: socket.socket = getattr(self._sock_wrapper, "_sock", self._sock_wrapper)
         self._buf = bytearray()  # undecoded frame bytes
         self._lines = bytearray()  # decoded stdout bytes not yet split into lines
@@ -41,8 +42,9 @@ class AgentChannel:
         self.lock = threading.Lock()
         self.closed = False
 
-    def request(self, payload: dict[str, Any], deadline_s: float,
-                on_chunk: Callable[[str, bytes], None] | None = None) -> dict[str, Any]:
+    def request(
+        self, payload: dict[str, Any], deadline_s: float, on_chunk: Callable[[str, bytes], None] | None = None
+    ) -> dict[str, Any]:
         """Send one request and wait for its final response (chunk messages go to on_chunk)."""
         if self.closed:
             raise AgentDead("channel closed")
@@ -88,7 +90,7 @@ class AgentChannel:
             if len(self._buf) >= _HEADER.size:
                 stream, size = _HEADER.unpack_from(self._buf)
                 if len(self._buf) >= _HEADER.size + size:
-                    data = bytes(self._buf[_HEADER.size: _HEADER.size + size])
+                    data = bytes(self._buf[_HEADER.size : _HEADER.size + size])
                     del self._buf[: _HEADER.size + size]
                     if stream == STDOUT:
                         self._lines += data

@@ -64,8 +64,7 @@ BASE_ENV = {
 _SNAPSHOT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 # One shared pool for the async API: hundreds of sandboxes block in I/O at once.
-_ASYNC_EXECUTOR = ThreadPoolExecutor(max_workers=read_env().sandbox_threads,
-                                     thread_name_prefix="envforge-sandbox")
+_ASYNC_EXECUTOR = ThreadPoolExecutor(max_workers=read_env().sandbox_threads, thread_name_prefix="envforge-sandbox")
 
 
 @dataclass(frozen=True)
@@ -115,8 +114,16 @@ class SandboxOptions:
 
     def key(self) -> str:
         """A hashable identity: sandboxes with equal keys are interchangeable in a pool."""
-        return json.dumps({"limits": self.limits.model_dump(mode="json"), "network": self.network.model_dump(mode="json"),
-                           "cap": self.output_cap, "runtime": self.runtime, "agent": self.use_agent}, sort_keys=True)
+        return json.dumps(
+            {
+                "limits": self.limits.model_dump(mode="json"),
+                "network": self.network.model_dump(mode="json"),
+                "cap": self.output_cap,
+                "runtime": self.runtime,
+                "agent": self.use_agent,
+            },
+            sort_keys=True,
+        )
 
     def container_kwargs(self) -> dict:
         lim = self.limits
@@ -175,8 +182,9 @@ class SandboxStats:
 class Sandbox:
     """A started container for one task image. Use as a context manager, or call close()."""
 
-    def __init__(self, client: docker.DockerClient, container, options: SandboxOptions, image: str,
-                 channel: AgentChannel | None):
+    def __init__(
+        self, client: docker.DockerClient, container, options: SandboxOptions, image: str, channel: AgentChannel | None
+    ):
         self.client = client
         self.container = container
         self.options = options
@@ -190,8 +198,13 @@ class Sandbox:
     # -- lifecycle -----------------------------------------------------------------------
 
     @classmethod
-    def start(cls, client: docker.DockerClient, image: str, options: SandboxOptions | None = None,
-              labels: Mapping[str, str] | None = None) -> "Sandbox":
+    def start(
+        cls,
+        client: docker.DockerClient,
+        image: str,
+        options: SandboxOptions | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> "Sandbox":
         """Create and start a sandbox with its workspace in the task's initial state."""
         from envforge.sandbox.network import attach_allowlist, ensure_allowlist_network
 
@@ -203,8 +216,13 @@ class Sandbox:
         all_labels = {MANAGED_LABEL: "1", OWNER_LABEL: owner_id(), "envforge.image": image, **(labels or {})}
         command = ["/bin/sh", "-c", SUPERVISOR, AGENT_SOURCE] if options.use_agent else ["sleep", "infinity"]
         try:
-            container = client.containers.create(image, command=command, name=f"envforge-{uuid.uuid4().hex[:12]}",
-                                                 labels=all_labels, **options.container_kwargs())
+            container = client.containers.create(
+                image,
+                command=command,
+                name=f"envforge-{uuid.uuid4().hex[:12]}",
+                labels=all_labels,
+                **options.container_kwargs(),
+            )
         except ImageNotFound:
             raise InfraError("image_missing", f"image {image} is not built; run `envforge images build`") from None
         except ENGINE_ERRORS as exc:
@@ -259,10 +277,17 @@ class Sandbox:
 
     # -- commands ------------------------------------------------------------------------
 
-    def exec(self, command: str, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
-             workdir: str = WORKSPACE, stdin: bytes | None = None,
-             on_output: Callable[[str, bytes], None] | None = None, output_cap: int | None = None,
-             report: bool = False) -> ExecResult:
+    def exec(
+        self,
+        command: str,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir: str = WORKSPACE,
+        stdin: bytes | None = None,
+        on_output: Callable[[str, bytes], None] | None = None,
+        output_cap: int | None = None,
+        report: bool = False,
+    ) -> ExecResult:
         """Run a shell command as the sandbox user; its process group is killed at the timeout.
 
         Raises InfraError when the container, the engine or the agent fails; a non-zero exit,
@@ -275,8 +300,16 @@ class Sandbox:
         cap = self.options.output_cap if output_cap is None else output_cap
         self.stats.execs += 1
         if self.agent_alive:
-            payload = {"op": "exec", "cmd": command, "timeout": timeout, "env": {**BASE_ENV, **(env or {})},
-                       "cwd": workdir, "cap": cap, "stream": on_output is not None, "report": report}
+            payload = {
+                "op": "exec",
+                "cmd": command,
+                "timeout": timeout,
+                "env": {**BASE_ENV, **(env or {})},
+                "cwd": workdir,
+                "cap": cap,
+                "stream": on_output is not None,
+                "report": report,
+            }
             if stdin:
                 payload["stdin"] = base64.b64encode(stdin).decode()
             started = time.perf_counter()
@@ -287,8 +320,14 @@ class Sandbox:
                     # The memory cgroup OOM-killed the agent (or what it waited for) while this
                     # command ran: the policy's own memory use, a model outcome like any OOM.
                     self.tainted = "oom"
-                    return ExecResult(137, b"", b"envforge: the sandbox ran out of memory; the command was killed\n",
-                                      time.perf_counter() - started, False, True)
+                    return ExecResult(
+                        137,
+                        b"",
+                        b"envforge: the sandbox ran out of memory; the command was killed\n",
+                        time.perf_counter() - started,
+                        False,
+                        True,
+                    )
                 raise
             if not msg.get("ok"):
                 raise InfraError("agent_error", msg.get("error", "unknown"))
@@ -297,9 +336,17 @@ class Sandbox:
                 self.tainted = self.tainted or "oom"
             live.sandbox_command(time.perf_counter() - started, "agent")
             rep = base64.b64decode(msg["report"]) if "report" in msg else None
-            return ExecResult(msg["exit_code"], base64.b64decode(msg["stdout"]), base64.b64decode(msg["stderr"]),
-                              msg["duration"], msg["timed_out"], msg["oom_killed"], msg["stdout_truncated"],
-                              msg["stderr_truncated"], rep)
+            return ExecResult(
+                msg["exit_code"],
+                base64.b64decode(msg["stdout"]),
+                base64.b64decode(msg["stderr"]),
+                msg["duration"],
+                msg["timed_out"],
+                msg["oom_killed"],
+                msg["stdout_truncated"],
+                msg["stderr_truncated"],
+                rep,
+            )
         if report:
             raise InfraError("agent_unavailable", "a report channel needs the in-sandbox agent")
         self.stats.fallback_execs += 1
@@ -349,25 +396,45 @@ class Sandbox:
             self.tainted = f"container {self.container.status}"
             raise InfraError("container_not_running", f"container is {self.container.status}")
 
-    def _docker_exec(self, command: str, timeout: float, env: Mapping[str, str] | None, workdir: str,
-                     stdin: bytes | None, cap: int) -> ExecResult:
+    def _docker_exec(
+        self, command: str, timeout: float, env: Mapping[str, str] | None, workdir: str, stdin: bytes | None, cap: int
+    ) -> ExecResult:
         """The fallback path: `docker exec` as the sandbox user, wrapped in `timeout`."""
-        argv = ["/bin/sh", "-c", OOM_FIRST_THEN_EXEC, "sh",
-                "timeout", "--kill-after=2", f"{timeout:g}", "/bin/bash", "-c", command]
+        argv = [
+            "/bin/sh",
+            "-c",
+            OOM_FIRST_THEN_EXEC,
+            "sh",
+            "timeout",
+            "--kill-after=2",
+            f"{timeout:g}",
+            "/bin/bash",
+            "-c",
+            command,
+        ]
         started = time.perf_counter()
-        code, out, err, out_t, err_t = self._raw_docker_exec(argv, stdin, {**BASE_ENV, **(env or {})}, workdir,
-                                                             timeout + _HOST_GRACE_S, cap)
+        code, out, err, out_t, err_t = self._raw_docker_exec(
+            argv, stdin, {**BASE_ENV, **(env or {})}, workdir, timeout + _HOST_GRACE_S, cap
+        )
         duration = time.perf_counter() - started
         timed_out = code == 124 or (code == 137 and duration >= timeout)
         return ExecResult(code, out, err, duration, timed_out, False, out_t, err_t)
 
-    def _raw_docker_exec(self, argv: list[str], stdin: bytes | None, env: Mapping[str, str], workdir: str,
-                         deadline_s: float, cap: int) -> tuple[int, bytes, bytes, bool, bool]:
+    def _raw_docker_exec(
+        self, argv: list[str], stdin: bytes | None, env: Mapping[str, str], workdir: str, deadline_s: float, cap: int
+    ) -> tuple[int, bytes, bytes, bool, bool]:
         api = self.client.api
         try:
-            exec_id = api.exec_create(self.container.id, argv, stdin=stdin is not None, stdout=True, stderr=True,
-                                      environment=dict(env), workdir=workdir,
-                                      user=f"{SANDBOX_UID}:{SANDBOX_UID}")["Id"]
+            exec_id = api.exec_create(
+                self.container.id,
+                argv,
+                stdin=stdin is not None,
+                stdout=True,
+                stderr=True,
+                environment=dict(env),
+                workdir=workdir,
+                user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+            )["Id"]
             sock = api.exec_start(exec_id, socket=True)
         except NotFound:
             self.tainted = "container vanished"
@@ -420,9 +487,13 @@ class Sandbox:
         """Write a file as the sandbox user (parents created)."""
         payload = data.encode() if isinstance(data, str) else data
         q = shlex.quote(path)
-        res = self.exec(f"mkdir -p \"$(dirname {q})\" && cat > {q} && chmod {mode:o} {q}", stdin=payload or None,
-                        workdir="/") if payload else self.exec(f"mkdir -p \"$(dirname {q})\" && : > {q} && "
-                                                               f"chmod {mode:o} {q}", workdir="/")
+        res = (
+            self.exec(
+                f'mkdir -p "$(dirname {q})" && cat > {q} && chmod {mode:o} {q}', stdin=payload or None, workdir="/"
+            )
+            if payload
+            else self.exec(f'mkdir -p "$(dirname {q})" && : > {q} && chmod {mode:o} {q}', workdir="/")
+        )
         if res.exit_code != 0:
             raise OSError(f"write_file {path}: {res.err_text().strip()}")
 
@@ -490,8 +561,7 @@ class Sandbox:
     def kill_processes(self) -> int:
         """SIGKILL every process of the sandbox user (background jobs included); returns how many."""
         if not self.agent_alive:
-            self._raw_docker_exec(["/bin/sh", "-c", KILL_ALL],
-                                  None, BASE_ENV, "/", 60, DEFAULT_OUTPUT_CAP)
+            self._raw_docker_exec(["/bin/sh", "-c", KILL_ALL], None, BASE_ENV, "/", 60, DEFAULT_OUTPUT_CAP)
             return 0
         msg = self._agent({"op": "kill"}, 60)
         if not msg.get("ok"):
@@ -532,8 +602,9 @@ class Sandbox:
             return
         if snapshot.name is not None:
             raise InfraError("agent_unavailable", "resetting to a snapshot needs the in-sandbox agent")
-        code, _, err, _, _ = self._raw_docker_exec(["/bin/sh", "-c", RESET_TO_INITIAL], None, BASE_ENV, "/", 180,
-                                                   DEFAULT_OUTPUT_CAP)
+        code, _, err, _, _ = self._raw_docker_exec(
+            ["/bin/sh", "-c", RESET_TO_INITIAL], None, BASE_ENV, "/", 180, DEFAULT_OUTPUT_CAP
+        )
         if code != 0:
             self.tainted = "reset failed"
             raise InfraError("reset_failed", err.decode(errors="replace")[-300:])
@@ -559,8 +630,13 @@ class Sandbox:
         return await run_blocking(self.diff)
 
     @classmethod
-    async def astart(cls, client: docker.DockerClient, image: str, options: SandboxOptions | None = None,
-                     labels: Mapping[str, str] | None = None) -> "Sandbox":
+    async def astart(
+        cls,
+        client: docker.DockerClient,
+        image: str,
+        options: SandboxOptions | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> "Sandbox":
         return await run_blocking(cls.start, client, image, options, labels)
 
     async def aclose(self) -> None:

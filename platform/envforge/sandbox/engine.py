@@ -20,8 +20,12 @@ _HOW_TO_START = "start it with `platform/deploy/docker-engine.sh` (as root) or `
 # What the docker SDK lets through when the engine is down, restarting or overloaded: its own
 # errors, and those of the HTTP stack and the socket underneath (a dockerd restart surfaces as
 # requests' ConnectionError, which is no DockerException).
-ENGINE_ERRORS: tuple[type[BaseException], ...] = (DockerException, requests.exceptions.RequestException,
-                                                  urllib3.exceptions.HTTPError, OSError)
+ENGINE_ERRORS: tuple[type[BaseException], ...] = (
+    DockerException,
+    requests.exceptions.RequestException,
+    urllib3.exceptions.HTTPError,
+    OSError,
+)
 
 
 @contextmanager
@@ -50,15 +54,16 @@ def wait_for_engine(client: docker.DockerClient, timeout_s: float = 120.0, first
     while not engine_answers(client):
         waited = time.monotonic() - started
         if waited >= timeout_s:
-            raise InfraError("engine_unavailable", f"the Docker engine did not answer for {waited:.0f}s; "
-                                                   f"{_HOW_TO_START}")
+            raise InfraError(
+                "engine_unavailable", f"the Docker engine did not answer for {waited:.0f}s; {_HOW_TO_START}"
+            )
         time.sleep(min(delay, max(0.0, timeout_s - waited)))
         delay = min(delay * 2, 5.0)
     return time.monotonic() - started
 
+
 # Every object envforge creates carries this label, so orphans can be found and removed.
 MANAGED_LABEL = "envforge.managed"
-
 
 
 def docker_client(settings: Settings | None = None, timeout_s: int = 120) -> docker.DockerClient:

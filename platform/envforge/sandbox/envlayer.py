@@ -100,8 +100,15 @@ class EnvRecipe:
         files = [part for path in sorted(self.files) for part in (path, self.files[path])]
         builder = LEGACY_BUILDER_VERSION if self.legacy else BUILDER_VERSION
         build = [] if self.legacy else [json.dumps(list(self.build))]
-        digest = digest_parts(builder, self.parent, self.python or "", json.dumps(list(self.apt)),
-                              json.dumps(list(self.pip)), *build, *files)
+        digest = digest_parts(
+            builder,
+            self.parent,
+            self.python or "",
+            json.dumps(list(self.apt)),
+            json.dumps(list(self.pip)),
+            *build,
+            *files,
+        )
         return f"{ENV_REPO_PREFIX}{self.name}:{digest[:16]}"
 
     def requirements_txt(self) -> str:
@@ -154,9 +161,15 @@ def _collect(path: str, read: ReadFile, files: dict[str, bytes], problems: list[
     files[norm] = _sanitized(data.decode("utf-8", errors="replace"), norm, read, files, problems)
 
 
-def env_recipe(name: str, parent: str, env: PythonEnvironment, read: ReadFile,
-               constraints: list[str] | None = None, build: list[str] | None = None,
-               legacy: bool = False) -> EnvRecipe:
+def env_recipe(
+    name: str,
+    parent: str,
+    env: PythonEnvironment,
+    read: ReadFile,
+    constraints: list[str] | None = None,
+    build: list[str] | None = None,
+    legacy: bool = False,
+) -> EnvRecipe:
     """The recipe of a task's env layer; ImageBuildError when a requirements file it names is missing.
 
     `build`: the lines of `env.pip` that are build requirements (upgraded to the newest satisfying
@@ -171,8 +184,9 @@ def env_recipe(name: str, parent: str, env: PythonEnvironment, read: ReadFile,
         raise ImageBuildError(f"environment.pip: {'; '.join(problems)}")
     slug = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._")[:60] or "env"
     kept_build = () if legacy else tuple(b for b in build or () if b in env.pip and pip_file_reference(b) is None)
-    return EnvRecipe(slug, parent, env.python, tuple(env.apt), tuple(env.pip), files, tuple(constraints or ()),
-                     kept_build, legacy)
+    return EnvRecipe(
+        slug, parent, env.python, tuple(env.apt), tuple(env.pip), files, tuple(constraints or ()), kept_build, legacy
+    )
 
 
 # Run with the parent's interpreter before anything is installed (argument: where to write the
@@ -195,10 +209,13 @@ open(sys.argv[2], 'w').write(''.join(m + '\\n' for m in sorted(found) if m))
 
 
 def _build_script(recipe: EnvRecipe) -> str:
-    lines = ["set -euo pipefail", f"cd {ENV_DIR}",
-             f"if [ -f {ENV_DIR}/.proxy ]; then set -a; . {ENV_DIR}/.proxy; set +a; rm -f {ENV_DIR}/.proxy; fi",
-             f"export PIP_CACHE_DIR={PIP_CACHE_DIR} PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 "
-             "PIP_ROOT_USER_ACTION=ignore PIP_NO_INPUT=1 PIP_PROGRESS_BAR=off DEBIAN_FRONTEND=noninteractive"]
+    lines = [
+        "set -euo pipefail",
+        f"cd {ENV_DIR}",
+        f"if [ -f {ENV_DIR}/.proxy ]; then set -a; . {ENV_DIR}/.proxy; set +a; rm -f {ENV_DIR}/.proxy; fi",
+        f"export PIP_CACHE_DIR={PIP_CACHE_DIR} PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 "
+        "PIP_ROOT_USER_ACTION=ignore PIP_NO_INPUT=1 PIP_PROGRESS_BAR=off DEBIAN_FRONTEND=noninteractive",
+    ]
     if recipe.python:
         want = shlex.quote(recipe.python)
         lines.append(
@@ -214,14 +231,18 @@ def _build_script(recipe: EnvRecipe) -> str:
             "if not ok:\n"
             "    sys.exit(f'environment.python: {want} is wanted, the image has Python {have} (the base offers '\n"
             "             f'one interpreter; for another, use environment.image or environment.dockerfile with one)')\n"
-            "EOF")
+            "EOF"
+        )
     if recipe.apt:
         pkgs = " ".join(shlex.quote(p) for p in recipe.apt)
-        lines.append(f"apt-get update -q && apt-get install -y -q --no-install-recommends {pkgs} "
-                     "&& rm -rf /var/lib/apt/lists/*")
+        lines.append(
+            f"apt-get update -q && apt-get install -y -q --no-install-recommends {pkgs} && rm -rf /var/lib/apt/lists/*"
+        )
     if not recipe.legacy:
-        lines.append(f"cat > {ENV_DIR}/plugins.py <<'EOF'\n{_PLUGIN_SCRIPT}EOF\n"
-                     f"python3 -I {ENV_DIR}/plugins.py {ENV_DIR}/parent-dists.json")
+        lines.append(
+            f"cat > {ENV_DIR}/plugins.py <<'EOF'\n{_PLUGIN_SCRIPT}EOF\n"
+            f"python3 -I {ENV_DIR}/plugins.py {ENV_DIR}/parent-dists.json"
+        )
     pin = " -c constraints.envforge.txt" if recipe.constraints else ""
     if recipe.pip:
         reqs = f"-r requirements.envforge.txt{pin}"
@@ -237,14 +258,16 @@ def _build_script(recipe: EnvRecipe) -> str:
             "else\n"
             "  echo 'envforge: the wheelhouse install failed; installing from the index'\n"
             f"  python3 -m pip install --no-warn-script-location {reqs}\n"
-            "fi")
+            "fi"
+        )
     if recipe.build:
         # As an isolated build would: the newest satisfying version (pip wheel above put it in the
         # wheelhouse even where the image already had an older one that satisfies the range).
         build = " ".join(shlex.quote(b) for b in recipe.build) + pin
         lines.append(
             f"python3 -m pip install --no-warn-script-location --upgrade --no-index --find-links {WHEELHOUSE_DIR} "
-            f"{build} || python3 -m pip install --no-warn-script-location --upgrade {build}")
+            f"{build} || python3 -m pip install --no-warn-script-location --upgrade {build}"
+        )
     if not recipe.legacy:
         lines.append(f"python3 -I {ENV_DIR}/plugins.py {ENV_DIR}/parent-dists.json {ENV_DIR}/plugins.txt")
     lines.append(f"python3 -m pip freeze --all > {ENV_DIR}/freeze.txt")
@@ -254,9 +277,12 @@ def _build_script(recipe: EnvRecipe) -> str:
 
 def _context_tar(recipe: EnvRecipe) -> bytes:
     proxies = "".join(f"{k}={shlex.quote(os.environ[k])}\n" for k in _PROXY_VARS if os.environ.get(k))
-    members = {"build.sh": _build_script(recipe).encode(), "requirements.envforge.txt": recipe.requirements_txt().encode(),
-               "constraints.envforge.txt": "".join(c + "\n" for c in recipe.constraints if "==" in c).encode(),
-               **{f"repo/{path}": data for path, data in recipe.files.items()}}
+    members = {
+        "build.sh": _build_script(recipe).encode(),
+        "requirements.envforge.txt": recipe.requirements_txt().encode(),
+        "constraints.envforge.txt": "".join(c + "\n" for c in recipe.constraints if "==" in c).encode(),
+        **{f"repo/{path}": data for path, data in recipe.files.items()},
+    }
     if proxies:
         members[".proxy"] = proxies.encode()
     buf = io.BytesIO()
@@ -285,8 +311,10 @@ def _labels_of(client: docker.DockerClient, tag: str) -> tuple[list[str], list[s
     """(pip freeze, plugin modules) recorded in an env image's labels (a layer built before plugins
     were recorded has none)."""
     labels = client.images.get(tag).labels or {}
-    return ([x for x in (labels.get(FREEZE_LABEL) or "").split(";") if x],
-            [x for x in (labels.get(PLUGINS_LABEL) or "").split(";") if x])
+    return (
+        [x for x in (labels.get(FREEZE_LABEL) or "").split(";") if x],
+        [x for x in (labels.get(PLUGINS_LABEL) or "").split(";") if x],
+    )
 
 
 def _ensure_cache_volume(client: docker.DockerClient, name: str) -> None:
@@ -304,9 +332,14 @@ def _lock_for(tag: str) -> threading.Lock:
         return _BUILD_LOCKS.setdefault(tag, threading.Lock())
 
 
-def build_env_image(client: docker.DockerClient, recipe: EnvRecipe, log: Log = lambda _: None,
-                    timeout_s: float = BUILD_TIMEOUT_S, cache_volume: str = PIP_CACHE_VOLUME,
-                    tag: str | None = None) -> EnvBuild:
+def build_env_image(
+    client: docker.DockerClient,
+    recipe: EnvRecipe,
+    log: Log = lambda _: None,
+    timeout_s: float = BUILD_TIMEOUT_S,
+    cache_volume: str = PIP_CACHE_VOLUME,
+    tag: str | None = None,
+) -> EnvBuild:
     """Make sure the env image exists (one build per tag at a time in this process).
 
     `cache_volume` and `tag` exist for measurements: another pip cache (an empty one shows what a
@@ -324,14 +357,19 @@ def build_env_image(client: docker.DockerClient, recipe: EnvRecipe, log: Log = l
         log(f"building env layer {tag} on {recipe.parent}")
         try:
             container = client.containers.create(
-                recipe.parent, command=["/bin/bash", f"{ENV_DIR}/build.sh"], user="0:0", working_dir="/",
+                recipe.parent,
+                command=["/bin/bash", f"{ENV_DIR}/build.sh"],
+                user="0:0",
+                working_dir="/",
                 labels={OWNER_LABEL: owner_id(), "envforge.build": "env", "envforge.env": tag},
-                volumes={cache_volume: {"bind": PIP_CACHE_DIR, "mode": "rw"}})
+                volumes={cache_volume: {"bind": PIP_CACHE_DIR, "mode": "rw"}},
+            )
         except ImageNotFound:
             raise ImageBuildError(f"env layer {tag}: parent image {recipe.parent} does not exist") from None
         except (APIError, DockerException) as exc:
-            raise InfraError("image_build_failed", f"env layer {tag}: cannot create the build container: {exc}") \
-                from None
+            raise InfraError(
+                "image_build_failed", f"env layer {tag}: cannot create the build container: {exc}"
+            ) from None
         try:
             container.put_archive("/opt/envforge", _context_tar(recipe))
             container.start()
@@ -341,25 +379,40 @@ def build_env_image(client: docker.DockerClient, recipe: EnvRecipe, log: Log = l
             for line in logs.splitlines()[-40:]:
                 log(line)
             if code in (137, 143) or status.get("Error"):
-                raise InfraError("image_build_killed", f"env layer {tag}: the build was killed (exit {code}); "
-                                                       f"it is retried")
+                raise InfraError(
+                    "image_build_killed", f"env layer {tag}: the build was killed (exit {code}); it is retried"
+                )
             if code != 0:
-                raise ImageBuildError(f"env layer {tag}: build failed (exit {code}):\n" +
-                                      "\n".join(logs.splitlines()[-25:]))
+                raise ImageBuildError(
+                    f"env layer {tag}: build failed (exit {code}):\n" + "\n".join(logs.splitlines()[-25:])
+                )
             freeze = _read_lines(container, "freeze.txt")
             plugins = [] if recipe.legacy else _read_lines(container, "plugins.txt")
             # A commit merges the container's labels into the image's: blank the build's own, or
             # every container made from this image (task builds, sandboxes) would claim its owner.
-            container.commit(repository=tag.split(":")[0], tag=tag.split(":")[1], conf={
-                "Cmd": ["sleep", "infinity"], "User": "sandbox", "WorkingDir": WORKSPACE,
-                "Labels": {"envforge.image": "env", FREEZE_LABEL: ";".join(freeze), PLUGINS_LABEL: ";".join(plugins),
-                           OWNER_LABEL: "",
-                           "envforge.build": "", "envforge.env": ""}})
+            container.commit(
+                repository=tag.split(":")[0],
+                tag=tag.split(":")[1],
+                conf={
+                    "Cmd": ["sleep", "infinity"],
+                    "User": "sandbox",
+                    "WorkingDir": WORKSPACE,
+                    "Labels": {
+                        "envforge.image": "env",
+                        FREEZE_LABEL: ";".join(freeze),
+                        PLUGINS_LABEL: ";".join(plugins),
+                        OWNER_LABEL: "",
+                        "envforge.build": "",
+                        "envforge.env": "",
+                    },
+                },
+            )
         except ReadTimeout:
             raise ImageBuildError(f"env layer {tag}: the build took longer than {timeout_s:.0f} s") from None
         except NotFound as exc:
-            raise InfraError("image_build_killed", f"env layer {tag}: the build container vanished ({exc}); "
-                                                   f"it is retried") from None
+            raise InfraError(
+                "image_build_killed", f"env layer {tag}: the build container vanished ({exc}); it is retried"
+            ) from None
         except (APIError, DockerException, OSError) as exc:
             raise InfraError("image_build_failed", f"env layer {tag}: {exc}") from None
         finally:
@@ -381,5 +434,12 @@ def _read_lines(container, name: str) -> list[str]:
     return sorted(line.strip() for line in data.splitlines() if line.strip() and ";" not in line)
 
 
-__all__ = ["ENV_REPO_PREFIX", "EnvBuild", "EnvRecipe", "PIP_CACHE_VOLUME", "PLUGINS_LABEL", "build_env_image",
-           "env_recipe"]
+__all__ = [
+    "ENV_REPO_PREFIX",
+    "EnvBuild",
+    "EnvRecipe",
+    "PIP_CACHE_VOLUME",
+    "PLUGINS_LABEL",
+    "build_env_image",
+    "env_recipe",
+]

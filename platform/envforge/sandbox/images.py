@@ -119,10 +119,13 @@ def _size_mb(client: docker.DockerClient, tag: str) -> float:
 
 # A step killed from outside (SIGKILL/SIGTERM, another process removing the build container, the
 # engine going away) says nothing about the recipe: such builds are retried, never stored as rejects.
-_KILLED = re.compile(r"returned a non-zero code: (137|143)\b|no such container|is not running|"
-                     r"connection (reset|refused|aborted)|unexpected EOF|context canceled|"
-                     r"failed to create endpoint|could not find bridge|no such network|"
-                     r"cannot connect to the docker daemon", re.I)
+_KILLED = re.compile(
+    r"returned a non-zero code: (137|143)\b|no such container|is not running|"
+    r"connection (reset|refused|aborted)|unexpected EOF|context canceled|"
+    r"failed to create endpoint|could not find bridge|no such network|"
+    r"cannot connect to the docker daemon",
+    re.I,
+)
 
 
 def _short(text: str) -> str:
@@ -132,9 +135,17 @@ def _short(text: str) -> str:
     return text.strip()[:300]
 
 
-def _build(client: docker.DockerClient, context: Path, tag: str, labels: dict[str, str],
-           buildargs: dict[str, str] | None, what: str, log: Log, dockerfile: str = "Dockerfile",
-           network_mode: str | None = None) -> None:
+def _build(
+    client: docker.DockerClient,
+    context: Path,
+    tag: str,
+    labels: dict[str, str],
+    buildargs: dict[str, str] | None,
+    what: str,
+    log: Log,
+    dockerfile: str = "Dockerfile",
+    network_mode: str | None = None,
+) -> None:
     """Run a classic docker build, streaming its log; failures name `what` and the failing step.
 
     ImageBuildError for a failing recipe; InfraError('image_build_killed') for a build killed
@@ -144,15 +155,25 @@ def _build(client: docker.DockerClient, context: Path, tag: str, labels: dict[st
 
     def failed(message: str) -> Exception:
         if _KILLED.search(message):
-            return InfraError("image_build_killed", f"{what}: the build was interrupted ({_short(message)}); "
-                                                    f"it is retried")
+            return InfraError(
+                "image_build_killed", f"{what}: the build was interrupted ({_short(message)}); it is retried"
+            )
         lines = [_short(line) for line in tail if not line.startswith(("Step ", " ---> ", "Removing intermediate"))]
         return ImageBuildError(f"{what}: build failed: {_short(message)}\n" + "\n".join(lines[-12:]))
 
     try:
-        for chunk in client.api.build(path=str(context), dockerfile=dockerfile, tag=tag, labels=labels,
-                                      buildargs=buildargs or {}, rm=True, forcerm=True, decode=True, pull=False,
-                                      network_mode=network_mode):
+        for chunk in client.api.build(
+            path=str(context),
+            dockerfile=dockerfile,
+            tag=tag,
+            labels=labels,
+            buildargs=buildargs or {},
+            rm=True,
+            forcerm=True,
+            decode=True,
+            pull=False,
+            network_mode=network_mode,
+        ):
             if "stream" in chunk:
                 line = chunk["stream"].rstrip()
                 if line:
@@ -163,21 +184,30 @@ def _build(client: docker.DockerClient, context: Path, tag: str, labels: dict[st
     except (APIError, BuildError) as exc:
         raise failed(str(exc)) from None
     except (DockerException, OSError) as exc:
-        raise InfraError("image_build_killed", f"{what}: lost the engine during the build ({exc}); it is retried") \
-            from None
+        raise InfraError(
+            "image_build_killed", f"{what}: lost the engine during the build ({exc}); it is retried"
+        ) from None
 
 
 def _debootstrap_rootfs(recipe: BaseRecipe, target: Path, log: Log) -> None:
     if shutil.which("debootstrap") is None:
-        raise ImageBuildError("base image: debootstrap is not installed; run `apt-get install -y debootstrap` "
-                              "(make setup does this)")
-    cmd = ["debootstrap", f"--variant={recipe.variant}", f"--include={','.join(recipe.packages)}",
-           recipe.suite, str(target), recipe.mirror]
+        raise ImageBuildError(
+            "base image: debootstrap is not installed; run `apt-get install -y debootstrap` (make setup does this)"
+        )
+    cmd = [
+        "debootstrap",
+        f"--variant={recipe.variant}",
+        f"--include={','.join(recipe.packages)}",
+        recipe.suite,
+        str(target),
+        recipe.mirror,
+    ]
     log("$ " + " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise ImageBuildError(f"base image: debootstrap failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                              f"{proc.stderr[-2000:]}")
+        raise ImageBuildError(
+            f"base image: debootstrap failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     for rel in recipe.strip:
         p = target / rel
         if p.is_dir():
@@ -206,8 +236,9 @@ def build_base_image(client: docker.DockerClient, settings: Settings, log: Log =
             log(f"importing rootfs as {rootfs_tag}")
             repo, rtag = rootfs_tag.split(":")
             with open(tar_path, "rb") as fh:
-                client.api.import_image_from_data(fh, repository=repo, tag=rtag,
-                                                  changes=[f'LABEL {IMAGE_LABEL}="rootfs"'])
+                client.api.import_image_from_data(
+                    fh, repository=repo, tag=rtag, changes=[f'LABEL {IMAGE_LABEL}="rootfs"']
+                )
             shutil.rmtree(root, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=settings.build_dir, prefix="base-") as tmp:
         ctx = Path(tmp)
@@ -228,15 +259,24 @@ def _dockerfile_parent(client: docker.DockerClient, task: Task, base_tag: str, l
         tag = f"{DOCKERFILE_REPO_PREFIX}{task.id}:" + digest_parts(base_tag, tree_digest(dockerfile.parent))[:16]
         if not image_exists(client, tag):
             log(f"building {tag} from {dockerfile}")
-            _build(client, dockerfile.parent, tag, {IMAGE_LABEL: "env", "envforge.task": task.id},
-                   {"ENVFORGE_BASE": base_tag}, f"task {task.id}: environment.dockerfile {dockerfile}", log,
-                   dockerfile=dockerfile.name)
+            _build(
+                client,
+                dockerfile.parent,
+                tag,
+                {IMAGE_LABEL: "env", "envforge.task": task.id},
+                {"ENVFORGE_BASE": base_tag},
+                f"task {task.id}: environment.dockerfile {dockerfile}",
+                log,
+                dockerfile=dockerfile.name,
+            )
         return tag
     if env.base == "base":
         return base_tag
     if not image_exists(client, env.base):
-        raise ImageBuildError(f"task {task.id}: environment.image {env.base!r} is not a local image "
-                              "(no registry is used; build or load it first)")
+        raise ImageBuildError(
+            f"task {task.id}: environment.image {env.base!r} is not a local image "
+            "(no registry is used; build or load it first)"
+        )
     return env.base
 
 
@@ -250,23 +290,27 @@ def _repository_dir(task: Task, settings: Settings, repository_dir: RepositoryDi
     repo = task.spec.environment.repository
     assert repo is not None
     if repository_dir is None:
-        raise ImageBuildError(f"task {task.id}: environment.repository: commit {repo.commit} is not in envforge's "
-                              f"commit store ({gitstore.store_dir(settings.data_dir)}) and the caller gave no "
-                              f"`repository_dir` to read {repo.path!r} with")
+        raise ImageBuildError(
+            f"task {task.id}: environment.repository: commit {repo.commit} is not in envforge's "
+            f"commit store ({gitstore.store_dir(settings.data_dir)}) and the caller gave no "
+            f"`repository_dir` to read {repo.path!r} with"
+        )
     try:
         return repository_dir(task.base_dir, repo.path)
     except ValueError as exc:
         raise ImageBuildError(f"task {task.id}: environment.repository: {exc}") from None
 
 
-def workspace_file(task: Task, settings: Settings, rel: str, repository_dir: RepositoryDir | None = None
-                   ) -> bytes | None:
+def workspace_file(
+    task: Task, settings: Settings, rel: str, repository_dir: RepositoryDir | None = None
+) -> bytes | None:
     """One file of the task's initial workspace (its repository commit, or its files folder), or None.
     `repository_dir`: where a commit not in the commit store is read from (see `RepositoryDir`)."""
     repo = task.spec.environment.repository
     if repo is not None:
-        git_dir = gitstore.commit_dir(settings.data_dir, repo.commit,
-                                      lambda: _repository_dir(task, settings, repository_dir))
+        git_dir = gitstore.commit_dir(
+            settings.data_dir, repo.commit, lambda: _repository_dir(task, settings, repository_dir)
+        )
         proc = gitstore.git(git_dir, "show", f"{repo.commit}:{rel}")
         return proc.stdout if proc.returncode == 0 else None
     root = task.workspace_path()
@@ -288,12 +332,19 @@ def _refuse_other_layer(task: Task, layer: str, recorded: str, current: str, set
         f"task {task.id} was built on the {layer} image {recorded}, but would now be built on {current} "
         f"(base recipe: {settings.sandboxes_dir / 'base'}). A different {layer} changes what the task runs in: "
         f"use the recipe it was ingested with (ENVFORGE_SANDBOXES_DIR), re-ingest its source, or rebuild it on "
-        f"the current one on purpose (--rebuild)")
+        f"the current one on purpose (--rebuild)"
+    )
 
 
-def _resolve_parent(client: docker.DockerClient, task: Task, base_tag: str, settings: Settings,
-                    log: Log, rebuild: bool = False, repository_dir: RepositoryDir | None = None
-                    ) -> tuple[str, EnvBuild | None]:
+def _resolve_parent(
+    client: docker.DockerClient,
+    task: Task,
+    base_tag: str,
+    settings: Settings,
+    log: Log,
+    rebuild: bool = False,
+    repository_dir: RepositoryDir | None = None,
+) -> tuple[str, EnvBuild | None]:
     """The image the task layer builds FROM, and the env layer when the task has one."""
     recorded = recorded_images(task)
     if recorded.get("base") and recorded["base"] != base_tag and not rebuild:
@@ -302,9 +353,15 @@ def _resolve_parent(client: docker.DockerClient, task: Task, base_tag: str, sett
     env = task.spec.environment
     if not env.needs_env_layer:
         return parent, None
-    recipe = env_recipe(env_image_name(task), parent, env,
-                        lambda rel: workspace_file(task, settings, rel, repository_dir),
-                        recorded.get("env_freeze") or [], build_requirements(task), legacy=records_legacy_env(task))
+    recipe = env_recipe(
+        env_image_name(task),
+        parent,
+        env,
+        lambda rel: workspace_file(task, settings, rel, repository_dir),
+        recorded.get("env_freeze") or [],
+        build_requirements(task),
+        legacy=records_legacy_env(task),
+    )
     if recorded.get("env") and recorded["env"] != recipe.tag and not rebuild:
         _refuse_other_layer(task, "env", recorded["env"], recipe.tag, settings)
     build = build_env_image(client, recipe, log)
@@ -369,15 +426,19 @@ def _task_dockerfile(parent: str, task: Task) -> str:
     ]
     if env.install == "editable":
         version = env.version or "0.0.0"
-        script = f"export SETUPTOOLS_SCM_PRETEND_VERSION={version} PDM_BUILD_SCM_VERSION={version}\n" + \
-            _EDITABLE_INSTALL.replace("__TEMPLATE__", TEMPLATE_DIR)
+        script = (
+            f"export SETUPTOOLS_SCM_PRETEND_VERSION={version} PDM_BUILD_SCM_VERSION={version}\n"
+            + _EDITABLE_INSTALL.replace("__TEMPLATE__", TEMPLATE_DIR)
+        )
         lines += ["USER root", "RUN " + json.dumps(["/bin/bash", "-euo", "pipefail", "-c", script]), "USER sandbox"]
     for cmd in env.setup:
         lines.append("RUN " + json.dumps(["/bin/bash", "-euo", "pipefail", "-c", cmd]))
     # The initial state is a commit, so the policy's changes are always `git diff` against it.
     lines.append('RUN git init -q . && git add -A && git commit -q --allow-empty -m "envforge: task initial state"')
-    lines += [f'LABEL {IMAGE_LABEL}="task" envforge.task="{task.id}" envforge.workspace="{task.workspace_digest}"',
-              f"WORKDIR {WORKSPACE}"]
+    lines += [
+        f'LABEL {IMAGE_LABEL}="task" envforge.task="{task.id}" envforge.workspace="{task.workspace_digest}"',
+        f"WORKDIR {WORKSPACE}",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -392,12 +453,15 @@ def _write_workspace(task: Task, dest: Path, settings: Settings, repository_dir:
         return
     repo = task.spec.environment.repository
     if repo is not None:
-        git_dir = gitstore.commit_dir(settings.data_dir, repo.commit,
-                                      lambda: _repository_dir(task, settings, repository_dir))
+        git_dir = gitstore.commit_dir(
+            settings.data_dir, repo.commit, lambda: _repository_dir(task, settings, repository_dir)
+        )
         archive = gitstore.git(git_dir, "archive", "--format=tar", repo.commit)
         if archive.returncode != 0:
-            raise ImageBuildError(f"task {task.id}: environment.repository: git archive {repo.commit} failed: "
-                                  f"{archive.stderr.decode(errors='replace').strip()}")
+            raise ImageBuildError(
+                f"task {task.id}: environment.repository: git archive {repo.commit} failed: "
+                f"{archive.stderr.decode(errors='replace').strip()}"
+            )
         if git_dir != gitstore.store_dir(settings.data_dir):  # first build from the source: keep the commit
             try:
                 gitstore.keep_commit(settings.data_dir, git_dir, repo.commit)
@@ -407,9 +471,15 @@ def _write_workspace(task: Task, dest: Path, settings: Settings, repository_dir:
             tf.extractall(dest, filter="data")
 
 
-def build_task_image(client: docker.DockerClient, task: Task, base_tag: str, settings: Settings,
-                     log: Log = _quiet, rebuild: bool = False, repository_dir: RepositoryDir | None = None
-                     ) -> ImageBuild:
+def build_task_image(
+    client: docker.DockerClient,
+    task: Task,
+    base_tag: str,
+    settings: Settings,
+    log: Log = _quiet,
+    rebuild: bool = False,
+    repository_dir: RepositoryDir | None = None,
+) -> ImageBuild:
     """Make sure the task's image exists: base (or env) + workspace files + setup + initial commit.
 
     A task that records the base and env images it was built on (history tasks do, at ingest) is
@@ -426,13 +496,15 @@ def build_task_image(client: docker.DockerClient, task: Task, base_tag: str, set
     with tempfile.TemporaryDirectory(dir=settings.build_dir, prefix=f"task-{task.id}-") as tmp:
         write_task_context(task, parent, Path(tmp), settings, repository_dir)
         # The network is for setup commands only; the editable install is offline.
-        build_from_context(client, Path(tmp), tag, f"task {task.id}", log,
-                           network_mode=None if task.spec.environment.setup else "none")
+        build_from_context(
+            client, Path(tmp), tag, f"task {task.id}", log, network_mode=None if task.spec.environment.setup else "none"
+        )
     return ImageBuild(tag, False, time.perf_counter() - started, task.id, _size_mb(client, tag), env)
 
 
-def write_task_context(task: Task, parent: str, dest: Path, settings: Settings | None = None,
-                       repository_dir: RepositoryDir | None = None) -> None:
+def write_task_context(
+    task: Task, parent: str, dest: Path, settings: Settings | None = None, repository_dir: RepositoryDir | None = None
+) -> None:
     """The build context of a task's image (its workspace and Dockerfile): what a fleet node that
     lacks the image builds from, with the same content-hash tag. `settings` say where envforge's
     object store of repository commits is (default: from the environment); `repository_dir` finds a
@@ -441,6 +513,7 @@ def write_task_context(task: Task, parent: str, dest: Path, settings: Settings |
     (dest / "Dockerfile").write_text(_task_dockerfile(parent, task))
 
 
-def build_from_context(client: docker.DockerClient, context: Path, tag: str, what: str, log: Log = _quiet,
-                       network_mode: str | None = None) -> None:
+def build_from_context(
+    client: docker.DockerClient, context: Path, tag: str, what: str, log: Log = _quiet, network_mode: str | None = None
+) -> None:
     _build(client, context, tag, {}, None, what, log, network_mode=network_mode)

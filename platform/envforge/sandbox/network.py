@@ -50,8 +50,11 @@ def ensure_allowlist_network(client: docker.DockerClient) -> str:
             net = client.networks.get(ALLOWLIST_NETWORK)
         except NotFound:
             net = client.networks.create(
-                ALLOWLIST_NETWORK, driver="bridge", labels={MANAGED_LABEL: "1"},
-                options={"com.docker.network.bridge.enable_icc": "false"})
+                ALLOWLIST_NETWORK,
+                driver="bridge",
+                labels={MANAGED_LABEL: "1"},
+                options={"com.docker.network.bridge.enable_icc": "false"},
+            )
             net.reload()
         subnet = net.attrs["IPAM"]["Config"][0]["Subnet"]
         if _iptables("-S", CHAIN, check=False).returncode != 0:

@@ -56,19 +56,34 @@ class PoolStats:
 
         total = self.hits + self.misses
         return {
-            "hits": self.hits, "misses": self.misses, "hit_rate": round(self.hits / total, 4) if total else None,
-            "resets": self.resets, "destroyed": self.destroyed, "destroyed_reasons": dict(self.destroyed_reasons),
-            "started": self.started, "start_failures": self.start_failures, "unhealthy_idle": self.unhealthy_idle,
-            "engine_waits": self.engine_waits, "engine_wait_s": round(self.engine_wait_s, 3), "swept": self.swept,
-            "start_p50_ms": p50(self.start_latency_s), "reset_p50_ms": p50(self.reset_latency_s),
+            "hits": self.hits,
+            "misses": self.misses,
+            "hit_rate": round(self.hits / total, 4) if total else None,
+            "resets": self.resets,
+            "destroyed": self.destroyed,
+            "destroyed_reasons": dict(self.destroyed_reasons),
+            "started": self.started,
+            "start_failures": self.start_failures,
+            "unhealthy_idle": self.unhealthy_idle,
+            "engine_waits": self.engine_waits,
+            "engine_wait_s": round(self.engine_wait_s, 3),
+            "swept": self.swept,
+            "start_p50_ms": p50(self.start_latency_s),
+            "reset_p50_ms": p50(self.reset_latency_s),
         }
 
 
 class SandboxPool:
     """Thread-safe; the `a*` methods are the asyncio face of the same pool."""
 
-    def __init__(self, client: docker.DockerClient, max_idle_per_key: int = 8, max_starting: int = 4,
-                 labels: Mapping[str, str] | None = None, clean_orphans: bool = True):
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        max_idle_per_key: int = 8,
+        max_starting: int = 4,
+        labels: Mapping[str, str] | None = None,
+        clean_orphans: bool = True,
+    ):
         self.client = client
         self.max_idle_per_key = max_idle_per_key
         self.id = uuid.uuid4().hex[:12]
@@ -211,8 +226,9 @@ class SandboxPool:
             pending = set(self._unremoved)
         states = ["exited", "dead", *(["created"] if include_created else [])]
         try:
-            listed = self.client.containers.list(all=True, sparse=True, filters={
-                "label": f"{POOL_LABEL}={self.id}", "status": states})
+            listed = self.client.containers.list(
+                all=True, sparse=True, filters={"label": f"{POOL_LABEL}={self.id}", "status": states}
+            )
             pending |= {c.id for c in listed}
         except ENGINE_ERRORS:
             return 0

@@ -93,13 +93,21 @@ class SandboxProvider(Protocol):
 
     @property
     def kind(self) -> str:
-        """"local" | "fleet"."""
+        """ "local" | "fleet"."""
 
     def start(self) -> "SandboxProvider":
         """Join what serves the sandboxes now, so a bad setting fails here (a no-op locally)."""
 
-    def lease(self, items: Items, sandboxes_per_task: int, *, client: "docker.DockerClient | None" = None,
-              settings: "Settings | None" = None, max_idle_per_key: int = 8, max_starting: int = 4) -> PoolLease:
+    def lease(
+        self,
+        items: Items,
+        sandboxes_per_task: int,
+        *,
+        client: "docker.DockerClient | None" = None,
+        settings: "Settings | None" = None,
+        max_idle_per_key: int = 8,
+        max_starting: int = 4,
+    ) -> PoolLease:
         """A pool for the work `items`, each task acquiring up to `sandboxes_per_task` sandboxes.
         `client` is this process's engine (where images are built: the local pool's engine, the
         fleet's source of image parents); `settings` say where history tasks' commits are.
@@ -141,8 +149,16 @@ class LocalSandboxProvider:
     def start(self) -> "LocalSandboxProvider":
         return self
 
-    def lease(self, items: Items, sandboxes_per_task: int, *, client: "docker.DockerClient | None" = None,
-              settings: "Settings | None" = None, max_idle_per_key: int = 8, max_starting: int = 4) -> LocalLease:
+    def lease(
+        self,
+        items: Items,
+        sandboxes_per_task: int,
+        *,
+        client: "docker.DockerClient | None" = None,
+        settings: "Settings | None" = None,
+        max_idle_per_key: int = 8,
+        max_starting: int = 4,
+    ) -> LocalLease:
         from envforge.sandbox.pool import SandboxPool
 
         if client is None:

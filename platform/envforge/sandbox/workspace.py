@@ -14,8 +14,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from envforge.errors import InfraError, PolicyOutcome
-from envforge.sandbox.programs import (APPLY_METHODS, APPLY_PATCH, APPLY_STEPS, CHANGED_BYTES_AT_MOST, CLEAR_TMP,
-                                       GIT_OVER_WORKSPACE, RESTORE_GIT_DIR, RESTORE_PATHS)
+from envforge.sandbox.programs import (
+    APPLY_METHODS,
+    APPLY_PATCH,
+    APPLY_STEPS,
+    CHANGED_BYTES_AT_MOST,
+    CLEAR_TMP,
+    GIT_OVER_WORKSPACE,
+    RESTORE_GIT_DIR,
+    RESTORE_PATHS,
+)
 from envforge.task import Limits
 
 if TYPE_CHECKING:
@@ -73,12 +81,17 @@ def diff(sandbox: Sandbox, kill_processes: bool = True) -> str:
         # tmpfs included) must not stop its diff, and only /workspace is graded.
         sandbox.exec(CLEAR_TMP, timeout_s=120, workdir="/")
     limit = sandbox.diff_input_limit()
-    res = sandbox.exec(GIT_OVER_WORKSPACE + CHANGED_BYTES_AT_MOST.format(limit=limit, code=DIFF_TOO_LARGE_EXIT)
-                       + "git add -A && git diff --cached --binary --no-ext-diff --no-textconv HEAD",
-                       timeout_s=120, output_cap=DIFF_CAP)
+    res = sandbox.exec(
+        GIT_OVER_WORKSPACE
+        + CHANGED_BYTES_AT_MOST.format(limit=limit, code=DIFF_TOO_LARGE_EXIT)
+        + "git add -A && git diff --cached --binary --no-ext-diff --no-textconv HEAD",
+        timeout_s=120,
+        output_cap=DIFF_CAP,
+    )
     if res.exit_code == DIFF_TOO_LARGE_EXIT:
-        raise PolicyOutcome("diff_too_large", f"the workspace changes hold {res.err_text().strip()} bytes, over "
-                                              f"the {limit}-byte limit")
+        raise PolicyOutcome(
+            "diff_too_large", f"the workspace changes hold {res.err_text().strip()} bytes, over the {limit}-byte limit"
+        )
     if res.oom_killed:
         raise PolicyOutcome("oom", "the diff was killed for memory the policy's files take")
     if res.exit_code != 0:
@@ -96,8 +109,11 @@ def diff_input_limit(limits: Limits) -> int:
 
 def changed_paths(sandbox: Sandbox) -> list[str]:
     """Workspace paths that differ from the task's initial state (added, modified, deleted, type-changed)."""
-    res = sandbox.exec(GIT_OVER_WORKSPACE + "git add -A && git diff --cached --no-renames --name-only -z HEAD",
-                       timeout_s=120, output_cap=DIFF_CAP)
+    res = sandbox.exec(
+        GIT_OVER_WORKSPACE + "git add -A && git diff --cached --no-renames --name-only -z HEAD",
+        timeout_s=120,
+        output_cap=DIFF_CAP,
+    )
     if res.exit_code != 0:
         raise InfraError("diff_failed", res.err_text()[-300:])
     return [p for p in res.stdout.decode("utf-8", errors="surrogateescape").split("\0") if p]

@@ -74,8 +74,11 @@ class BodySizeLimit:
                 if message["type"] != "http.request" or not message.get("more_body"):
                     break
         if too_big:
-            resp = _error(413, "request_too_large", f"request body over {self.limit} bytes; actions are capped at "
-                          "256 KiB (write large files in parts)")
+            resp = _error(
+                413,
+                "request_too_large",
+                f"request body over {self.limit} bytes; actions are capped at 256 KiB (write large files in parts)",
+            )
             await resp(scope, receive, send)
             return
 
@@ -108,7 +111,8 @@ class RequestMetrics:
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             self.metrics.requests.labels(scope.get("method", ""), route, str(status["code"])).observe(
-                time.perf_counter() - started)
+                time.perf_counter() - started
+            )
 
 
 @contextlib.asynccontextmanager
@@ -121,10 +125,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings.ensure_dirs()
     store = TenantStore(tenants_path(settings))
     used_backend = given or await asyncio.to_thread(backend_from_env, settings, config)
-    manager = SessionManager(used_backend, TaskDirectory(Catalog(settings.catalog_path)), QuotaTracker(store),
-                             SessionRecorder(settings, config.record_every_sessions, config.record_every_s,
-                                             mlflow=config.mlflow),
-                             app.state.metrics, config, app.state.boot_id)
+    manager = SessionManager(
+        used_backend,
+        TaskDirectory(Catalog(settings.catalog_path)),
+        QuotaTracker(store),
+        SessionRecorder(settings, config.record_every_sessions, config.record_every_s, mlflow=config.mlflow),
+        app.state.metrics,
+        config,
+        app.state.boot_id,
+    )
     manager.recorder.boot_id = manager.boot_id
     app.state.store, app.state.manager = store, manager
 
@@ -183,37 +192,64 @@ async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     if exc.status_code == 405:
         # Starlette names only the first matching route's methods; list every route's on this path.
         scope = {"type": "http", "path": request.url.path, "method": "GET", "root_path": ""}
-        allowed = sorted({meth for router in HTTP_ROUTERS for r in router.routes if isinstance(r, APIRoute)
-                          and r.matches(scope)[0] != Match.NONE for meth in r.methods})
+        allowed = sorted(
+            {
+                meth
+                for router in HTTP_ROUTERS
+                for r in router.routes
+                if isinstance(r, APIRoute) and r.matches(scope)[0] != Match.NONE
+                for meth in r.methods
+            }
+        )
         headers["Allow"] = ", ".join(allowed)
     code = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return _error(exc.status_code, code, str(exc.detail), headers)
 
 
 async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-              for e in exc.errors()]
+    errors = [
+        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in exc.errors()
+    ]
     return JSONResponse({"detail": errors}, status_code=422)
 
 
 # Every error as `{"error": {"code", "message"}}` with the status the spec lists (validation: FastAPI's 422 body).
 _ERROR_HANDLERS: dict[int | type[Exception], Callable[[Request, Any], Coroutine[Any, Any, Response]]] = {
-    AuthError: _auth, NotFound: _not_found, SessionError: _session, QuotaExceeded: _quota,
-    StarletteHTTPException: _http, RequestValidationError: _invalid}
+    AuthError: _auth,
+    NotFound: _not_found,
+    SessionError: _session,
+    QuotaExceeded: _quota,
+    StarletteHTTPException: _http,
+    RequestValidationError: _invalid,
+}
 
 
-def create_app(settings: Settings, config: ServiceConfig | None = None, backend: EnvBackend | None = None,
-               boot_id: str | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    config: ServiceConfig | None = None,
+    backend: EnvBackend | None = None,
+    boot_id: str | None = None,
+) -> FastAPI:
     """The service over `settings` (catalog, tenants file, MLflow). Without a backend, the lifespan
     starts one by `backend_from_env`: the sandbox fleet when `ENVFORGE_RAY_ADDRESS` is set, else a
     warm pool on the configured Docker engine."""
     config = config or ServiceConfig()
-    app = FastAPI(title="envforge environment service", version=API_VERSION, lifespan=_lifespan,
-                  exception_handlers=_ERROR_HANDLERS,
-                  description="envforge's verified environments for outside RL trainers: list tasks, open a "
-                              "session on a task, act with the rollout tools, get the verified reward. "
-                              "See docs/service.md.")
-    app.state.settings, app.state.config, app.state.given_backend, app.state.boot_id = settings, config, backend, boot_id
+    app = FastAPI(
+        title="envforge environment service",
+        version=API_VERSION,
+        lifespan=_lifespan,
+        exception_handlers=_ERROR_HANDLERS,
+        description="envforge's verified environments for outside RL trainers: list tasks, open a "
+        "session on a task, act with the rollout tools, get the verified reward. "
+        "See docs/service.md.",
+    )
+    app.state.settings, app.state.config, app.state.given_backend, app.state.boot_id = (
+        settings,
+        config,
+        backend,
+        boot_id,
+    )
     app.state.metrics = ServiceMetrics()
     # What a task listing tells trainers to act with: the prompt and tools of envforge's own rollouts.
     app.state.instructions = {"system_prompt": SYSTEM_PROMPT, "tools": TOOLS}

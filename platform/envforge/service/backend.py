@@ -18,8 +18,8 @@ import docker
 
 from envforge.catalog import Catalog
 from envforge.config import Settings
-from envforge.rollout.env import RolloutEnv
 from envforge.errors import ImageBuildError
+from envforge.rollout.env import RolloutEnv
 from envforge.sandbox.container import run_blocking
 from envforge.sandbox.provider import SandboxProvider, or_local
 from envforge.stages.configs import ImagesConfig
@@ -75,13 +75,25 @@ class SandboxBackend:
     first session of a task tells the lease its image (`expect`): on the fleet a node lacking the
     image builds it from its recipe (or receives it) and nodes pre-heat it; locally nothing is needed."""
 
-    def __init__(self, settings: Settings, client: docker.DockerClient, provider: SandboxProvider | None = None,
-                 idle_per_image: int = 8, max_starting: int = 4):
+    def __init__(
+        self,
+        settings: Settings,
+        client: docker.DockerClient,
+        provider: SandboxProvider | None = None,
+        idle_per_image: int = 8,
+        max_starting: int = 4,
+    ):
         self.images = TaskImages(settings, client)
         # Starting a local pool removes containers whose owning process is dead: the sandboxes of a
         # service instance that was killed are cleaned up when the next one starts.
-        self.lease = or_local(provider).lease([], SANDBOXES_PER_SESSION, client=client, settings=settings,
-                                              max_idle_per_key=idle_per_image, max_starting=max_starting)
+        self.lease = or_local(provider).lease(
+            [],
+            SANDBOXES_PER_SESSION,
+            client=client,
+            settings=settings,
+            max_idle_per_key=idle_per_image,
+            max_starting=max_starting,
+        )
         self.pool = self.lease.pool
         self.grader = Grader(self.pool.client, self.pool)  # on the fleet grading runs on the nodes: no engine here
         self._expected: set[str] = set()  # images told to the lease
@@ -121,5 +133,6 @@ def backend_from_env(settings: Settings, config: "ServiceConfig") -> EnvBackend:
     from envforge.sandbox.engine import docker_client
 
     provider = sandbox_provider().start()  # first: a fleet that cannot be joined fails the start naming the setting
-    return SandboxBackend(settings, docker_client(settings), provider, config.pool_idle_per_image,
-                          config.pool_max_starting)
+    return SandboxBackend(
+        settings, docker_client(settings), provider, config.pool_idle_per_image, config.pool_max_starting
+    )

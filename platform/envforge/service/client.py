@@ -86,8 +86,12 @@ def _raise_for(resp: httpx.Response) -> None:
     raise ServiceError(status, code, message)
 
 
-def step_body(tool_call: dict[str, Any] | None = None, text: str | None = None, name: str | None = None,
-              arguments: dict[str, Any] | str | None = None) -> dict[str, Any]:
+def step_body(
+    tool_call: dict[str, Any] | None = None,
+    text: str | None = None,
+    name: str | None = None,
+    arguments: dict[str, Any] | str | None = None,
+) -> dict[str, Any]:
     """The body of POST /sessions/{id}/step from a tool call, a text reply, or a tool name + arguments."""
     if name is not None:
         tool_call = {"type": "function", "function": {"name": name, "arguments": arguments or {}}}
@@ -96,10 +100,22 @@ def step_body(tool_call: dict[str, Any] | None = None, text: str | None = None, 
     return {"tool_call": tool_call} if tool_call is not None else {"text": text}
 
 
-def session_body(task_id: str | None, task_set: str | None, index: int | None, content_hash: str | None, seed: int,
-                 max_turns: int | None) -> dict[str, Any]:
-    body = {"task_id": task_id, "task_set": task_set, "index": index, "content_hash": content_hash, "seed": seed,
-            "max_turns": max_turns}
+def session_body(
+    task_id: str | None,
+    task_set: str | None,
+    index: int | None,
+    content_hash: str | None,
+    seed: int,
+    max_turns: int | None,
+) -> dict[str, Any]:
+    body = {
+        "task_id": task_id,
+        "task_set": task_set,
+        "index": index,
+        "content_hash": content_hash,
+        "seed": seed,
+        "max_turns": max_turns,
+    }
     return {k: v for k, v in body.items() if v is not None}
 
 
@@ -135,10 +151,18 @@ class EnvforgeClient(_Base):
     def tasks(self, task_set: str) -> m.TaskList:
         return m.TaskList.model_validate(self._call("GET", f"/task-sets/{task_set}/tasks"))
 
-    def create_session(self, task_id: str | None = None, task_set: str | None = None, index: int | None = None,
-                       content_hash: str | None = None, seed: int = 0, max_turns: int | None = None) -> "EnvSession":
-        out = m.SessionOut.model_validate(self._call("POST", "/sessions", session_body(
-            task_id, task_set, index, content_hash, seed, max_turns)))
+    def create_session(
+        self,
+        task_id: str | None = None,
+        task_set: str | None = None,
+        index: int | None = None,
+        content_hash: str | None = None,
+        seed: int = 0,
+        max_turns: int | None = None,
+    ) -> "EnvSession":
+        out = m.SessionOut.model_validate(
+            self._call("POST", "/sessions", session_body(task_id, task_set, index, content_hash, seed, max_turns))
+        )
         return EnvSession(self, out)
 
     def close(self) -> None:
@@ -160,10 +184,16 @@ class EnvSession:
         self.done = info.done
         self.result: m.VerifyResult | None = None
 
-    def step(self, tool_call: dict[str, Any] | None = None, text: str | None = None, name: str | None = None,
-             arguments: dict[str, Any] | str | None = None) -> m.StepOut:
-        out = m.StepOut.model_validate(self.client._call("POST", f"/sessions/{self.id}/step",
-                                                         step_body(tool_call, text, name, arguments)))
+    def step(
+        self,
+        tool_call: dict[str, Any] | None = None,
+        text: str | None = None,
+        name: str | None = None,
+        arguments: dict[str, Any] | str | None = None,
+    ) -> m.StepOut:
+        out = m.StepOut.model_validate(
+            self.client._call("POST", f"/sessions/{self.id}/step", step_body(tool_call, text, name, arguments))
+        )
         self.observation, self.done = out.observation, out.done
         if out.result is not None:
             self.result = out.result
@@ -214,11 +244,18 @@ class AsyncEnvforgeClient(_Base):
     async def tasks(self, task_set: str) -> m.TaskList:
         return m.TaskList.model_validate(await self._call("GET", f"/task-sets/{task_set}/tasks"))
 
-    async def create_session(self, task_id: str | None = None, task_set: str | None = None, index: int | None = None,
-                             content_hash: str | None = None, seed: int = 0,
-                             max_turns: int | None = None) -> "AsyncEnvSession":
-        out = m.SessionOut.model_validate(await self._call("POST", "/sessions", session_body(
-            task_id, task_set, index, content_hash, seed, max_turns)))
+    async def create_session(
+        self,
+        task_id: str | None = None,
+        task_set: str | None = None,
+        index: int | None = None,
+        content_hash: str | None = None,
+        seed: int = 0,
+        max_turns: int | None = None,
+    ) -> "AsyncEnvSession":
+        out = m.SessionOut.model_validate(
+            await self._call("POST", "/sessions", session_body(task_id, task_set, index, content_hash, seed, max_turns))
+        )
         return AsyncEnvSession(self, out)
 
     async def aclose(self) -> None:
@@ -238,10 +275,16 @@ class AsyncEnvSession:
         self.done = info.done
         self.result: m.VerifyResult | None = None
 
-    async def step(self, tool_call: dict[str, Any] | None = None, text: str | None = None, name: str | None = None,
-                   arguments: dict[str, Any] | str | None = None) -> m.StepOut:
-        out = m.StepOut.model_validate(await self.client._call("POST", f"/sessions/{self.id}/step",
-                                                               step_body(tool_call, text, name, arguments)))
+    async def step(
+        self,
+        tool_call: dict[str, Any] | None = None,
+        text: str | None = None,
+        name: str | None = None,
+        arguments: dict[str, Any] | str | None = None,
+    ) -> m.StepOut:
+        out = m.StepOut.model_validate(
+            await self.client._call("POST", f"/sessions/{self.id}/step", step_body(tool_call, text, name, arguments))
+        )
         self.observation, self.done = out.observation, out.done
         if out.result is not None:
             self.result = out.result

@@ -17,8 +17,9 @@ from envforge.settings import EnvSettings, SettingsError, read_env
 def _f(setting: str) -> Any:
     """A field with the default, variable and help of the setting `setting` (envforge.settings declares them)."""
     declared = EnvSettings.model_fields[setting]
-    return field(default=declared.default,
-                 metadata={"env": str(declared.validation_alias), "help": declared.description or ""})
+    return field(
+        default=declared.default, metadata={"env": str(declared.validation_alias), "help": declared.description or ""}
+    )
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,10 @@ class TenantLimits:
 
     max_sessions: int = field(default=16, metadata={"help": "sessions open at once"})
     steps_per_minute: int = field(default=600, metadata={"help": "steps (and verifies) in any 60-second window"})
-    sandbox_seconds_per_day: float = field(default=86400.0, metadata={
-        "help": "sandbox wall time per UTC day, summed over the tenant's sessions (open time, not CPU time)"})
+    sandbox_seconds_per_day: float = field(
+        default=86400.0,
+        metadata={"help": "sandbox wall time per UTC day, summed over the tenant's sessions (open time, not CPU time)"},
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -55,8 +58,9 @@ class ServiceConfig:
     record_every_s: float = _f("service_record_every_s")
     mlflow: bool = _f("service_mlflow")
     tombstone_s: float = _f("service_tombstone_s")
-    default_limits: TenantLimits = field(default_factory=TenantLimits, metadata={
-        "help": "limits of tenants created without explicit ones"})
+    default_limits: TenantLimits = field(
+        default_factory=TenantLimits, metadata={"help": "limits of tenants created without explicit ones"}
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "ServiceConfig":
@@ -64,17 +68,26 @@ class ServiceConfig:
         try:
             env = read_env(environ)
         except SettingsError as exc:
-            raise EnvforgeError("service configuration: " + "; ".join(f"{var}={raw!r}: {expected} ({help})"
-                                                                      for var, raw, expected, help in exc.problems)
-                                ) from None
+            raise EnvforgeError(
+                "service configuration: "
+                + "; ".join(f"{var}={raw!r}: {expected} ({help})" for var, raw, expected, help in exc.problems)
+            ) from None
         return cls(**{f.name: getattr(env, f"service_{f.name}") for f in fields(cls) if f.metadata.get("env")})
 
     def with_overrides(self, **changes: Any) -> "ServiceConfig":
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def __post_init__(self) -> None:
-        for name in ("idle_timeout_s", "reap_interval_s", "max_request_bytes", "max_sessions_total",
-                     "pool_idle_per_image", "pool_max_starting", "record_every_sessions", "record_every_s"):
+        for name in (
+            "idle_timeout_s",
+            "reap_interval_s",
+            "max_request_bytes",
+            "max_sessions_total",
+            "pool_idle_per_image",
+            "pool_max_starting",
+            "record_every_sessions",
+            "record_every_s",
+        ):
             if getattr(self, name) <= 0:
                 raise EnvforgeError(f"service configuration: {name} must be > 0, got {getattr(self, name)!r}")
         if not 0 < self.port < 65536:

@@ -73,8 +73,9 @@ async def openenv(ws: WebSocket) -> None:
                         await mgr.delete(tenant, session_id)
                         session_id = None
                     req = m.CreateSession.model_validate(data)
-                    session, out = await mgr.create(tenant, req.task_id, req.task_set, req.index,
-                                                    req.content_hash, req.seed, req.max_turns)
+                    session, out = await mgr.create(
+                        tenant, req.task_id, req.task_set, req.index, req.content_hash, req.seed, req.max_turns
+                    )
                     session_id = session.id
                     obs = {**out.pop("observation"), **out}
                     await ws.send_text(_observation(obs, None, False))
@@ -82,13 +83,22 @@ async def openenv(ws: WebSocket) -> None:
                     if session_id is None:
                         raise SessionError("reset first: no episode on this connection")
                     if "name" in data:
-                        data = {"tool_call": {"type": "function", "function": {
-                            "name": data["name"], "arguments": data.get("arguments", {})}}}
+                        data = {
+                            "tool_call": {
+                                "type": "function",
+                                "function": {"name": data["name"], "arguments": data.get("arguments", {})},
+                            }
+                        }
                     req = m.StepRequest.model_validate(data)
                     call = req.tool_call.model_dump() if req.tool_call is not None else None
                     out = await mgr.step(tenant, session_id, call, req.text)
-                    obs = {**out["observation"], "session_id": session_id, "turn": out["turn"],
-                           "end_reason": out["end_reason"], "result": out["result"]}
+                    obs = {
+                        **out["observation"],
+                        "session_id": session_id,
+                        "turn": out["turn"],
+                        "end_reason": out["end_reason"],
+                        "result": out["result"],
+                    }
                     reward = out["result"]["reward"] if out["result"] else None
                     await ws.send_text(_observation(obs, reward, out["done"]))
                 elif kind == "state":
@@ -99,8 +109,9 @@ async def openenv(ws: WebSocket) -> None:
                 else:
                     await ws.send_text(_error("UNKNOWN_TYPE", f"unknown message type {kind!r}"))
             except ValidationError as exc:
-                await ws.send_text(_error("VALIDATION_ERROR", "invalid message",
-                                          errors=json.loads(exc.json(include_url=False))))
+                await ws.send_text(
+                    _error("VALIDATION_ERROR", "invalid message", errors=json.loads(exc.json(include_url=False)))
+                )
             except QuotaExceeded as exc:
                 mgr.metrics.quota_rejections.labels(tenant.name, exc.quota).inc()
                 await ws.send_text(_error("QUOTA_EXCEEDED", str(exc), retry_after_s=exc.retry_after_s))

@@ -52,8 +52,12 @@ class QuotaTracker:
 
     def check_sessions(self, tenant: Tenant, open_now: int) -> None:
         if open_now >= tenant.limits.max_sessions:
-            raise QuotaExceeded("sessions", f"tenant {tenant.name} has {open_now} sessions open, its limit is "
-                                f"{tenant.limits.max_sessions}: delete finished sessions", SESSION_RETRY_AFTER_S)
+            raise QuotaExceeded(
+                "sessions",
+                f"tenant {tenant.name} has {open_now} sessions open, its limit is "
+                f"{tenant.limits.max_sessions}: delete finished sessions",
+                SESSION_RETRY_AFTER_S,
+            )
 
     def take_step(self, tenant: Tenant, now: float | None = None) -> None:
         """Count one step (or verify) against the tenant's rate, or raise when the window is full."""
@@ -63,9 +67,12 @@ class QuotaTracker:
             while window and window[0] <= now - WINDOW_S:
                 window.popleft()
             if len(window) >= tenant.limits.steps_per_minute:
-                raise QuotaExceeded("steps_per_minute", f"tenant {tenant.name} made {len(window)} steps in the "
-                                    f"last minute, its limit is {tenant.limits.steps_per_minute}",
-                                    window[0] + WINDOW_S - now)
+                raise QuotaExceeded(
+                    "steps_per_minute",
+                    f"tenant {tenant.name} made {len(window)} steps in the "
+                    f"last minute, its limit is {tenant.limits.steps_per_minute}",
+                    window[0] + WINDOW_S - now,
+                )
             window.append(now)
 
     def charge(self, tenant: str, seconds: float) -> None:
@@ -88,9 +95,12 @@ class QuotaTracker:
     def check_sandbox_time(self, tenant: Tenant, live_s: float = 0.0) -> None:
         used = self.used_today(tenant.name, live_s)
         if used >= tenant.limits.sandbox_seconds_per_day:
-            raise QuotaExceeded("sandbox_seconds_per_day", f"tenant {tenant.name} used {used:.0f} sandbox-seconds "
-                                f"today (UTC), its limit is {tenant.limits.sandbox_seconds_per_day:.0f}",
-                                seconds_to_utc_midnight())
+            raise QuotaExceeded(
+                "sandbox_seconds_per_day",
+                f"tenant {tenant.name} used {used:.0f} sandbox-seconds "
+                f"today (UTC), its limit is {tenant.limits.sandbox_seconds_per_day:.0f}",
+                seconds_to_utc_midnight(),
+            )
 
     def flush(self, sessions_closed: dict[str, int] | None = None) -> None:
         """Write the charged seconds (and closed-session counts) to the tenants file."""

@@ -50,17 +50,25 @@ class SessionRecord:
         def ts(t: float) -> datetime:
             return datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None)
 
-        return {**self.__dict__, "sandbox_seconds": round(self.sandbox_seconds, 3), "started_at": ts(self.started_at),
-                "ended_at": ts(self.ended_at), "mlflow_run_id": mlflow_run_id}
+        return {
+            **self.__dict__,
+            "sandbox_seconds": round(self.sandbox_seconds, 3),
+            "started_at": ts(self.started_at),
+            "ended_at": ts(self.ended_at),
+            "mlflow_run_id": mlflow_run_id,
+        }
 
 
 def batch_metrics(records: list[SessionRecord]) -> dict[str, float]:
     graded = [r for r in records if r.reward is not None]
-    metrics = {"sessions": float(len(records)), "graded_sessions": float(len(graded)),
-               "mean_reward": statistics.fmean(r.reward for r in graded) if graded else 0.0,
-               "resolved_rate": sum(1 for r in graded if r.resolved) / len(graded) if graded else 0.0,
-               "mean_turns": statistics.fmean(r.turns for r in records) if records else 0.0,
-               "sandbox_seconds": sum(r.sandbox_seconds for r in records)}
+    metrics = {
+        "sessions": float(len(records)),
+        "graded_sessions": float(len(graded)),
+        "mean_reward": statistics.fmean(r.reward for r in graded) if graded else 0.0,
+        "resolved_rate": sum(1 for r in graded if r.resolved) / len(graded) if graded else 0.0,
+        "mean_turns": statistics.fmean(r.turns for r in records) if records else 0.0,
+        "sandbox_seconds": sum(r.sandbox_seconds for r in records),
+    }
     for tenant, n in Counter(r.tenant for r in records).items():
         metrics[f"sessions.{tenant}"] = float(n)
     for reason, n in Counter(r.end_reason for r in records).items():
@@ -69,8 +77,14 @@ def batch_metrics(records: list[SessionRecord]) -> dict[str, float]:
 
 
 class SessionRecorder:
-    def __init__(self, settings: Settings, every_sessions: int = 100, every_s: float = 300.0, boot_id: str = "",
-                 mlflow: bool = True):
+    def __init__(
+        self,
+        settings: Settings,
+        every_sessions: int = 100,
+        every_s: float = 300.0,
+        boot_id: str = "",
+        mlflow: bool = True,
+    ):
         self.settings = settings
         self.mlflow = mlflow
         self.every_sessions = every_sessions
@@ -100,9 +114,13 @@ class SessionRecorder:
             return None
         tenants = sorted({r.tenant for r in batch})
         try:
-            with track.mlflow_run(self.settings, "service-sessions", "service",
-                                  {"boot_id": self.boot_id, "sessions": len(batch), "tenants": tenants},
-                                  tags={"envforge.service.tenants": ",".join(tenants)[:4000]}) as run:
+            with track.mlflow_run(
+                self.settings,
+                "service-sessions",
+                "service",
+                {"boot_id": self.boot_id, "sessions": len(batch), "tenants": tenants},
+                tags={"envforge.service.tenants": ",".join(tenants)[:4000]},
+            ) as run:
                 track.log_metrics(batch_metrics(batch))
                 track.log_frame(pl.DataFrame([r.row(None) for r in batch]), "sessions/sessions.parquet")
                 return run.info.run_id
@@ -121,8 +139,9 @@ class SessionRecorder:
             try:
                 Catalog(self.settings.catalog_path).record_service_sessions([r.row(run_id) for r in batch])
             except Exception as exc:
-                log.warning("could not write %d session records to the catalog (kept for the next flush): %s",
-                            len(batch), exc)
+                log.warning(
+                    "could not write %d session records to the catalog (kept for the next flush): %s", len(batch), exc
+                )
                 with self._lock:
                     self._pending = batch + self._pending
                 return run_id

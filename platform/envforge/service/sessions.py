@@ -81,10 +81,19 @@ class Session:
 
     def state(self) -> dict[str, Any]:
         env = self.env
-        return {"session_id": self.id, "task_id": self.task.id, "content_hash": self.task.content_hash,
-                "task_set_version": self.task_set.version, "seed": self.seed, "done": env.done, "turn": env.turns,
-                "max_turns": env.limits.max_turns, "end_reason": env.end_reason, "result": self.result,
-                "idle_s": round(time.monotonic() - self.last_used, 3)}
+        return {
+            "session_id": self.id,
+            "task_id": self.task.id,
+            "content_hash": self.task.content_hash,
+            "task_set_version": self.task_set.version,
+            "seed": self.seed,
+            "done": env.done,
+            "turn": env.turns,
+            "max_turns": env.limits.max_turns,
+            "end_reason": env.end_reason,
+            "result": self.result,
+            "idle_s": round(time.monotonic() - self.last_used, 3),
+        }
 
 
 @dataclass(frozen=True)
@@ -99,8 +108,16 @@ def _obs(o: Observation) -> dict[str, Any]:
 
 
 class SessionManager:
-    def __init__(self, backend: EnvBackend, directory: TaskDirectory, quotas: QuotaTracker,
-                 recorder: SessionRecorder, metrics: ServiceMetrics, config: ServiceConfig, boot_id: str | None = None):
+    def __init__(
+        self,
+        backend: EnvBackend,
+        directory: TaskDirectory,
+        quotas: QuotaTracker,
+        recorder: SessionRecorder,
+        metrics: ServiceMetrics,
+        config: ServiceConfig,
+        boot_id: str | None = None,
+    ):
         self.backend, self.directory, self.quotas = backend, directory, quotas
         self.recorder, self.metrics, self.config = recorder, metrics, config
         self.boot_id = boot_id or secrets.token_hex(4)
@@ -129,19 +146,32 @@ class SessionManager:
             raise SessionLost(f"session {session_id} is gone: {tomb.reason}; start a new session")
         boot, sep, _ = session_id.partition("-")
         if sep and len(boot) == len(self.boot_id) and boot != self.boot_id and s is None:
-            raise SessionLost(f"session {session_id} was lost: the service restarted since it was created "
-                              f"(now boot {self.boot_id}); its sandbox is gone, start a new session")
+            raise SessionLost(
+                f"session {session_id} was lost: the service restarted since it was created "
+                f"(now boot {self.boot_id}); its sandbox is gone, start a new session"
+            )
         raise SessionNotFound(f"no session {session_id}")
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def create(self, tenant: Tenant, task_id: str | None, task_set: str | None, index: int | None,
-                     content_hash: str | None, seed: int, max_turns: int | None) -> tuple[Session, dict[str, Any]]:
-        info, served = await asyncio.to_thread(self.directory.resolve_task, tenant, task_id, task_set, index,
-                                               content_hash)
+    async def create(
+        self,
+        tenant: Tenant,
+        task_id: str | None,
+        task_set: str | None,
+        index: int | None,
+        content_hash: str | None,
+        seed: int,
+        max_turns: int | None,
+    ) -> tuple[Session, dict[str, Any]]:
+        info, served = await asyncio.to_thread(
+            self.directory.resolve_task, tenant, task_id, task_set, index, content_hash
+        )
         if self.open_count() >= self.config.max_sessions_total:
-            raise Unavailable(f"the service has {self.open_count()} sessions open, its limit is "
-                              f"{self.config.max_sessions_total}; retry shortly")
+            raise Unavailable(
+                f"the service has {self.open_count()} sessions open, its limit is "
+                f"{self.config.max_sessions_total}; retry shortly"
+            )
         self.quotas.check_sessions(tenant, self.open_count(tenant.name))
         self.quotas.check_sandbox_time(tenant, self._live_seconds(tenant.name))
         self._starting[tenant.name] = self._starting.get(tenant.name, 0) + 1
@@ -168,19 +198,27 @@ class SessionManager:
         self._sessions[session.id] = session
         self.metrics.sessions_started.labels(tenant.name).inc()
         self.metrics.sessions_open.labels(tenant.name).inc()
-        out = {**session.state(), "observation": _obs(first), "system_prompt": SYSTEM_PROMPT, "tools": TOOLS,
-               "idle_timeout_s": self.config.idle_timeout_s}
+        out = {
+            **session.state(),
+            "observation": _obs(first),
+            "system_prompt": SYSTEM_PROMPT,
+            "tools": TOOLS,
+            "idle_timeout_s": self.config.idle_timeout_s,
+        }
         for k in ("end_reason", "result", "idle_s"):
             out.pop(k)
         return session, out
 
-    async def step(self, tenant: Tenant, session_id: str, tool_call: dict[str, Any] | None,
-                   text: str | None) -> dict[str, Any]:
+    async def step(
+        self, tenant: Tenant, session_id: str, tool_call: dict[str, Any] | None, text: str | None
+    ) -> dict[str, Any]:
         session = self.get(tenant, session_id)
         async with session.lock:
             if session.env.done:
-                raise SessionError(f"session {session_id} has ended ({session.env.end_reason}); its result is in "
-                                   "GET /sessions/{id} and POST /sessions/{id}/verify")
+                raise SessionError(
+                    f"session {session_id} has ended ({session.env.end_reason}); its result is in "
+                    "GET /sessions/{id} and POST /sessions/{id}/verify"
+                )
             self.quotas.take_step(tenant)
             self._charge(session)
             self.quotas.check_sandbox_time(tenant, self._live_seconds(tenant.name))
@@ -193,12 +231,19 @@ class SessionManager:
                 obs, done, info = await session.env.step(action)
             except InfraError as exc:
                 await self._lose(session, f"infrastructure fault during a step ({exc})")
-                raise InfraFault(f"session {session_id} was lost to an infrastructure fault ({exc}); "
-                                 "start a new session (this is not a model failure)") from None
+                raise InfraFault(
+                    f"session {session_id} was lost to an infrastructure fault ({exc}); "
+                    "start a new session (this is not a model failure)"
+                ) from None
             self.metrics.step_seconds.observe(time.perf_counter() - started)
             self.metrics.steps.labels(tenant.name).inc()
-            out = {"observation": _obs(obs), "done": done, "turn": session.env.turns,
-                   "end_reason": info.get("end_reason"), "result": None}
+            out = {
+                "observation": _obs(obs),
+                "done": done,
+                "turn": session.env.turns,
+                "end_reason": info.get("end_reason"),
+                "result": None,
+            }
             if done:
                 out["result"] = await self._grade(session)
                 await self._release_sandbox(session)
@@ -220,8 +265,11 @@ class SessionManager:
         async with session.lock:
             await self._close(session, session.env.end_reason if session.env.done else "deleted")
         self._tombstones.pop(session_id, None)
-        return {"session_id": session_id, "turns": session.env.turns,
-                "reward": session.result["reward"] if session.result else None}
+        return {
+            "session_id": session_id,
+            "turns": session.env.turns,
+            "reward": session.result["reward"] if session.result else None,
+        }
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -232,8 +280,10 @@ class SessionManager:
             _, result = await session.env.verify(keep_sandbox=not session.env.done)  # mid-episode: it goes on
         except InfraError as exc:
             await self._lose(session, f"infrastructure fault while grading ({exc})")
-            raise InfraFault(f"session {session.id} could not be graded: infrastructure fault ({exc}); start a "
-                             "new session (this is not a model failure)") from None
+            raise InfraFault(
+                f"session {session.id} could not be graded: infrastructure fault ({exc}); start a "
+                "new session (this is not a model failure)"
+            ) from None
         self.metrics.verify_seconds.observe(time.perf_counter() - started)
         session.verifies += 1
         doc = result.as_json()
@@ -256,8 +306,9 @@ class SessionManager:
 
     def _live_seconds(self, tenant: str) -> float:
         now = time.monotonic()
-        return sum(now - s.charged_until for s in self._sessions.values()
-                   if s.tenant == tenant and s.env.sandbox is not None)
+        return sum(
+            now - s.charged_until for s in self._sessions.values() if s.tenant == tenant and s.env.sandbox is not None
+        )
 
     async def _close(self, session: Session, end_reason: str, tombstone: str | None = None) -> None:
         if session.closing:
@@ -270,18 +321,28 @@ class SessionManager:
             log.warning("closing session %s: %s", session.id, exc)
         self._sessions.pop(session.id, None)
         if tombstone:
-            self._tombstones[session.id] = Tombstone(session.tenant, tombstone,
-                                                     time.monotonic() + self.config.tombstone_s)
+            self._tombstones[session.id] = Tombstone(
+                session.tenant, tombstone, time.monotonic() + self.config.tombstone_s
+            )
         self._closed_counts[session.tenant] = self._closed_counts.get(session.tenant, 0) + 1
         self.metrics.sessions_open.labels(session.tenant).dec()
         self.metrics.sessions_ended.labels(session.tenant, end_reason).inc()
         record = SessionRecord(
-            session_id=session.id, tenant=session.tenant, task_id=session.task.id,
-            content_hash=session.task.content_hash, task_set_version=session.task_set.version, seed=session.seed,
-            turns=session.env.turns, verifies=session.verifies,
+            session_id=session.id,
+            tenant=session.tenant,
+            task_id=session.task.id,
+            content_hash=session.task.content_hash,
+            task_set_version=session.task_set.version,
+            seed=session.seed,
+            turns=session.env.turns,
+            verifies=session.verifies,
             reward=float(session.result["reward"]) if session.result else None,
-            resolved=bool(session.result["resolved"]) if session.result else None, end_reason=end_reason,
-            sandbox_seconds=session.sandbox_seconds, started_at=session.started_at, ended_at=time.time())
+            resolved=bool(session.result["resolved"]) if session.result else None,
+            end_reason=end_reason,
+            sandbox_seconds=session.sandbox_seconds,
+            started_at=session.started_at,
+            ended_at=time.time(),
+        )
         if self.recorder.add(record):
             asyncio.get_running_loop().run_in_executor(None, self.recorder.flush)
 
@@ -292,12 +353,16 @@ class SessionManager:
     async def reap(self) -> int:
         """Close sessions idle past the timeout, charge sandbox time, flush accounting; returns how many."""
         now = time.monotonic()
-        idle = [s for s in list(self._sessions.values())
-                if now - s.last_used > self.config.idle_timeout_s and not s.lock.locked()]
+        idle = [
+            s
+            for s in list(self._sessions.values())
+            if now - s.last_used > self.config.idle_timeout_s and not s.lock.locked()
+        ]
         for s in idle:
             async with s.lock:
-                await self._close(s, "idle_timeout", tombstone=f"reaped after {self.config.idle_timeout_s:.0f} s "
-                                                               "without a request")
+                await self._close(
+                    s, "idle_timeout", tombstone=f"reaped after {self.config.idle_timeout_s:.0f} s without a request"
+                )
         for s in list(self._sessions.values()):
             self._charge(s)
         self._tombstones = {k: t for k, t in self._tombstones.items() if t.until > now}

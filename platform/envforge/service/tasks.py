@@ -64,8 +64,10 @@ class TaskDirectory:
             if not force and self._infos and time.monotonic() - self._loaded_at < self.refresh_s:
                 return self._infos
         frame = self.catalog.task_sets()
-        infos = [TaskSetInfo(r["version"], r["name"], int(r["n_tasks"]), str(r["created_at"]))
-                 for r in frame.iter_rows(named=True)][::-1]
+        infos = [
+            TaskSetInfo(r["version"], r["name"], int(r["n_tasks"]), str(r["created_at"]))
+            for r in frame.iter_rows(named=True)
+        ][::-1]
         with self._lock:
             self._infos, self._loaded_at = infos, time.monotonic()
         return infos
@@ -98,8 +100,11 @@ class TaskDirectory:
         Not `Catalog.resolve_task_set`: this resolves among the task sets the tenant may use only,
         so a prefix that is ambiguous with, or names, another tenant's set reveals nothing."""
         for force in (False, True):
-            infos = self.task_sets(tenant) if not force else [
-                i for i in self._refresh(force=True) if tenant.may_use(i.name, i.version)]
+            infos = (
+                self.task_sets(tenant)
+                if not force
+                else [i for i in self._refresh(force=True) if tenant.may_use(i.name, i.version)]
+            )
             exact = [i for i in infos if i.version == ref]
             named = [i for i in infos if i.name == ref]
             prefixed = [i for i in infos if len(ref) >= MIN_PREFIX and i.version.startswith(ref)]
@@ -114,8 +119,14 @@ class TaskDirectory:
         info = self.resolve_task_set(tenant, ref)
         return info, self._version(info).tasks
 
-    def resolve_task(self, tenant: Tenant, task_id: str | None = None, task_set: str | None = None,
-                     index: int | None = None, content_hash: str | None = None) -> tuple[TaskSetInfo, ServedTask]:
+    def resolve_task(
+        self,
+        tenant: Tenant,
+        task_id: str | None = None,
+        task_set: str | None = None,
+        index: int | None = None,
+        content_hash: str | None = None,
+    ) -> tuple[TaskSetInfo, ServedTask]:
         """(task set, task) for a task id (newest visible set holding it, unless `task_set` is given),
         a task set + index, or a content hash (the exact task version, in any visible set)."""
         if task_set is not None:
@@ -137,8 +148,11 @@ class TaskDirectory:
         if task_id is None and content_hash is None:
             raise NotFound("give task_id, task_set + index, or content_hash")
         for force in (False, True):
-            infos = self.task_sets(tenant) if not force else [
-                i for i in self._refresh(force=True) if tenant.may_use(i.name, i.version)]
+            infos = (
+                self.task_sets(tenant)
+                if not force
+                else [i for i in self._refresh(force=True) if tenant.may_use(i.name, i.version)]
+            )
             for info in infos:
                 version = self._version(info)
                 if task_id is None:
@@ -149,15 +163,31 @@ class TaskDirectory:
                     if content_hash is None or served.task.content_hash == content_hash:
                         return info, served
         what = f"task {task_id!r}" if task_id else "task"
-        raise NotFound(f"no {what}" + (f" with content hash {content_hash[:12]}" if content_hash else "")
-                       + " in a task set this key may use")
+        raise NotFound(
+            f"no {what}"
+            + (f" with content hash {content_hash[:12]}" if content_hash else "")
+            + " in a task set this key may use"
+        )
 
 
 def task_summary(served: ServedTask) -> dict[str, Any]:
     t = served.task
     lim = t.spec.environment.limits
-    return {"task_id": t.id, "content_hash": t.content_hash, "index": served.index,
-            "instruction": t.spec.instruction, "source": t.spec.source, "tags": list(t.spec.tags),
-            "max_turns": t.spec.max_turns, "tier": served.tier, "split": served.split,
-            "limits": {"cpus": lim.cpus, "memory_mb": lim.memory_mb, "pids": lim.pids,
-                       "command_timeout_s": lim.command_timeout_s, "trajectory_timeout_s": lim.trajectory_timeout_s}}
+    return {
+        "task_id": t.id,
+        "content_hash": t.content_hash,
+        "index": served.index,
+        "instruction": t.spec.instruction,
+        "source": t.spec.source,
+        "tags": list(t.spec.tags),
+        "max_turns": t.spec.max_turns,
+        "tier": served.tier,
+        "split": served.split,
+        "limits": {
+            "cpus": lim.cpus,
+            "memory_mb": lim.memory_mb,
+            "pids": lim.pids,
+            "command_timeout_s": lim.command_timeout_s,
+            "trajectory_timeout_s": lim.trajectory_timeout_s,
+        },
+    }

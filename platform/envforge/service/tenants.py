@@ -66,8 +66,13 @@ class KeyInfo:
     revoked_at: float | None
 
     def as_json(self) -> dict[str, Any]:
-        return {"key_id": self.key_id, "tenant": self.tenant, "label": self.label,
-                "created_at": _iso(self.created_at), "revoked_at": _iso(self.revoked_at) if self.revoked_at else None}
+        return {
+            "key_id": self.key_id,
+            "tenant": self.tenant,
+            "label": self.label,
+            "created_at": _iso(self.created_at),
+            "revoked_at": _iso(self.revoked_at) if self.revoked_at else None,
+        }
 
 
 def tenants_path(settings: Settings) -> Path:
@@ -112,8 +117,9 @@ class TenantStore:
 
     # -- tenants -----------------------------------------------------------------------------
 
-    def upsert_tenant(self, name: str, task_sets: list[str] | None = None,
-                      limits: TenantLimits | None = None) -> Tenant:
+    def upsert_tenant(
+        self, name: str, task_sets: list[str] | None = None, limits: TenantLimits | None = None
+    ) -> Tenant:
         """Create the tenant, or change the scopes/limits given (others stay as they were)."""
         if not _TENANT.match(name):
             raise EnvforgeError(f"tenant {name!r}: use 1-63 of a-z, 0-9, '.', '_', '-' (starting alphanumeric)")
@@ -123,12 +129,16 @@ class TenantStore:
         existing = self.tenant(name)
         if existing is None:
             tenant = Tenant(name, tuple(task_sets or [ALL_TASK_SETS]), limits or TenantLimits())
-            self._exec("INSERT INTO tenants VALUES (?, ?, ?, ?)",
-                       (name, json.dumps(list(tenant.task_sets)), json.dumps(tenant.limits.as_json()), time.time()))
+            self._exec(
+                "INSERT INTO tenants VALUES (?, ?, ?, ?)",
+                (name, json.dumps(list(tenant.task_sets)), json.dumps(tenant.limits.as_json()), time.time()),
+            )
             return tenant
         tenant = Tenant(name, tuple(task_sets) if task_sets else existing.task_sets, limits or existing.limits)
-        self._exec("UPDATE tenants SET task_sets = ?, limits = ? WHERE name = ?",
-                   (json.dumps(list(tenant.task_sets)), json.dumps(tenant.limits.as_json()), name))
+        self._exec(
+            "UPDATE tenants SET task_sets = ?, limits = ? WHERE name = ?",
+            (json.dumps(list(tenant.task_sets)), json.dumps(tenant.limits.as_json()), name),
+        )
         return tenant
 
     def tenant(self, name: str) -> Tenant | None:
@@ -154,24 +164,30 @@ class TenantStore:
 
     def keys(self, tenant: str | None = None) -> list[KeyInfo]:
         sql = "SELECT key_id, tenant, label, created_at, revoked_at FROM api_keys"
-        rows = self._rows(sql + (" WHERE tenant = ?" if tenant else "") + " ORDER BY created_at",
-                          (tenant,) if tenant else ())
+        rows = self._rows(
+            sql + (" WHERE tenant = ?" if tenant else "") + " ORDER BY created_at", (tenant,) if tenant else ()
+        )
         return [KeyInfo(*r) for r in rows]
 
     def revoke(self, key_id: str) -> bool:
         """Revoke a key by id (or by the whole key); False when there is no such active key."""
         m = _KEY.match(key_id)
         key_id = m.group("id") if m else key_id
-        return self._exec("UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL",
-                          (time.time(), key_id)) > 0
+        return (
+            self._exec(
+                "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL", (time.time(), key_id)
+            )
+            > 0
+        )
 
     def authenticate(self, key: str) -> Tenant | None:
         """The tenant an active key belongs to; None for a malformed, unknown or revoked key."""
         m = _KEY.match(key or "")
         if m is None:
             return None
-        rows = self._rows("SELECT tenant, secret_sha256 FROM api_keys WHERE key_id = ? AND revoked_at IS NULL",
-                          (m.group("id"),))
+        rows = self._rows(
+            "SELECT tenant, secret_sha256 FROM api_keys WHERE key_id = ? AND revoked_at IS NULL", (m.group("id"),)
+        )
         if not rows or not hmac.compare_digest(rows[0][1], _sha256(m.group("secret"))):
             return None
         return self.tenant(rows[0][0])
@@ -179,10 +195,12 @@ class TenantStore:
     # -- usage -------------------------------------------------------------------------------
 
     def add_usage(self, tenant: str, sandbox_seconds: float, sessions: int = 0, day: str | None = None) -> None:
-        self._exec("""INSERT INTO usage VALUES (?, ?, ?, ?) ON CONFLICT (tenant, day) DO UPDATE SET
+        self._exec(
+            """INSERT INTO usage VALUES (?, ?, ?, ?) ON CONFLICT (tenant, day) DO UPDATE SET
                       sandbox_seconds = sandbox_seconds + excluded.sandbox_seconds,
                       sessions = sessions + excluded.sessions""",
-                   (tenant, day or utc_day(), float(sandbox_seconds), int(sessions)))
+            (tenant, day or utc_day(), float(sandbox_seconds), int(sessions)),
+        )
 
     def usage(self, tenant: str, day: str | None = None) -> float:
         rows = self._rows("SELECT sandbox_seconds FROM usage WHERE tenant = ? AND day = ?", (tenant, day or utc_day()))

@@ -9,18 +9,41 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from envforge.sources.discover import KINDS, Discovery, SourceRef, discover_sources, fingerprint, load_source, scan_sources
+from envforge.sources.discover import (
+    KINDS,
+    Discovery,
+    SourceRef,
+    discover_sources,
+    fingerprint,
+    load_source,
+    scan_sources,
+)
 from envforge.sources.result import LoadResult
 from envforge.sources.runbooks import load_runbook, load_runbooks
 from envforge.sources.specs import discover_spec_files, load_spec_file, load_specs
 
-__all__ = ["KINDS", "Discovery", "LoadResult", "SourceRef", "discover_sources", "discover_spec_files", "fingerprint",
-           "load_by_source", "load_runbook", "load_runbooks", "load_source", "load_sources", "load_spec_file",
-           "load_specs", "scan_sources"]
+__all__ = [
+    "KINDS",
+    "Discovery",
+    "LoadResult",
+    "SourceRef",
+    "discover_sources",
+    "discover_spec_files",
+    "fingerprint",
+    "load_by_source",
+    "load_runbook",
+    "load_runbooks",
+    "load_source",
+    "load_sources",
+    "load_spec_file",
+    "load_specs",
+    "scan_sources",
+]
 
 
-def load_by_source(paths: Iterable[Path], discovery: Discovery | None = None
-                   ) -> tuple[list[tuple[SourceRef, LoadResult]], list]:
+def load_by_source(
+    paths: Iterable[Path], discovery: Discovery | None = None
+) -> tuple[list[tuple[SourceRef, LoadResult]], list]:
     """Each discovered source with its result (task ids unique across all of them), plus path problems."""
     discovery = discovery or scan_sources(paths)
     refs, problems = discovery.refs, discovery.problems

@@ -28,7 +28,6 @@ from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import built_records
 from envforge.task import Limits, Task, TaskSpec, valid_test_id
 
-
 # Stands in for the test ids while a candidate's image is built: the image depends on the
 # environment and workspace only, never on the verification, so it is the task's real image.
 PENDING_TEST = "(derived-by-running-the-tests)"
@@ -38,16 +37,20 @@ class SuiteConfig(StrictModel):
     """How a history source's repository runs its tests (the `tests:` block of its config)."""
 
     framework: str = Field("pytest", pattern="^pytest$", description="suites are run whole; pytest only for now")
-    command: str = Field("python3 -m pytest", description="runs the whole suite from the repository root (or "
-                                                         "environment.workdir)")
-    plugins: list[str] = Field(default_factory=list, description="pytest plugins to load by name (`-p NAME`); "
-                                                                 "plugin autoload is always off")
+    command: str = Field(
+        "python3 -m pytest", description="runs the whole suite from the repository root (or environment.workdir)"
+    )
+    plugins: list[str] = Field(
+        default_factory=list, description="pytest plugins to load by name (`-p NAME`); plugin autoload is always off"
+    )
     timeout_s: float = Field(300, gt=0, le=86400)
     pass_to_pass: Literal["test-files", "suite"] = Field(
-        "test-files", description="which tests that pass before and after the change become PASS_TO_PASS: those in "
-                                  "the test files the change touches or that hold its FAIL_TO_PASS tests (as the "
-                                  "SWE-bench harness does; grading then runs only those files), or every one in the "
-                                  "suite (grading then runs the whole suite)")
+        "test-files",
+        description="which tests that pass before and after the change become PASS_TO_PASS: those in "
+        "the test files the change touches or that hold its FAIL_TO_PASS tests (as the "
+        "SWE-bench harness does; grading then runs only those files), or every one in the "
+        "suite (grading then runs the whole suite)",
+    )
 
     @field_validator("command")
     @classmethod
@@ -102,25 +105,47 @@ class Candidate:
     def to_task(self, fail_to_pass: list[str], pass_to_pass: list[str], extra_metadata: dict | None = None) -> Task:
         env = self.environment
         data = {
-            "id": self.id, "source": self.kind, "instruction": self.instruction,
-            "environment": {**env.fields, "limits": self.config.limits.model_dump(),
-                            "repository": {"path": self.repository or str(self.git_dir),
-                                           "commit": self.workspace_commit}},
-            "verification": {"tests": {"framework": self.config.tests.framework, "command": self.config.tests.command,
-                                       "plugins": self.plugins, "timeout_s": self.config.tests.timeout_s,
-                                       "fail_to_pass": fail_to_pass, "pass_to_pass": pass_to_pass}},
+            "id": self.id,
+            "source": self.kind,
+            "instruction": self.instruction,
+            "environment": {
+                **env.fields,
+                "limits": self.config.limits.model_dump(),
+                "repository": {"path": self.repository or str(self.git_dir), "commit": self.workspace_commit},
+            },
+            "verification": {
+                "tests": {
+                    "framework": self.config.tests.framework,
+                    "command": self.config.tests.command,
+                    "plugins": self.plugins,
+                    "timeout_s": self.config.tests.timeout_s,
+                    "fail_to_pass": fail_to_pass,
+                    "pass_to_pass": pass_to_pass,
+                }
+            },
             "reference_solution": {"patch": "<inline>"},
-            "max_turns": self.config.max_turns, "tags": sorted({*self.config.tags, *self.tags}),
-            "metadata": {**self.metadata, **env.metadata, **(extra_metadata or {}),
-                         "source_files": self.change.source_files, "test_files": self.change.test_files},
+            "max_turns": self.config.max_turns,
+            "tags": sorted({*self.config.tags, *self.tags}),
+            "metadata": {
+                **self.metadata,
+                **env.metadata,
+                **(extra_metadata or {}),
+                "source_files": self.change.source_files,
+                "test_files": self.change.test_files,
+            },
         }
         try:
             spec = TaskSpec.model_validate(data)
         except ValidationError as err:
             raise SpecError(guard.validation_problems(self.origin, err)) from None
-        task = Task(spec=spec, origin=self.origin, base_dir=str(self.base_dir),
-                    reference_patch=self.change.source_patch, test_patch=self.change.test_patch,
-                    workspace_digest=f"git:{self.workspace_commit}")
+        task = Task(
+            spec=spec,
+            origin=self.origin,
+            base_dir=str(self.base_dir),
+            reference_patch=self.change.source_patch,
+            test_patch=self.change.test_patch,
+            workspace_digest=f"git:{self.workspace_commit}",
+        )
         return task.model_copy(update={"content_hash": task.compute_content_hash()})
 
     def provisional_task(self) -> Task:
@@ -137,11 +162,26 @@ def relative_to_source(rel: str, base_dir: Path) -> str:
 def check_change(change: SplitChange, where: str, field: str, what: str) -> None:
     """A change can become a task only if it has a source part to ask for and a test part to grade it."""
     if not change.test_files:
-        raise SpecError([Problem(where, field, f"{what} changes no test files, so nothing can verify it "
-                                               f"(changed: {', '.join(change.source_files) or 'nothing'})")])
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    field,
+                    f"{what} changes no test files, so nothing can verify it "
+                    f"(changed: {', '.join(change.source_files) or 'nothing'})",
+                )
+            ]
+        )
     if not change.source_files:
-        raise SpecError([Problem(where, field, f"{what} changes only tests ({', '.join(change.test_files)}): "
-                                               f"there is no source change to ask for")])
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    field,
+                    f"{what} changes only tests ({', '.join(change.test_files)}): there is no source change to ask for",
+                )
+            ]
+        )
 
 
 def open_repository(config_path: Path, field: str, rel: str, policy: SourcePolicy) -> Path:
@@ -170,9 +210,15 @@ def derivable_ids(ids: list[str]) -> tuple[list[str], list[str]]:
     return ok, [t for t in ids if not valid_test_id(t)]
 
 
-def record_candidates(config_path: Path, field: str, rel: str, fmt: str | None,
-                      to_candidate: Callable[[dict, str], "Candidate"], policy: SourcePolicy,
-                      rejects: list[Problem]) -> Iterator["Candidate"]:
+def record_candidates(
+    config_path: Path,
+    field: str,
+    rel: str,
+    fmt: str | None,
+    to_candidate: Callable[[dict, str], "Candidate"],
+    policy: SourcePolicy,
+    rejects: list[Problem],
+) -> Iterator["Candidate"]:
     """Every record of one record file as a candidate (spec checked before any sandbox time), as it is read;
     a missing or outside file, an unreadable record or an invalid one becomes a reject and the rest still load."""
     path = config_path.parent / rel
@@ -184,6 +230,7 @@ def record_candidates(config_path: Path, field: str, rel: str, fmt: str | None,
     if not path.exists():
         rejects.append(Problem(str(config_path), field, f"{path} does not exist"))
         return
+
     def build(rec: dict, where: str) -> "Candidate":
         cand = to_candidate(rec, where)
         cand.provisional_task()  # the spec is checked before any sandbox time is spent

@@ -110,11 +110,12 @@ def _stable(first: Run, second: Run, state: str) -> tuple[dict[str, str], dict[s
     for test_id, status in first.statuses.items():
         again = second.statuses.get(test_id)
         if again is None:
-            excluded[test_id] = (f"its id was not found again in the reversed {state} run (an id that changes between "
-                                 f"runs: a memory address, a timestamp, random parametrization)")
+            excluded[test_id] = (
+                f"its id was not found again in the reversed {state} run (an id that changes between "
+                f"runs: a memory address, a timestamp, random parametrization)"
+            )
         elif again != status:
-            excluded[test_id] = (f"its outcome depends on the order ({state}: {status} in file order, {again} "
-                                 f"reversed)")
+            excluded[test_id] = f"its outcome depends on the order ({state}: {status} in file order, {again} reversed)"
         else:
             stable[test_id] = status
     return stable, excluded
@@ -143,9 +144,12 @@ class Derivation:
     alone: Run | None = None  # before the change, only the FAIL_TO_PASS candidates outside the test change
 
     def as_json(self) -> dict:
-        return {"before": [asdict(r) for r in self.before], "after": [asdict(r) for r in self.after],
-                "checks": [{k: asdict(v) for k, v in c.items()} for c in self.checks],
-                "alone": asdict(self.alone) if self.alone else None}
+        return {
+            "before": [asdict(r) for r in self.before],
+            "after": [asdict(r) for r in self.after],
+            "checks": [{k: asdict(v) for k, v in c.items()} for c in self.checks],
+            "alone": asdict(self.alone) if self.alone else None,
+        }
 
     def timed_out(self) -> bool:
         """Whether any run of it hit the test timeout (then it is not cached: see the module's docstring)."""
@@ -154,9 +158,12 @@ class Derivation:
 
     @classmethod
     def from_json(cls, doc: dict) -> "Derivation":
-        return cls([Run(**r) for r in doc["before"]], [Run(**r) for r in doc["after"]],
-                   [{k: Run(**v) for k, v in c.items()} for c in doc.get("checks", [])],
-                   Run(**doc["alone"]) if doc.get("alone") else None)
+        return cls(
+            [Run(**r) for r in doc["before"]],
+            [Run(**r) for r in doc["after"]],
+            [{k: Run(**v) for k, v in c.items()} for c in doc.get("checks", [])],
+            Run(**doc["alone"]) if doc.get("alone") else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -237,8 +244,9 @@ def _run(pool: Pool, task: Task, image: str, patches: Sequence[str], run: TestRu
         pool.release(sandbox)
 
 
-def _grade(pool: Pool, candidate: Candidate, image: str, f2p: list[str], p2p: list[str],
-           only: list[str] | None = None) -> dict[str, Run]:
+def _grade(
+    pool: Pool, candidate: Candidate, image: str, f2p: list[str], p2p: list[str], only: list[str] | None = None
+) -> dict[str, Run]:
     """The derived ids graded by the grader itself: the reference solution ('after', through the same
     protected-path filter) and the empty one ('before'). `only`: grade these ids alone, before only."""
     grader = Grader(pool.client, pool)
@@ -263,8 +271,9 @@ def run_derivation(pool: Pool, candidate: Candidate, image: str) -> Derivation:
     after.append(_run(pool, task, image, after_patches, REVERSED_SUITE))
     derivation = Derivation(before, after)
     scope = candidate.config.tests.pass_to_pass
-    suspects = outside_test_change(settle(derivation, candidate.change.test_files, scope).fail_to_pass,
-                                   candidate.change.test_files)
+    suspects = outside_test_change(
+        settle(derivation, candidate.change.test_files, scope).fail_to_pass, candidate.change.test_files
+    )
     if suspects:
         alone = _grade(pool, candidate, image, [], [], only=suspects)["before"]
         derivation = Derivation(before, after, [], alone)
@@ -278,8 +287,13 @@ def run_derivation(pool: Pool, candidate: Candidate, image: str) -> Derivation:
 
 def cache_key(candidate: Candidate, image: str) -> str:
     # The runs do not depend on how PASS_TO_PASS is scoped afterwards.
-    return digest_parts(CACHE_VERSION, image, candidate.change.source_patch, candidate.change.test_patch,
-                        candidate.config.tests.model_dump_json(exclude={"pass_to_pass"}))[:32]
+    return digest_parts(
+        CACHE_VERSION,
+        image,
+        candidate.change.source_patch,
+        candidate.change.test_patch,
+        candidate.config.tests.model_dump_json(exclude={"pass_to_pass"}),
+    )[:32]
 
 
 def _collection_note(run: Run, state: str) -> str:
@@ -293,10 +307,17 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
     """The derived task, or SpecError naming the record's change field and what the runs showed."""
     first_after = derivation.after[0]
     if first_after.reasons and not first_after.statuses:
-        raise SpecError([Problem(candidate.origin, candidate.field,
-                                 f"the test suite produced no results after the change "
-                                 f"({', '.join(first_after.reasons)}); check the `tests.command` of the source"
-                                 + _collection_note(first_after, "after"))])
+        raise SpecError(
+            [
+                Problem(
+                    candidate.origin,
+                    candidate.field,
+                    f"the test suite produced no results after the change "
+                    f"({', '.join(first_after.reasons)}); check the `tests.command` of the source"
+                    + _collection_note(first_after, "after"),
+                )
+            ]
+        )
     settled = settle(derivation, candidate.change.test_files, candidate.config.tests.pass_to_pass)
     cls, p2p, excluded = settled.classified, settled.pass_to_pass, settled.excluded
     f2p = settled.fail_to_pass if settled.confirmed else []  # else never run the way the grader runs it
@@ -308,13 +329,21 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
         if failing:
             detail += f", {len(failing)} still fail ({', '.join(failing[:3])})"
         if odd_f2p:
-            detail += f", {len(odd_f2p)} cannot be required (ids with control characters, tabs or a space at either end)"
+            detail += (
+                f", {len(odd_f2p)} cannot be required (ids with control characters, tabs or a space at either end)"
+            )
         candidates = [t for t in excluded if after.get(t) == "passed"]
         if candidates:
             detail += "; excluded: " + "; ".join(f"{t}: {excluded[t]}" for t in candidates[:3])
-        raise SpecError([Problem(candidate.origin, candidate.field,
-                                 f"the change has no failing-then-passing test: {detail}"
-                                 + _collection_note(first_after, "after"))])
+        raise SpecError(
+            [
+                Problem(
+                    candidate.origin,
+                    candidate.field,
+                    f"the change has no failing-then-passing test: {detail}" + _collection_note(first_after, "after"),
+                )
+            ]
+        )
     metadata = dict(extra_metadata or {})
     if cls.broken_by_change:
         metadata["broken_by_change"] = cls.broken_by_change
@@ -332,14 +361,22 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
             failures[t] = error_summary(error, lines=1)
     if failures:  # the observable failure, for describing the problem as a reporter would (quality.statements)
         metadata["failure_messages"] = failures
-    metadata["derivation"] = {"suite_runs": len(derivation.before) + len(derivation.after),
-                              "grader_checks": len(derivation.checks), "ran_alone": derivation.alone is not None}
+    metadata["derivation"] = {
+        "suite_runs": len(derivation.before) + len(derivation.after),
+        "grader_checks": len(derivation.checks),
+        "ran_alone": derivation.alone is not None,
+    }
     return candidate.to_task(f2p, p2p, metadata)
 
 
-def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: docker.DockerClient | None = None,
-                 concurrency: int = 2, progress: Progress = no_progress,
-                 sandboxes: SandboxProvider | None = None) -> LoadResult:
+def derive_tasks(
+    settings: Settings,
+    candidates: Sequence[Candidate],
+    client: docker.DockerClient | None = None,
+    concurrency: int = 2,
+    progress: Progress = no_progress,
+    sandboxes: SandboxProvider | None = None,
+) -> LoadResult:
     """Run every candidate's suite before and after its change; derived tasks or rejects with reasons.
     The sandboxes come from a pool leased from `sandboxes` (none: this process's engine), told each
     candidate's image as it is built."""
@@ -352,8 +389,9 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
     base = build_base_image(client, settings).tag
     total = len(candidates)
     progress("derive", "building images", 0, total)
-    lease = or_local(sandboxes).lease([], SANDBOXES_PER_DERIVATION, client=client, settings=settings,
-                                      max_idle_per_key=1, max_starting=concurrency)
+    lease = or_local(sandboxes).lease(
+        [], SANDBOXES_PER_DERIVATION, client=client, settings=settings, max_idle_per_key=1, max_starting=concurrency
+    )
 
     def one(candidate: Candidate, pool: Pool) -> Task:
         try:
@@ -378,8 +416,9 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
                 lease.expect([(candidate.provisional_task(), build.tag)], SANDBOXES_PER_DERIVATION)
                 derivation = with_retry(lambda: run_derivation(pool, candidate, build.tag), DERIVATION_ATTEMPTS)
             except ValueError as exc:
-                raise SpecError([Problem(candidate.origin, candidate.field,
-                                         f"the change does not apply to its own parent: {exc}")]) from None
+                raise SpecError(
+                    [Problem(candidate.origin, candidate.field, f"the change does not apply to its own parent: {exc}")]
+                ) from None
             if not derivation.timed_out():
                 write_atomic(cached, json.dumps(derivation.as_json(), sort_keys=True))
         return task_from_derivation(candidate, derivation, {"images": images})
@@ -395,8 +434,9 @@ def derive_tasks(settings: Settings, candidates: Sequence[Candidate], client: do
                 except SpecError as exc:
                     result.rejects.extend(exc.problems)
                 except InfraError as exc:
-                    result.rejects.append(Problem(cand.origin, cand.field, f"infra: {exc} (not cached; retried on "
-                                                                           f"the next ingest)"))
+                    result.rejects.append(
+                        Problem(cand.origin, cand.field, f"infra: {exc} (not cached; retried on the next ingest)")
+                    )
                 done += 1
                 progress("derive", cand.id, done, total)
     order = {c.id: i for i, c in enumerate(candidates)}
@@ -420,5 +460,17 @@ def with_retry(fn: Callable[[], T], attempts: int = 2) -> T:
     raise AssertionError("unreachable")
 
 
-__all__ = ["Classified", "Derivation", "Run", "Settled", "cache_key", "classify", "derive_tasks",
-           "outside_test_change", "run_derivation", "settle", "task_from_derivation", "with_retry"]
+__all__ = [
+    "Classified",
+    "Derivation",
+    "Run",
+    "Settled",
+    "cache_key",
+    "classify",
+    "derive_tasks",
+    "outside_test_change",
+    "run_derivation",
+    "settle",
+    "task_from_derivation",
+    "with_retry",
+]

@@ -63,8 +63,10 @@ class Discovery:
     skipped: list[Problem] = field(default_factory=list)
 
 
-_NOT_A_RUNBOOK = ("skipped: a .md file in a runbooks folder that does not open with YAML front matter (a '---' line, "
-                  "then at least `id:`), so it is not a runbook")
+_NOT_A_RUNBOOK = (
+    "skipped: a .md file in a runbooks folder that does not open with YAML front matter (a '---' line, "
+    "then at least `id:`), so it is not a runbook"
+)
 
 
 def _walk(d: Path, found: Discovery) -> None:
@@ -85,8 +87,11 @@ def _walk(d: Path, found: Discovery) -> None:
             markdown.append(f)
         elif f.suffix == ".jsonl" and (f.parent / "swebench.yaml").exists() and f.parent not in history_dirs:
             found.refs.append(SourceRef("swebench", f))
-    found.skipped += [Problem(str(f), "front matter", _NOT_A_RUNBOOK) for f in markdown
-                      if f.parent in runbook_dirs or f.parent.name == "runbooks"]
+    found.skipped += [
+        Problem(str(f), "front matter", _NOT_A_RUNBOOK)
+        for f in markdown
+        if f.parent in runbook_dirs or f.parent.name == "runbooks"
+    ]
 
 
 def scan_sources(paths: Iterable[Path]) -> Discovery:
@@ -108,9 +113,15 @@ def scan_sources(paths: Iterable[Path]) -> Discovery:
         elif p.suffix in (".yaml", ".yml"):
             refs.append(SourceRef("spec", p))
         else:
-            problems.append(Problem(str(p), "", "not a known source: expected a task.yaml, a runbook .md, a .jsonl "
-                                                "of SWE-bench instances, a tickets.yaml, a reviews.yaml or a "
-                                                "history.yaml"))
+            problems.append(
+                Problem(
+                    str(p),
+                    "",
+                    "not a known source: expected a task.yaml, a runbook .md, a .jsonl "
+                    "of SWE-bench instances, a tickets.yaml, a reviews.yaml or a "
+                    "history.yaml",
+                )
+            )
     found.refs = sorted(set(refs), key=lambda r: (KINDS.index(r.kind), str(r.path)))
     return found
 
@@ -129,17 +140,22 @@ def _single(loader: Callable[[Path], object]) -> Callable[[Path], LoadResult]:
         except SpecError as exc:
             result.rejects.extend(exc.problems)
         return result
+
     return load
 
 
 def _swebench(path: Path) -> LoadResult:
     from envforge.sources.swebench import load_swebench
+
     return load_swebench([path])
 
 
 LOADERS: dict[str, Callable[[Path], LoadResult]] = {
-    "spec": _single(load_spec_file), "runbook": _single(load_runbook), "swebench": _swebench,
-    "ticket": tickets.load_ticket_source, "review": reviews.load_review_source,
+    "spec": _single(load_spec_file),
+    "runbook": _single(load_runbook),
+    "swebench": _swebench,
+    "ticket": tickets.load_ticket_source,
+    "review": reviews.load_review_source,
     "history": history.load_history_source,
 }
 

@@ -27,10 +27,13 @@ class HistoryEnvironment(PythonEnvironment):
     """What a history source's repository needs (the `environment:` section of its config)."""
 
     image: str | None = Field(None, description="'base' (default) or a local image the env layer builds on")
-    dockerfile: str | None = Field(None, description="Dockerfile, relative to the config's folder, built FROM "
-                                                     "${ENVFORGE_BASE} under the env layer")
-    setup: list[str] = Field(default_factory=list, description="shell commands run in the workspace at image build "
-                                                               "(network only at build time)")
+    dockerfile: str | None = Field(
+        None, description="Dockerfile, relative to the config's folder, built FROM ${ENVFORGE_BASE} under the env layer"
+    )
+    setup: list[str] = Field(
+        default_factory=list,
+        description="shell commands run in the workspace at image build (network only at build time)",
+    )
 
     @field_validator("dockerfile")
     @classmethod
@@ -69,26 +72,47 @@ def resolve_environment(section: HistoryEnvironment, git_dir: Path, commit: str,
         install = inferred.install
     build = inferred.build_requires if install == "editable" else []
     declared = section.declares_packages
-    pip = [*build, *[p for p in section.pip if p not in build]] if declared else \
-        [*build, *[p for p in inferred.pip if p not in build]]
+    pip = (
+        [*build, *[p for p in section.pip if p not in build]]
+        if declared
+        else [*build, *[p for p in inferred.pip if p not in build]]
+    )
     problems = []
     for i, line in enumerate(section.pip):
         ref = pip_file_reference(line)
         if ref is not None and not tree.exists(ref[1]):
-            problems.append(Problem(where, f"environment.pip[{i}]", f"requirements file {ref[1]} does not exist in "
-                                                                     f"the repository at {commit[:12]}"))
+            problems.append(
+                Problem(
+                    where,
+                    f"environment.pip[{i}]",
+                    f"requirements file {ref[1]} does not exist in the repository at {commit[:12]}",
+                )
+            )
     if section.workdir and not any(p.startswith(section.workdir + "/") for p in tree.paths):
-        problems.append(Problem(where, "environment.workdir", f"{section.workdir} is not a directory of the "
-                                                              f"repository at {commit[:12]}"))
+        problems.append(
+            Problem(
+                where, "environment.workdir", f"{section.workdir} is not a directory of the repository at {commit[:12]}"
+            )
+        )
     if not declared:
-        problems += [Problem(where, "environment", f"cannot infer the environment at {commit[:12]}: {e}")
-                     for e in inferred.errors]
+        problems += [
+            Problem(where, "environment", f"cannot infer the environment at {commit[:12]}: {e}")
+            for e in inferred.errors
+        ]
     if problems:
         raise SpecError(problems)
-    fields = {"image": section.image, "dockerfile": section.dockerfile, "python": section.python or inferred.python,
-              "pip": pip, "apt": list(section.apt), "env": dict(section.env), "workdir": section.workdir,
-              "install": install, "setup": list(section.setup),
-              "version": section.version or (nearest_version(git_dir, commit) if install == "editable" else None)}
+    fields = {
+        "image": section.image,
+        "dockerfile": section.dockerfile,
+        "python": section.python or inferred.python,
+        "pip": pip,
+        "apt": list(section.apt),
+        "env": dict(section.env),
+        "workdir": section.workdir,
+        "install": install,
+        "setup": list(section.setup),
+        "version": section.version or (nearest_version(git_dir, commit) if install == "editable" else None),
+    }
     about: dict[str, Any] = {"declared": declared, "install": install}
     if build:
         about["build_requires"] = build

@@ -93,10 +93,16 @@ class Funnel:
                 mine[key] = mine.get(key, 0) + n
 
     def as_json(self) -> dict[str, Any]:
-        return {"candidates": self.candidates, "environment_built": self.environment_built, "derived": self.derived,
-                "accepted": self.accepted, "skipped": self.skipped, "envforge_losses": self.envforge_losses,
-                "lost": dict(sorted(self.lost.items())),
-                "reasons": dict(sorted(self.reasons.items(), key=lambda kv: -kv[1]))}
+        return {
+            "candidates": self.candidates,
+            "environment_built": self.environment_built,
+            "derived": self.derived,
+            "accepted": self.accepted,
+            "skipped": self.skipped,
+            "envforge_losses": self.envforge_losses,
+            "lost": dict(sorted(self.lost.items())),
+            "reasons": dict(sorted(self.reasons.items(), key=lambda kv: -kv[1])),
+        }
 
 
 __all__ = ["Funnel", "Loss", "classify"]

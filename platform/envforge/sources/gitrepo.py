@@ -98,8 +98,18 @@ def build_patch_series(project: Path, target: Path) -> Path:
     if init.returncode != 0:
         raise ValueError(f"git init {target}: {_stderr(init)}")
     env = {"GIT_COMMITTER_NAME": cfg.committer.name, "GIT_COMMITTER_EMAIL": cfg.committer.email}
-    am = git(target, "-c", "commit.gpgsign=false", "am", "-q", "-k", "--keep-cr", "--committer-date-is-author-date",
-             *[str(p.resolve()) for p in patches], env=env)
+    am = git(
+        target,
+        "-c",
+        "commit.gpgsign=false",
+        "am",
+        "-q",
+        "-k",
+        "--keep-cr",
+        "--committer-date-is-author-date",
+        *[str(p.resolve()) for p in patches],
+        env=env,
+    )
     if am.returncode != 0:
         raise ValueError(f"{project}: `git am` failed: {_stderr(am)[:400]}")
     return target
@@ -122,12 +132,17 @@ def materialize_repo(path: Path) -> Path:
     """A git directory for a repository path, a .bundle file or a patch-series project."""
     path = Path(path)
     if path.is_file() and path.suffix == ".bundle":
+
         def clone(dest: Path) -> Path:
-            proc = subprocess.run(["git", "clone", "-q", "--bare", "--mirror", str(path), str(dest)],
-                                  capture_output=True, env={**os.environ, **GIT_ENV})
+            proc = subprocess.run(
+                ["git", "clone", "-q", "--bare", "--mirror", str(path), str(dest)],
+                capture_output=True,
+                env={**os.environ, **GIT_ENV},
+            )
             if proc.returncode != 0:
                 raise ValueError(f"cannot read bundle {path}: {_stderr(proc)}")
             return dest
+
         return _cached("bundle-" + hashlib.sha256(path.read_bytes()).hexdigest()[:16], clone)
     if is_patch_series(path):
         return _cached("series-" + series_digest(path), lambda dest: build_patch_series(path, dest))
@@ -182,8 +197,13 @@ def patch_applies(repo: Path, commit: str, patch: str) -> str | None:
         if archive.returncode != 0:
             return _stderr(archive)
         subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-        proc = subprocess.run(["git", "apply", "--check", "-"], cwd=tmp, input=patch.encode(), capture_output=True,
-                              env={**os.environ, **GIT_ENV})
+        proc = subprocess.run(
+            ["git", "apply", "--check", "-"],
+            cwd=tmp,
+            input=patch.encode(),
+            capture_output=True,
+            env={**os.environ, **GIT_ENV},
+        )
         return None if proc.returncode == 0 else _stderr(proc)[:300]
 
 
@@ -215,6 +235,18 @@ def split_change(repo: Path, old: str, new: str) -> SplitChange:
     return SplitChange("".join(source), "".join(tests), sorted(set(source_files)), sorted(set(test_files)))
 
 
-__all__ = ["REPO_CACHE", "SplitChange", "build_patch_series", "commit_subject", "first_parent",
-           "git", "is_ancestor", "is_patch_series", "materialize_repo", "patch_applies", "resolve_commit",
-           "split_change", "tree_footprint"]
+__all__ = [
+    "REPO_CACHE",
+    "SplitChange",
+    "build_patch_series",
+    "commit_subject",
+    "first_parent",
+    "git",
+    "is_ancestor",
+    "is_patch_series",
+    "materialize_repo",
+    "patch_applies",
+    "resolve_commit",
+    "split_change",
+    "tree_footprint",
+]

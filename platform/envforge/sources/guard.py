@@ -180,8 +180,12 @@ def check_text(value: str, where: str, field: str, policy: SourcePolicy) -> str:
     """Free text a policy will read: control characters stripped, length capped (a reject past the cap)."""
     value = clean_text(value)
     if len(value) > policy.max_text_chars:
-        raise reject(where, field, f"is {len(value)} characters, over the {policy.max_text_chars}-character limit "
-                                   "(max_text_chars in the source policy)")
+        raise reject(
+            where,
+            field,
+            f"is {len(value)} characters, over the {policy.max_text_chars}-character limit "
+            "(max_text_chars in the source policy)",
+        )
     return value
 
 
@@ -189,9 +193,13 @@ def check_footprint(need: int, limits, where: str, field: str) -> None:
     """A workspace that cannot fit its sandbox's /workspace tmpfs (limits.workspace_mb) is a reject."""
     room = limits.workspace_mb * 1024 * 1024
     if need > room:
-        raise reject(where, field, f"the workspace needs about {-(-need // (1 << 20))} MiB in the sandbox (its files "
-                                   f"and their git copy, in 4 KiB pages), over workspace_mb {limits.workspace_mb}: "
-                                   "raise limits.workspace_mb (and memory_mb) or shrink the workspace")
+        raise reject(
+            where,
+            field,
+            f"the workspace needs about {-(-need // (1 << 20))} MiB in the sandbox (its files "
+            f"and their git copy, in 4 KiB pages), over workspace_mb {limits.workspace_mb}: "
+            "raise limits.workspace_mb (and memory_mb) or shrink the workspace",
+        )
 
 
 def is_sha_prefix(rev: str, sha: str) -> bool:
@@ -203,8 +211,12 @@ def pinned(rev: str, sha: str, where: str, field: str, policy: SourcePolicy, pin
     if is_sha_prefix(rev, sha):
         return sha
     if policy.moving_refs == "refuse":
-        raise reject(where, field, f"{rev!r} is a moving ref (it resolves to {sha[:12]} today); give the commit SHA "
-                                   "(moving_refs: refuse in the source policy)")
+        raise reject(
+            where,
+            field,
+            f"{rev!r} is a moving ref (it resolves to {sha[:12]} today); give the commit SHA "
+            "(moving_refs: refuse in the source policy)",
+        )
     pins[field] = {"ref": rev, "sha": sha}
     return sha
 
@@ -217,5 +229,21 @@ def unexpected(where: str, exc: BaseException) -> Problem:
     return Problem(where, "", f"{UNEXPECTED} {type(exc).__name__}: {exc}"[:2000])
 
 
-__all__ = ["check_footprint", "check_text", "clean_text", "confined", "expanded_size", "is_sha_prefix", "load_yaml",
-           "load_yaml_file", "pinned", "read_bytes", "read_text", "reject", "scan_tree", "source_file", "unexpected", "UNEXPECTED"]
+__all__ = [
+    "check_footprint",
+    "check_text",
+    "clean_text",
+    "confined",
+    "expanded_size",
+    "is_sha_prefix",
+    "load_yaml",
+    "load_yaml_file",
+    "pinned",
+    "read_bytes",
+    "read_text",
+    "reject",
+    "scan_tree",
+    "source_file",
+    "unexpected",
+    "UNEXPECTED",
+]

@@ -35,8 +35,15 @@ from pydantic import Field, StrictStr, field_validator
 
 from envforge.errors import Problem, SpecError
 from envforge.sources import guard
-from envforge.sources.candidate import (Candidate, HistorySourceConfig, check_repo_footprint, load_config,
-                                        open_repository, relative_to_source, slug)
+from envforge.sources.candidate import (
+    Candidate,
+    HistorySourceConfig,
+    check_repo_footprint,
+    load_config,
+    open_repository,
+    relative_to_source,
+    slug,
+)
 from envforge.sources.fields import Ref, StrictModel
 from envforge.sources.gitrepo import git, resolve_commit, split_change
 from envforge.sources.policy import SourcePolicy
@@ -49,39 +56,85 @@ CONFIG_NAME = "history.yaml"
 MAX_SCAN = 5000  # commits examined at most per load, newest first
 MIN_STATEMENT_CHARS = 10  # as TaskSpec.instruction
 
-DEPENDENCY_FILES = ("requirements*.txt", "requirements/*.txt", "*.lock", "Pipfile", "Pipfile.lock", "poetry.lock",
-                    "uv.lock", "pdm.lock", "constraints*.txt", "package.json", "package-lock.json", "yarn.lock",
-                    "go.sum", "Cargo.lock", "renovate.json", ".pre-commit-config.yaml")
-DOCS_FILES = ("*.md", "*.rst", "*.txt", "docs/*", "doc/*", "CHANGELOG*", "CHANGES*", "HISTORY*", "NEWS*", "AUTHORS*",
-              "LICENSE*", ".github/*", ".gitlab-ci.yml", ".circleci/*", "azure-pipelines.yml", ".travis.yml",
-              "appveyor.yml", ".readthedocs.y*ml", "mkdocs.yml", "*.cfg.example")
-_LINK = re.compile(r"\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s*:?\s+(?:[\w.-]+/[\w.-]+)?#(\d+)\b|"
-                   r"\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s*:?\s+([A-Z][A-Z0-9]{1,9}-\d+)\b", re.I)
+DEPENDENCY_FILES = (
+    "requirements*.txt",
+    "requirements/*.txt",
+    "*.lock",
+    "Pipfile",
+    "Pipfile.lock",
+    "poetry.lock",
+    "uv.lock",
+    "pdm.lock",
+    "constraints*.txt",
+    "package.json",
+    "package-lock.json",
+    "yarn.lock",
+    "go.sum",
+    "Cargo.lock",
+    "renovate.json",
+    ".pre-commit-config.yaml",
+)
+DOCS_FILES = (
+    "*.md",
+    "*.rst",
+    "*.txt",
+    "docs/*",
+    "doc/*",
+    "CHANGELOG*",
+    "CHANGES*",
+    "HISTORY*",
+    "NEWS*",
+    "AUTHORS*",
+    "LICENSE*",
+    ".github/*",
+    ".gitlab-ci.yml",
+    ".circleci/*",
+    "azure-pipelines.yml",
+    ".travis.yml",
+    "appveyor.yml",
+    ".readthedocs.y*ml",
+    "mkdocs.yml",
+    "*.cfg.example",
+)
+_LINK = re.compile(
+    r"\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s*:?\s+(?:[\w.-]+/[\w.-]+)?#(\d+)\b|"
+    r"\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s*:?\s+([A-Z][A-Z0-9]{1,9}-\d+)\b",
+    re.I,
+)
 
 
 class HistoryRange(StrictModel):
     branch: Ref = Field("HEAD", description="the branch (or ref) whose first-parent history is read")
-    last: int | None = Field(None, ge=1, le=MAX_SCAN, description="at most this many candidates, newest first "
-                                                                  "(counted after the filters)")
-    since: StrictStr | None = Field(None, description="only commits after this tag/ref, or committed on or "
-                                                      "after this date (YYYY-MM-DD)")
+    last: int | None = Field(
+        None, ge=1, le=MAX_SCAN, description="at most this many candidates, newest first (counted after the filters)"
+    )
+    since: StrictStr | None = Field(
+        None, description="only commits after this tag/ref, or committed on or after this date (YYYY-MM-DD)"
+    )
 
 
 class HistoryFilters(StrictModel):
     skip_merges: bool = Field(True, description="merge commits are left out (their change is their parents')")
     skip_authors: list[StrictStr] = Field(
         default_factory=lambda: ["*[bot]*", "dependabot*", "renovate*", "pre-commit-ci*", "github-actions*"],
-        description="author names or emails (glob, case-insensitive) whose commits are left out")
+        description="author names or emails (glob, case-insensitive) whose commits are left out",
+    )
     skip_messages: list[StrictStr] = Field(
-        default_factory=lambda: [r"(?i)^(bump|build\(deps\)|chore\(deps\)|update dependency|\[pre-commit\.ci\])",
-                                 r"(?i)^revert\b", r"(?i)^(release|prepare release|version bump)\b"],
-        description="regular expressions on the commit message; a match leaves the commit out")
-    dependency_files: list[StrictStr] = Field(default_factory=lambda: list(DEPENDENCY_FILES),
-                                              description="a commit whose non-test change touches only these "
-                                                          "(glob) is a dependency bump")
-    docs_files: list[StrictStr] = Field(default_factory=lambda: list(DOCS_FILES),
-                                        description="a commit whose non-test change touches only these (glob) is "
-                                                    "docs or CI only")
+        default_factory=lambda: [
+            r"(?i)^(bump|build\(deps\)|chore\(deps\)|update dependency|\[pre-commit\.ci\])",
+            r"(?i)^revert\b",
+            r"(?i)^(release|prepare release|version bump)\b",
+        ],
+        description="regular expressions on the commit message; a match leaves the commit out",
+    )
+    dependency_files: list[StrictStr] = Field(
+        default_factory=lambda: list(DEPENDENCY_FILES),
+        description="a commit whose non-test change touches only these (glob) is a dependency bump",
+    )
+    docs_files: list[StrictStr] = Field(
+        default_factory=lambda: list(DOCS_FILES),
+        description="a commit whose non-test change touches only these (glob) is docs or CI only",
+    )
 
     @field_validator("skip_messages")
     @classmethod
@@ -135,8 +188,9 @@ def read_commits(git_dir: Path, rng: HistoryRange) -> list[Commit]:
         else:
             base = resolve_commit(git_dir, rng.since)
             if base is None:
-                raise ValueError(f"range.since: {rng.since!r} is neither a date (YYYY-MM-DD) nor a ref in the "
-                                 "repository")
+                raise ValueError(
+                    f"range.since: {rng.since!r} is neither a date (YYYY-MM-DD) nor a ref in the repository"
+                )
             spec = f"{base}..{rev}"
     else:
         spec = rev
@@ -187,8 +241,9 @@ def change_skip_reason(source_files: list[str], test_files: list[str], filters: 
     return None
 
 
-def load_issues(config_path: Path, exports: list[IssueExport], policy: SourcePolicy,
-                result: LoadResult) -> dict[str, tuple[str, str, str]]:
+def load_issues(
+    config_path: Path, exports: list[IssueExport], policy: SourcePolicy, result: LoadResult
+) -> dict[str, tuple[str, str, str]]:
     """Issue id -> (title, body, where) from the exports; unreadable records are rejects."""
     issues: dict[str, tuple[str, str, str]] = {}
     for i, export in enumerate(exports):
@@ -267,13 +322,27 @@ def load_history_source(config_path: Path, policy: SourcePolicy | None = None) -
     return result
 
 
-def _candidate(commit: Commit, change: Any, cfg: HistoryConfig, git_dir: Path, project: str, base_dir: Path,
-               where: str, issues: dict[str, tuple[str, str, str]], policy: SourcePolicy) -> Candidate:
+def _candidate(
+    commit: Commit,
+    change: Any,
+    cfg: HistoryConfig,
+    git_dir: Path,
+    project: str,
+    base_dir: Path,
+    where: str,
+    issues: dict[str, tuple[str, str, str]],
+    policy: SourcePolicy,
+) -> Candidate:
     parent = commit.parents[0]
     check_repo_footprint(git_dir, parent, cfg.limits, where, "commit")
     message = guard.check_text(commit.message, where, "message", policy).strip()
-    metadata: dict[str, Any] = {"repo": project, "fix_commit": commit.sha, "base_commit": parent,
-                                "author": commit.author, "committed_at": commit.committed}
+    metadata: dict[str, Any] = {
+        "repo": project,
+        "fix_commit": commit.sha,
+        "base_commit": parent,
+        "author": commit.author,
+        "committed_at": commit.committed,
+    }
     link = linked_issue(message, issues)
     if link is not None:
         key, (title, body, issue_where) = link
@@ -282,16 +351,42 @@ def _candidate(commit: Commit, change: Any, cfg: HistoryConfig, git_dir: Path, p
     else:
         instruction = message
     if len(instruction) < MIN_STATEMENT_CHARS:
-        raise SpecError([Problem(where, "message", f"the commit message {instruction!r} is too short to state a task "
-                                                   f"(at least {MIN_STATEMENT_CHARS} characters) and no issue export "
-                                                   "holds an issue it links")])
+        raise SpecError(
+            [
+                Problem(
+                    where,
+                    "message",
+                    f"the commit message {instruction!r} is too short to state a task "
+                    f"(at least {MIN_STATEMENT_CHARS} characters) and no issue export "
+                    "holds an issue it links",
+                )
+            ]
+        )
     candidate = Candidate(
-        id=slug(f"{project}-{commit.sha[:12]}"), kind="history", origin=where, field="commit",
-        instruction=instruction, git_dir=git_dir, workspace_commit=parent, change=change, config=cfg,
-        base_dir=base_dir, tags=["history"], metadata=metadata, repository=relative_to_source(cfg.repository, base_dir))
+        id=slug(f"{project}-{commit.sha[:12]}"),
+        kind="history",
+        origin=where,
+        field="commit",
+        instruction=instruction,
+        git_dir=git_dir,
+        workspace_commit=parent,
+        change=change,
+        config=cfg,
+        base_dir=base_dir,
+        tags=["history"],
+        metadata=metadata,
+        repository=relative_to_source(cfg.repository, base_dir),
+    )
     candidate.provisional_task()  # the spec is checked before any sandbox time
     return candidate
 
 
-__all__ = ["CONFIG_NAME", "HistoryConfig", "HistoryFilters", "HistoryRange", "IssueExport", "load_history_source",
-           "read_commits"]
+__all__ = [
+    "CONFIG_NAME",
+    "HistoryConfig",
+    "HistoryFilters",
+    "HistoryRange",
+    "IssueExport",
+    "load_history_source",
+    "read_commits",
+]

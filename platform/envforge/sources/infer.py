@@ -43,9 +43,16 @@ TEST_GROUPS = ("test", "tests", "testing")
 # isolation, so the env layer has to hold these too.
 EDITABLE_REQUIRES = {"hatchling": ["editables"], "setuptools": ["wheel"]}
 FALLBACK_GROUPS = ("dev",)
-_VCS_BACKENDS = {"setuptools_scm": "setuptools_scm", "setuptools-scm": "setuptools_scm", "hatch-vcs": "hatch-vcs",
-                 "hatch_vcs": "hatch-vcs", "versioneer": "versioneer", "flit_scm": "setuptools_scm",
-                 "pdm-backend": None, "setuptools-git-versioning": "setuptools-git-versioning"}
+_VCS_BACKENDS = {
+    "setuptools_scm": "setuptools_scm",
+    "setuptools-scm": "setuptools_scm",
+    "hatch-vcs": "hatch-vcs",
+    "hatch_vcs": "hatch-vcs",
+    "versioneer": "versioneer",
+    "flit_scm": "setuptools_scm",
+    "pdm-backend": None,
+    "setuptools-git-versioning": "setuptools-git-versioning",
+}
 
 
 @dataclass
@@ -71,7 +78,9 @@ class InferredEnvironment:
                 self.add([v for v in lines_of(available[name]) if isinstance(v, str)], f"{where}.{name}")
         for name in FALLBACK_GROUPS:
             if name in available:
-                self.dev_groups.append(([v for v in lines_of(available[name]) if isinstance(v, str)], f"{where}.{name}"))
+                self.dev_groups.append(
+                    ([v for v in lines_of(available[name]) if isinstance(v, str)], f"{where}.{name}")
+                )
 
     def add(self, lines: list[str], where: str, build: bool = False) -> None:
         kept = []
@@ -88,8 +97,12 @@ class InferredEnvironment:
         self.read.append(f"{where} ({len(kept)})")
 
     def as_metadata(self) -> dict:
-        return {"read": self.read, "skipped": self.skipped, "dynamic_version": self.dynamic_version,
-                "requires_python": self.python}
+        return {
+            "read": self.read,
+            "skipped": self.skipped,
+            "dynamic_version": self.dynamic_version,
+            "requires_python": self.python,
+        }
 
 
 def _strip_comment(line: str) -> str:
@@ -187,8 +200,11 @@ def _pyproject(tree: RepoTree, inf: InferredEnvironment) -> None:
 
 
 def _cfg_list(value: str) -> list[str]:
-    return [_strip_comment(line) for line in value.splitlines()
-            if _strip_comment(line) and not line.strip().startswith(("#", ";"))]
+    return [
+        _strip_comment(line)
+        for line in value.splitlines()
+        if _strip_comment(line) and not line.strip().startswith(("#", ";"))
+    ]
 
 
 def _setup_cfg(tree: RepoTree, inf: InferredEnvironment) -> None:
@@ -240,10 +256,14 @@ def _setup_py(tree: RepoTree, inf: InferredEnvironment) -> None:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         inf.skipped.append("setup.py: not parseable as Python")
         return
-    names = {t.id: n.value for n in module.body if isinstance(n, ast.Assign) for t in n.targets
-             if isinstance(t, ast.Name)}
-    calls = [n for n in ast.walk(module) if isinstance(n, ast.Call)
-             and getattr(n.func, "id", getattr(n.func, "attr", None)) == "setup"]
+    names = {
+        t.id: n.value for n in module.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+    }
+    calls = [
+        n
+        for n in ast.walk(module)
+        if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == "setup"
+    ]
     for call in calls[:1]:
         kwargs = {k.arg: k.value for k in call.keywords if k.arg}
         for key in ("install_requires", "tests_require"):
@@ -265,8 +285,12 @@ def _setup_py(tree: RepoTree, inf: InferredEnvironment) -> None:
 
 def requirement_files(tree: RepoTree) -> list[str]:
     """The requirements files inference uses, in a stable order."""
-    found = sorted(p for p in tree.paths if p.endswith(".txt") and (
-        ("/" not in p and "requirement" in p.lower()) or PurePosixPath(p).parent.as_posix() == "requirements"))
+    found = sorted(
+        p
+        for p in tree.paths
+        if p.endswith(".txt")
+        and (("/" not in p and "requirement" in p.lower()) or PurePosixPath(p).parent.as_posix() == "requirements")
+    )
     stem = {p: PurePosixPath(p).stem.lower() for p in found}
     base = [p for p in found if p in ("requirements.txt", "requirements/base.txt", "requirements/main.txt")]
     tests = [p for p in found if "test" in stem[p]]
@@ -388,4 +412,11 @@ def nearest_version(git_dir: Path, commit: str) -> str:
         return "0.0.0"
 
 
-__all__ = ["DependencyGroupError", "InferredEnvironment", "RepoTree", "infer_environment", "nearest_version", "requirement_files"]
+__all__ = [
+    "DependencyGroupError",
+    "InferredEnvironment",
+    "RepoTree",
+    "infer_environment",
+    "nearest_version",
+    "requirement_files",
+]

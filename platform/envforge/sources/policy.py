@@ -32,19 +32,24 @@ class SourcePolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     roots: tuple[Path, ...] = Field(
-        (), description="folders, besides a source's own folder, that the paths a source names may resolve into")
+        (), description="folders, besides a source's own folder, that the paths a source names may resolve into"
+    )
     max_yaml_bytes: int = Field(1 * MIB, gt=0, description="size cap of a YAML file (spec, config, front matter)")
     max_yaml_nodes: int = Field(
-        100_000, gt=0, description="cap on a YAML document's nodes with every alias expanded (alias bombs)")
+        100_000, gt=0, description="cap on a YAML document's nodes with every alias expanded (alias bombs)"
+    )
     max_markdown_bytes: int = Field(4 * MIB, gt=0, description="size cap of a runbook")
     max_record_file_bytes: int = Field(2048 * MIB, gt=0, description="size cap of a JSONL/CSV record file")
     max_record_bytes: int = Field(32 * MIB, gt=0, description="size cap of one JSONL line or CSV row")
     max_patch_bytes: int = Field(32 * MIB, gt=0, description="size cap of a patch file a spec names")
     max_text_chars: int = Field(
-        64 * KIB, gt=0, description="cap on an instruction, problem statement, title, body or review comment")
+        64 * KIB, gt=0, description="cap on an instruction, problem statement, title, body or review comment"
+    )
     moving_refs: Literal["resolve", "refuse"] = Field(
-        "resolve", description="a branch or relative ref (`main`, `main~7`) given as a commit: resolved to its SHA "
-                               "at ingest and recorded in the task's metadata, or refused")
+        "resolve",
+        description="a branch or relative ref (`main`, `main~7`) given as a commit: resolved to its SHA "
+        "at ingest and recorded in the task's metadata, or refused",
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "SourcePolicy":

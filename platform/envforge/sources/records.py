@@ -30,8 +30,12 @@ def _open(path: Path, policy: SourcePolicy):
     if not stat.S_ISREG(st.st_mode):
         return Problem(str(path), "", f"cannot read file: it is {safefs.kind_of(st.st_mode)}, not a regular file")
     if st.st_size > policy.max_record_file_bytes:
-        return Problem(str(path), "", f"the file is {st.st_size} bytes, over the {policy.max_record_file_bytes}-byte "
-                                      "limit (max_record_file_bytes in the source policy)")
+        return Problem(
+            str(path),
+            "",
+            f"the file is {st.st_size} bytes, over the {policy.max_record_file_bytes}-byte "
+            "limit (max_record_file_bytes in the source policy)",
+        )
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -71,7 +75,7 @@ def _jsonl(path: Path, fh, policy: SourcePolicy) -> Iterator[tuple[str, dict[str
             yield where, Problem(where, "", f"not valid UTF-8 (byte {exc.start} of the line: {exc.reason})")
             continue
         if not line.strip(" \t\r\n"):  # JSON's whitespace only: a line of other control characters
-            continue                      # (str.strip() takes \x1c-\x1f too) is a reject, not a gap
+            continue  # (str.strip() takes \x1c-\x1f too) is a reject, not a gap
         try:
             rec = json.loads(line)
         except (ValueError, RecursionError) as exc:
@@ -115,8 +119,10 @@ def _csv(path: Path, fh, policy: SourcePolicy) -> Iterator[tuple[str, dict[str, 
             yield where, Problem(where, "", f"a line of the row is over the {policy.max_record_bytes}-byte limit")
             continue
         if None in row:
-            yield where, Problem(where, "", f"row has more values than the header has columns "
-                                            f"({len(reader.fieldnames or [])})")
+            yield (
+                where,
+                Problem(where, "", f"row has more values than the header has columns ({len(reader.fieldnames or [])})"),
+            )
             continue
         bad = next((k for k, v in row.items() if _has_surrogates(k) or _has_surrogates(v)), None)
         if bad is not None:
@@ -131,8 +137,9 @@ def _has_surrogates(value: Any) -> bool:
     return isinstance(value, str) and any("\udc80" <= ch <= "\udcff" for ch in value)
 
 
-def iter_records(path: Path, fmt: str | None = None,
-                 policy: SourcePolicy | None = None) -> Iterator[tuple[str, dict[str, Any] | Problem]]:
+def iter_records(
+    path: Path, fmt: str | None = None, policy: SourcePolicy | None = None
+) -> Iterator[tuple[str, dict[str, Any] | Problem]]:
     """(where, record) per record, or (where, Problem) for one that cannot be read.
 
     `where` is `file:line` for JSONL and `file:row N` (N counted from the header) for CSV.
@@ -147,8 +154,9 @@ def iter_records(path: Path, fmt: str | None = None,
         yield from (_csv if fmt == "csv" else _jsonl)(path, fh, policy)
 
 
-def built_records(path: Path, fmt: str | None, policy: SourcePolicy, rejects: list[Problem],
-                  build: Callable[[dict[str, Any], str], T]) -> Iterator[T]:
+def built_records(
+    path: Path, fmt: str | None, policy: SourcePolicy, rejects: list[Problem], build: Callable[[dict[str, Any], str], T]
+) -> Iterator[T]:
     """What `build(record, where)` makes of each record; a record that cannot be read or built is a
     reject in `rejects` (an unanticipated exception included) and the rest go on."""
     from envforge.sources.guard import unexpected

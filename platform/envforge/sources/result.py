@@ -36,8 +36,9 @@ class LoadResult:
 
     def _first(self, task_id: str, origin: str, seen: dict[str, str], field: str) -> bool:
         if task_id in seen:
-            self.rejects.append(Problem(origin, field, f"duplicate task id {task_id!r}, first defined in "
-                                                       f"{seen[task_id]}"))
+            self.rejects.append(
+                Problem(origin, field, f"duplicate task id {task_id!r}, first defined in {seen[task_id]}")
+            )
             return False
         seen[task_id] = origin
         return True

@@ -30,8 +30,17 @@ from typing_extensions import Annotated
 
 from envforge.errors import Problem, SpecError
 from envforge.sources import guard
-from envforge.sources.candidate import (Candidate, HistorySourceConfig, check_change, check_repo_footprint, load_config,
-                                       open_repository, record_candidates, relative_to_source, slug)
+from envforge.sources.candidate import (
+    Candidate,
+    HistorySourceConfig,
+    check_change,
+    check_repo_footprint,
+    load_config,
+    open_repository,
+    record_candidates,
+    relative_to_source,
+    slug,
+)
 from envforge.sources.fields import Identifier, Ref
 from envforge.sources.gitrepo import git, is_ancestor, resolve_commit, split_change
 from envforge.sources.policy import SourcePolicy
@@ -44,8 +53,10 @@ MAX_DIFF_CHARS = 12_000
 
 
 class ReviewSourceConfig(HistorySourceConfig):
-    repos: dict[Identifier, str] = Field(min_length=1, description="repository name -> local repository, relative to "
-                                                                  "this file (inside its folder or an allowed root)")
+    repos: dict[Identifier, str] = Field(
+        min_length=1,
+        description="repository name -> local repository, relative to this file (inside its folder or an allowed root)",
+    )
     files: list[str] | None = Field(None, description="record files; default every *.jsonl beside the config")
 
 
@@ -68,8 +79,10 @@ class ReviewRecord(BaseModel):
     base_commit: Ref | None = None
     change_commit: Ref
     follow_up_commit: Ref
-    comment: Annotated[Union[Annotated[StrictStr, Tag("str")], Annotated[ReviewComment, Tag("ReviewComment")]],
-                       Discriminator(lambda v: "ReviewComment" if isinstance(v, (dict, ReviewComment)) else "str")]
+    comment: Annotated[
+        Union[Annotated[StrictStr, Tag("str")], Annotated[ReviewComment, Tag("ReviewComment")]],
+        Discriminator(lambda v: "ReviewComment" if isinstance(v, (dict, ReviewComment)) else "str"),
+    ]
 
 
 def _comment(value: StrictStr | ReviewComment, where: str, policy: SourcePolicy) -> tuple[str, str]:
@@ -96,8 +109,14 @@ def _commit(git_dir: Path, rev: str, field: str, where: str, policy: SourcePolic
     return guard.pinned(rev.strip(), sha, where, field, policy, pins)
 
 
-def review_to_candidate(rec: dict[str, Any], where: str, cfg: ReviewSourceConfig, repos: dict[str, Path],
-                        base_dir: Path, policy: SourcePolicy | None = None) -> Candidate:
+def review_to_candidate(
+    rec: dict[str, Any],
+    where: str,
+    cfg: ReviewSourceConfig,
+    repos: dict[str, Path],
+    base_dir: Path,
+    policy: SourcePolicy | None = None,
+) -> Candidate:
     policy = policy or SourcePolicy.from_env()
     missing = [f for f in REQUIRED if blank(rec.get(f))]
     if missing:
@@ -111,18 +130,27 @@ def review_to_candidate(rec: dict[str, Any], where: str, cfg: ReviewSourceConfig
     body, context = _comment(r.comment, where, policy)
     git_dir = repos.get(r.repository)
     if git_dir is None:
-        raise SpecError([Problem(where, "repository", f"no local repository for {r.repository!r}: add it to "
-                                                      f"{CONFIG_NAME} `repos:`")])
+        raise SpecError(
+            [
+                Problem(
+                    where, "repository", f"no local repository for {r.repository!r}: add it to {CONFIG_NAME} `repos:`"
+                )
+            ]
+        )
     pins: dict[str, dict[str, str]] = {}
     change = _commit(git_dir, r.change_commit, "change_commit", where, policy, pins)
     follow_up = _commit(git_dir, r.follow_up_commit, "follow_up_commit", where, policy, pins)
-    base = _commit(git_dir, r.base_commit, "base_commit", where, policy, pins) if not blank(r.base_commit) \
+    base = (
+        _commit(git_dir, r.base_commit, "base_commit", where, policy, pins)
+        if not blank(r.base_commit)
         else resolve_commit(git_dir, f"{change}^")
+    )
     if base is None or not is_ancestor(git_dir, base, change) or base == change:
         raise SpecError([Problem(where, "base_commit", f"must be an ancestor of change_commit {change[:12]}")])
     if follow_up == change or not is_ancestor(git_dir, change, follow_up):
-        raise SpecError([Problem(where, "follow_up_commit", f"{follow_up[:12]} does not build on change_commit "
-                                                            f"{change[:12]}")])
+        raise SpecError(
+            [Problem(where, "follow_up_commit", f"{follow_up[:12]} does not build on change_commit {change[:12]}")]
+        )
     under_review = git(git_dir, "diff", "--no-renames", base, change).stdout.decode(errors="replace")
     if len(under_review) > MAX_DIFF_CHARS:
         under_review = under_review[:MAX_DIFF_CHARS] + "\n... (diff truncated)\n"
@@ -131,17 +159,33 @@ def review_to_candidate(rec: dict[str, Any], where: str, cfg: ReviewSourceConfig
     check_change(split, where, "follow_up_commit", f"follow-up commit {follow_up[:12]}")
     header = f"Review comment{' on ' + context if context else ''}:"
     quoted = "\n".join("> " + line for line in body.splitlines())
-    instruction = (f"A change to this repository is under review; it is already applied in the workspace.\n\n"
-                   f"{header}\n{quoted}\n\nThe change under review:\n```diff\n{under_review}```\n\n"
-                   f"Update the code to address the review comment.")
-    metadata: dict[str, Any] = {"review": r.id, "repo": r.repository, "base_commit": base, "change_commit": change,
-                                "follow_up_commit": follow_up}
+    instruction = (
+        f"A change to this repository is under review; it is already applied in the workspace.\n\n"
+        f"{header}\n{quoted}\n\nThe change under review:\n```diff\n{under_review}```\n\n"
+        f"Update the code to address the review comment."
+    )
+    metadata: dict[str, Any] = {
+        "review": r.id,
+        "repo": r.repository,
+        "base_commit": base,
+        "change_commit": change,
+        "follow_up_commit": follow_up,
+    }
     if pins:
         metadata["resolved_refs"] = pins
     return Candidate(
-        id=slug(f"{r.repository.split('/')[-1]}-review-{r.id}"), kind="review", origin=where,
-        field="follow_up_commit", instruction=instruction, git_dir=git_dir, workspace_commit=change, change=split,
-        config=cfg, base_dir=base_dir, tags=["review"], metadata=metadata,
+        id=slug(f"{r.repository.split('/')[-1]}-review-{r.id}"),
+        kind="review",
+        origin=where,
+        field="follow_up_commit",
+        instruction=instruction,
+        git_dir=git_dir,
+        workspace_commit=change,
+        change=split,
+        config=cfg,
+        base_dir=base_dir,
+        tags=["review"],
+        metadata=metadata,
         repository=relative_to_source(cfg.repos[r.repository], base_dir),
     )
 
@@ -165,8 +209,14 @@ def load_review_source(config_path: Path, policy: SourcePolicy | None = None) ->
     files = list(cfg.files) if cfg.files is not None else sorted(f.name for f in base_dir.glob("*.jsonl"))
     seen: dict[str, str] = {}
     for i, rel in enumerate(files):
-        for cand in record_candidates(config_path, f"files[{i}]", rel, "jsonl",
-                                      lambda rec, where: review_to_candidate(rec, where, cfg, repos, base_dir, policy),
-                                      policy, result.rejects):
+        for cand in record_candidates(
+            config_path,
+            f"files[{i}]",
+            rel,
+            "jsonl",
+            lambda rec, where: review_to_candidate(rec, where, cfg, repos, base_dir, policy),
+            policy,
+            result.rejects,
+        ):
             result.add_unique_candidate(cand, seen)
     return result

@@ -54,8 +54,13 @@ class FrontMatter(BaseModel):
 def _front_matter(text: str, src: str, policy: SourcePolicy) -> tuple[FrontMatter, str]:
     text = text.replace("\r\n", "\n")
     if not text.startswith("---\n"):
-        raise SpecError([Problem(src, "front matter", "a runbook starts with YAML front matter between '---' "
-                                                       "lines (at least `id:`)")])
+        raise SpecError(
+            [
+                Problem(
+                    src, "front matter", "a runbook starts with YAML front matter between '---' lines (at least `id:`)"
+                )
+            ]
+        )
     end = text.find("\n---", 3)
     if end < 0:
         raise SpecError([Problem(src, "front matter", "front matter is not closed by a '---' line")])
@@ -66,10 +71,17 @@ def _front_matter(text: str, src: str, policy: SourcePolicy) -> tuple[FrontMatte
         front = FrontMatter.model_validate(meta)
     except ValidationError as err:
         allowed = "unknown field (allowed: id, tags, max_turns, limits, metadata)"
-        raise SpecError([Problem(p.source, f"front matter.{p.field}" if p.field else "front matter",
-                                 allowed if p.reason.startswith("unknown field") else p.reason)
-                         for p in guard.validation_problems(src, err)]) from None
-    return front, text[end + 4:].lstrip("\n")
+        raise SpecError(
+            [
+                Problem(
+                    p.source,
+                    f"front matter.{p.field}" if p.field else "front matter",
+                    allowed if p.reason.startswith("unknown field") else p.reason,
+                )
+                for p in guard.validation_problems(src, err)
+            ]
+        ) from None
+    return front, text[end + 4 :].lstrip("\n")
 
 
 def _sections(body: str) -> tuple[str, dict[str, str]]:
@@ -81,9 +93,9 @@ def _sections(body: str) -> tuple[str, dict[str, str]]:
         end = heads[i + 1].start() if i + 1 < len(heads) else len(body)
         name = h.group(1).strip().lower()
         if name in SECTIONS:
-            found[name] = body[h.end(): end]
+            found[name] = body[h.end() : end]
         else:  # any other section is part of what the operator reads
-            instruction += body[h.start(): end]
+            instruction += body[h.start() : end]
     return instruction.strip() + "\n", found
 
 
@@ -98,7 +110,7 @@ def _files(section: str, src: str) -> tuple[list[str], list[Problem]]:
     for i, h in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(section)
         path = h.group(1).strip().strip("`")
-        blocks = _blocks(section[h.end(): end])
+        blocks = _blocks(section[h.end() : end])
         if path.startswith("/") or ".." in Path(path).parts:
             problems.append(Problem(src, f"Files.{path}", "paths are relative to /workspace and stay inside it"))
             continue
@@ -133,8 +145,14 @@ def load_runbook(path: Path, policy: SourcePolicy | None = None) -> Task:
     checks: object = []
     check_blocks = _blocks(sections.get("checks", ""))
     if "checks" not in sections or not check_blocks:
-        problems.append(Problem(src, "Checks", "a runbook needs a '## Checks' section with a fenced YAML list of "
-                                               "checkpoints (name, run, expect_exit, stdout)"))
+        problems.append(
+            Problem(
+                src,
+                "Checks",
+                "a runbook needs a '## Checks' section with a fenced YAML list of "
+                "checkpoints (name, run, expect_exit, stdout)",
+            )
+        )
     else:
         try:
             checks = guard.load_yaml(check_blocks[0], src, policy, "Checks") or []
@@ -157,10 +175,14 @@ def load_runbook(path: Path, policy: SourcePolicy | None = None) -> Task:
     if meta.limits is not None:
         environment["limits"] = meta.limits
     data = {
-        "id": meta.id, "source": "runbook", "instruction": instruction,
-        "environment": environment, "verification": {"checkpoints": renamed},
+        "id": meta.id,
+        "source": "runbook",
+        "instruction": instruction,
+        "environment": environment,
+        "verification": {"checkpoints": renamed},
         "reference_solution": {"commands": ["\n".join(solution)]},
-        "max_turns": meta.max_turns, "tags": meta.tags,
+        "max_turns": meta.max_turns,
+        "tags": meta.tags,
         "metadata": {"runbook": path.name, **meta.metadata},
     }
     try:

@@ -101,7 +101,9 @@ class _Resolved:
             self.problems.extend(exc.problems)
             return None
         if not any(line.startswith(("--- ", "diff --git")) for line in text.splitlines()):
-            self.problems.append(Problem(self.src, field, "file is not a unified diff (no '---' or 'diff --git' header)"))
+            self.problems.append(
+                Problem(self.src, field, "file is not a unified diff (no '---' or 'diff --git' header)")
+            )
             return None
         return text
 
@@ -113,8 +115,9 @@ def _verifier_files(root: Path, scan: safefs.TreeScan, src: str) -> dict[str, st
         data = guard.read_bytes(safefs.real(root / rel), MAX_VERIFIER_BYTES, src, "verification.files")
         total += len(data)
         if total > MAX_VERIFIER_BYTES:
-            raise guard.reject(src, "verification.files", f"verifier files total over the {MAX_VERIFIER_BYTES}-byte "
-                                                          "limit")
+            raise guard.reject(
+                src, "verification.files", f"verifier files total over the {MAX_VERIFIER_BYTES}-byte limit"
+            )
         files[rel] = base64.b64encode(data).decode()
     return dict(sorted(files.items()))
 
@@ -123,9 +126,13 @@ def _patch_check(workspace: Path, patch: str) -> str | None:
     """None if the patch applies to the workspace files (`git apply --check`); else git's complaint."""
     with tempfile.TemporaryDirectory(prefix="envforge-check-") as tmp:
         safefs.copy_tree(workspace, Path(tmp) / "w")
-        proc = subprocess.run(["git", "apply", "--check", "-"], cwd=Path(tmp) / "w", input=patch.encode(),
-                              capture_output=True, env={**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null",
-                                                        "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"})
+        proc = subprocess.run(
+            ["git", "apply", "--check", "-"],
+            cwd=Path(tmp) / "w",
+            input=patch.encode(),
+            capture_output=True,
+            env={**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"},
+        )
         return None if proc.returncode == 0 else proc.stderr.decode(errors="replace").strip()[:300]
 
 
@@ -154,14 +161,19 @@ def load_spec_file(path: Path, policy: SourcePolicy | None = None) -> Task:
         if repo_dir is not None:
             repo_sha = resolve_commit(repo_dir, env.repository.commit)
             if repo_sha is None:
-                r.problems.append(Problem(src, "environment.repository.commit",
-                                          f"commit {env.repository.commit!r} not found in {env.repository.path}"))
+                r.problems.append(
+                    Problem(
+                        src,
+                        "environment.repository.commit",
+                        f"commit {env.repository.commit!r} not found in {env.repository.path}",
+                    )
+                )
             else:
                 try:
-                    repo_sha = guard.pinned(env.repository.commit, repo_sha, src, "environment.repository.commit",
-                                            policy, pins)
-                    guard.check_footprint(tree_footprint(repo_dir, repo_sha), env.limits, src,
-                                          "environment.repository")
+                    repo_sha = guard.pinned(
+                        env.repository.commit, repo_sha, src, "environment.repository.commit", policy, pins
+                    )
+                    guard.check_footprint(tree_footprint(repo_dir, repo_sha), env.limits, src, "environment.repository")
                 except SpecError as exc:
                     r.problems.extend(exc.problems)
     if workspace is not None:
@@ -184,8 +196,15 @@ def load_spec_file(path: Path, policy: SourcePolicy | None = None) -> Task:
         updates["metadata"] = {**spec.metadata, "resolved_refs": pins}
     spec = spec.model_copy(update=updates)
     digest = tree_digest(workspace[0]) if workspace else (f"git:{repo_sha}" if repo_sha else "")
-    task = Task(spec=spec, origin=src, base_dir=str(path.parent), reference_patch=patch, test_patch=test_patch,
-                verifier_files=verifier_files, workspace_digest=digest)
+    task = Task(
+        spec=spec,
+        origin=src,
+        base_dir=str(path.parent),
+        reference_patch=patch,
+        test_patch=test_patch,
+        verifier_files=verifier_files,
+        workspace_digest=digest,
+    )
     return task.model_copy(update={"content_hash": task.compute_content_hash()})
 
 

@@ -34,18 +34,29 @@ from envforge.sources.result import LoadResult
 from envforge.task import Limits, Task, TaskSpec, TestId
 
 CONFIG_NAME = "swebench.yaml"
-REQUIRED = ("repo", "instance_id", "base_commit", "patch", "test_patch", "problem_statement", "FAIL_TO_PASS",
-            "PASS_TO_PASS")
+REQUIRED = (
+    "repo",
+    "instance_id",
+    "base_commit",
+    "patch",
+    "test_patch",
+    "problem_statement",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+)
 
 
 class SweBenchConfig(StrictModel):
     """`swebench.yaml` beside the JSONL."""
 
-    repos: dict[Identifier, str] = Field(default_factory=dict, description="owner/name -> git directory, .bundle "
-                                                                           "or patch-series project (relative)")
-    environment: HistoryEnvironment = Field(default_factory=HistoryEnvironment,
-                                            description="what the repositories need to run their tests (declared "
-                                                        "or inferred at each base_commit), as for tickets")
+    repos: dict[Identifier, str] = Field(
+        default_factory=dict, description="owner/name -> git directory, .bundle or patch-series project (relative)"
+    )
+    environment: HistoryEnvironment = Field(
+        default_factory=HistoryEnvironment,
+        description="what the repositories need to run their tests (declared "
+        "or inferred at each base_commit), as for tickets",
+    )
 
 
 def _decode_ids(value: Any) -> Any:
@@ -98,8 +109,14 @@ def _sidecar(jsonl: Path, policy: SourcePolicy, result: LoadResult) -> tuple[dic
     return repos, cfg.environment
 
 
-def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, Path],
-                   policy: SourcePolicy | None = None, environment: HistoryEnvironment | None = None) -> Task:
+def record_to_task(
+    rec: dict,
+    where: str,
+    base_dir: Path,
+    repos: dict[str, Path],
+    policy: SourcePolicy | None = None,
+    environment: HistoryEnvironment | None = None,
+) -> Task:
     """One instance -> Task, or SpecError naming the record and field."""
     policy = policy or SourcePolicy.from_env()
     missing = [f for f in REQUIRED if blank(rec.get(f))]
@@ -115,8 +132,9 @@ def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, Path]
     elif r.repo in repos:
         repo_path = repos[r.repo]
     else:
-        raise guard.reject(where, "repo", f"no local repository for {r.repo!r}: add it to swebench.yaml `repos:` or "
-                                          f"give `repo_path`")
+        raise guard.reject(
+            where, "repo", f"no local repository for {r.repo!r}: add it to swebench.yaml `repos:` or give `repo_path`"
+        )
     try:
         git_dir = materialize_repo(repo_path)
     except ValueError as exc:
@@ -145,19 +163,31 @@ def record_to_task(rec: dict, where: str, base_dir: Path, repos: dict[str, Path]
     if pins:
         metadata["resolved_refs"] = pins
     data = {
-        "id": task_id_for(r.instance_id), "source": "swebench", "instruction": statement,
-        "environment": {**env.fields, "repository": {"path": relative_to_source(str(repo_path), base_dir),
-                                                     "commit": sha}},
-        "verification": {"tests": {"framework": "pytest", "fail_to_pass": r.FAIL_TO_PASS,
-                                   "pass_to_pass": r.PASS_TO_PASS}},
-        "reference_solution": {"patch": "<inline>"}, "metadata": metadata,
+        "id": task_id_for(r.instance_id),
+        "source": "swebench",
+        "instruction": statement,
+        "environment": {
+            **env.fields,
+            "repository": {"path": relative_to_source(str(repo_path), base_dir), "commit": sha},
+        },
+        "verification": {
+            "tests": {"framework": "pytest", "fail_to_pass": r.FAIL_TO_PASS, "pass_to_pass": r.PASS_TO_PASS}
+        },
+        "reference_solution": {"patch": "<inline>"},
+        "metadata": metadata,
     }
     try:
         spec = TaskSpec.model_validate(data)
     except ValidationError as err:
         raise SpecError(guard.validation_problems(where, err)) from None
-    task = Task(spec=spec, origin=where, base_dir=str(base_dir), reference_patch=r.patch,
-                test_patch=r.test_patch, workspace_digest=f"git:{sha}")
+    task = Task(
+        spec=spec,
+        origin=where,
+        base_dir=str(base_dir),
+        reference_patch=r.patch,
+        test_patch=r.test_patch,
+        workspace_digest=f"git:{sha}",
+    )
     return task.model_copy(update={"content_hash": task.compute_content_hash()})
 
 
@@ -181,7 +211,7 @@ def load_swebench(paths: Iterable[Path], policy: SourcePolicy | None = None) -> 
     seen: dict[str, str] = {}
     for p in paths:
         p = Path(p)
-        for f in (sorted(p.rglob("*.jsonl")) if p.is_dir() else [p]):
+        for f in sorted(p.rglob("*.jsonl")) if p.is_dir() else [p]:
             load_swebench_file(f, result, seen, policy)
     return result
 
@@ -195,12 +225,25 @@ def export_swebench(tasks: Iterable[Task], path: Path) -> int:
             if tests is None or t.reference_patch is None:
                 continue
             repo = t.spec.environment.repository
-            fh.write(json.dumps({
-                "repo": t.spec.metadata.get("repo", t.spec.source), "instance_id": t.spec.metadata.get("instance_id", t.id),
-                "base_commit": repo.commit if repo else "", "patch": t.reference_patch,
-                "test_patch": t.test_patch or "", "problem_statement": t.spec.instruction,
-                "FAIL_TO_PASS": json.dumps(tests.fail_to_pass), "PASS_TO_PASS": json.dumps(tests.pass_to_pass),
-                **{k: t.spec.metadata[k] for k in ("version", "environment_setup_commit") if k in t.spec.metadata},
-            }) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "repo": t.spec.metadata.get("repo", t.spec.source),
+                        "instance_id": t.spec.metadata.get("instance_id", t.id),
+                        "base_commit": repo.commit if repo else "",
+                        "patch": t.reference_patch,
+                        "test_patch": t.test_patch or "",
+                        "problem_statement": t.spec.instruction,
+                        "FAIL_TO_PASS": json.dumps(tests.fail_to_pass),
+                        "PASS_TO_PASS": json.dumps(tests.pass_to_pass),
+                        **{
+                            k: t.spec.metadata[k]
+                            for k in ("version", "environment_setup_commit")
+                            if k in t.spec.metadata
+                        },
+                    }
+                )
+                + "\n"
+            )
             n += 1
     return n

@@ -26,8 +26,17 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, f
 
 from envforge.errors import Problem, SpecError
 from envforge.sources import guard
-from envforge.sources.candidate import (Candidate, HistorySourceConfig, check_change, check_repo_footprint, load_config,
-                                       open_repository, record_candidates, relative_to_source, slug)
+from envforge.sources.candidate import (
+    Candidate,
+    HistorySourceConfig,
+    check_change,
+    check_repo_footprint,
+    load_config,
+    open_repository,
+    record_candidates,
+    relative_to_source,
+    slug,
+)
 from envforge.sources.fields import Identifier, Ref, StrictModel
 from envforge.sources.gitrepo import first_parent, resolve_commit, split_change
 from envforge.sources.policy import SourcePolicy
@@ -39,10 +48,20 @@ FIELDS = ("id", "title", "body", "fix_commit", "labels")
 REQUIRED = ("id", "title", "fix_commit")
 # Field names as the trackers export them. Dotted paths reach into nested JSON.
 PRESETS: dict[str, dict[str, str]] = {
-    "jira": {"id": "key", "title": "fields.summary", "body": "fields.description", "fix_commit": "fields.fix_commit",
-             "labels": "fields.labels"},
-    "jira-csv": {"id": "Issue key", "title": "Summary", "body": "Description", "fix_commit": "Fix commit",
-                 "labels": "Labels"},
+    "jira": {
+        "id": "key",
+        "title": "fields.summary",
+        "body": "fields.description",
+        "fix_commit": "fields.fix_commit",
+        "labels": "fields.labels",
+    },
+    "jira-csv": {
+        "id": "Issue key",
+        "title": "Summary",
+        "body": "Description",
+        "fix_commit": "Fix commit",
+        "labels": "Labels",
+    },
     "github": {"id": "number", "title": "title", "body": "body", "fix_commit": "closed_by_commit", "labels": "labels"},
 }
 
@@ -97,15 +116,27 @@ def _labels(value: list | str | None) -> list[str]:
     return []
 
 
-def ticket_to_candidate(rec: dict[str, Any], where: str, export: TicketExport, cfg: TicketSourceConfig,
-                        git_dir: Path, project: str, base_dir: Path, policy: SourcePolicy | None = None) -> Candidate:
+def ticket_to_candidate(
+    rec: dict[str, Any],
+    where: str,
+    export: TicketExport,
+    cfg: TicketSourceConfig,
+    git_dir: Path,
+    project: str,
+    base_dir: Path,
+    policy: SourcePolicy | None = None,
+) -> Candidate:
     policy = policy or SourcePolicy.from_env()
     fmap = export.field_map()
     values = {name: get_path(rec, path) for name, path in fmap.items()}
     missing = [f for f in REQUIRED if f not in fmap]
     if missing:
-        raise SpecError([Problem(where, f, f"no export field is mapped to {f!r}: set it under fields: in "
-                                           f"{CONFIG_NAME}") for f in missing])
+        raise SpecError(
+            [
+                Problem(where, f, f"no export field is mapped to {f!r}: set it under fields: in {CONFIG_NAME}")
+                for f in missing
+            ]
+        )
     blanks = [f for f in REQUIRED if blank(values.get(f))]
     if blanks:
         raise SpecError([Problem(where, fmap[f], f"required field is missing (mapped to {f})") for f in blanks])
@@ -113,8 +144,9 @@ def ticket_to_candidate(rec: dict[str, Any], where: str, export: TicketExport, c
         ticket = TicketFields.model_validate({k: v for k, v in values.items() if v is not None})
     except ValidationError as err:
         problems = guard.validation_problems(where, err)
-        raise SpecError([Problem(p.source, fmap.get(p.field.split(".")[0].split("[")[0], p.field), p.reason)
-                         for p in problems]) from None
+        raise SpecError(
+            [Problem(p.source, fmap.get(p.field.split(".")[0].split("[")[0], p.field), p.reason) for p in problems]
+        ) from None
     fix_field = fmap["fix_commit"]
     title = guard.check_text(ticket.title, where, fmap["title"], policy).strip()
     body = guard.check_text(ticket.body or "", where, fmap.get("body", "body"), policy).strip()
@@ -126,8 +158,9 @@ def ticket_to_candidate(rec: dict[str, Any], where: str, export: TicketExport, c
     fix = guard.pinned(rev, fix, where, fix_field, policy, pins)
     parent = first_parent(git_dir, fix)
     if parent is None:
-        raise SpecError([Problem(where, fix_field, f"fix commit {fix[:12]} is the root commit: there is no "
-                                                   f"state before the fix")])
+        raise SpecError(
+            [Problem(where, fix_field, f"fix commit {fix[:12]} is the root commit: there is no state before the fix")]
+        )
     check_repo_footprint(git_dir, parent, cfg.limits, where, fix_field)
     change = split_change(git_dir, parent, fix)
     check_change(change, where, fix_field, f"fix commit {fix[:12]}")
@@ -135,14 +168,28 @@ def ticket_to_candidate(rec: dict[str, Any], where: str, export: TicketExport, c
     if not title:
         raise SpecError([Problem(where, fmap["title"], "required field is missing (mapped to title)")])
     instruction = f"{title}\n\n{body}".strip() if body else title
-    metadata: dict[str, Any] = {"ticket": ticket_id, "repo": project, "fix_commit": fix, "base_commit": parent,
-                                "export": export.file}
+    metadata: dict[str, Any] = {
+        "ticket": ticket_id,
+        "repo": project,
+        "fix_commit": fix,
+        "base_commit": parent,
+        "export": export.file,
+    }
     if pins:
         metadata["resolved_refs"] = pins
     return Candidate(
-        id=slug(f"{project}-{ticket_id}"), kind="ticket", origin=where, field=fix_field,
-        instruction=f"Ticket {ticket_id}: {instruction}", git_dir=git_dir, workspace_commit=parent, change=change,
-        config=cfg, base_dir=base_dir, tags=["ticket", *_labels(ticket.labels)], metadata=metadata,
+        id=slug(f"{project}-{ticket_id}"),
+        kind="ticket",
+        origin=where,
+        field=fix_field,
+        instruction=f"Ticket {ticket_id}: {instruction}",
+        git_dir=git_dir,
+        workspace_commit=parent,
+        change=change,
+        config=cfg,
+        base_dir=base_dir,
+        tags=["ticket", *_labels(ticket.labels)],
+        metadata=metadata,
         repository=relative_to_source(cfg.repository, base_dir),
     )
 
@@ -161,9 +208,16 @@ def load_ticket_source(config_path: Path, policy: SourcePolicy | None = None) ->
     project = cfg.project or (base_dir / cfg.repository).resolve().name
     seen: dict[str, str] = {}
     for i, export in enumerate(cfg.exports):
-        for cand in record_candidates(config_path, f"exports[{i}].file", export.file, export.format,
-                                      lambda rec, where, export=export: ticket_to_candidate(
-                                          rec, where, export, cfg, git_dir, project, base_dir, policy),
-                                      policy, result.rejects):
+        for cand in record_candidates(
+            config_path,
+            f"exports[{i}].file",
+            export.file,
+            export.format,
+            lambda rec, where, export=export: ticket_to_candidate(
+                rec, where, export, cfg, git_dir, project, base_dir, policy
+            ),
+            policy,
+            result.rejects,
+        ):
             result.add_unique_candidate(cand, seen, export.field_map().get("id", "id"))
     return result

@@ -121,10 +121,15 @@ class Stage(Generic[P, R]):
 
         context = bound.arguments.get("context")
         dagster_run_id = getattr(context, "dagster_run_id", None)
-        with log_context(dagster_run_id=dagster_run_id, mlflow_run_id=getattr(context, "mlflow_run_id", None)), \
-                metrics_server_from_env(self.name, default_port=0 if dagster_run_id else None,
-                                        labels={"dagster_run_id": dagster_run_id} if dagster_run_id else None,
-                                        data_dir=getattr(bound.arguments.get("settings"), "data_dir", None)):
+        with (
+            log_context(dagster_run_id=dagster_run_id, mlflow_run_id=getattr(context, "mlflow_run_id", None)),
+            metrics_server_from_env(
+                self.name,
+                default_port=0 if dagster_run_id else None,
+                labels={"dagster_run_id": dagster_run_id} if dagster_run_id else None,
+                data_dir=getattr(bound.arguments.get("settings"), "data_dir", None),
+            ),
+        ):
             return self.fn(*bound.args, **bound.kwargs)
 
     def tracked(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -135,10 +140,15 @@ class Stage(Generic[P, R]):
         bound.apply_defaults()
         settings: Settings = bound.arguments["settings"]
         context: StageContext = bound.arguments["context"]
-        with track.mlflow_run(settings, self.name, self.tag, config_params(bound.arguments["config"]),
-                              context.dagster_run_id, context.nested) as run:
-            bound.arguments["context"] = replace(context, mlflow_run_id=run.info.run_id,
-                                                 log_metrics=track.log_metrics)
+        with track.mlflow_run(
+            settings,
+            self.name,
+            self.tag,
+            config_params(bound.arguments["config"]),
+            context.dagster_run_id,
+            context.nested,
+        ) as run:
+            bound.arguments["context"] = replace(context, mlflow_run_id=run.info.run_id, log_metrics=track.log_metrics)
             result = self._observed(bound)
             record(result)
             result.mlflow_run_id = run.info.run_id
@@ -171,8 +181,9 @@ def record(result: StageResult) -> None:
     for ckpt in result.checkpoints():
         from envforge.train.checkpoint import log_checkpoint
 
-        log_checkpoint(ckpt.path, dict(ckpt.metrics), ckpt.registered_model, alias=ckpt.alias, is_best=ckpt.is_best,
-                       tags=ckpt.tags)
+        log_checkpoint(
+            ckpt.path, dict(ckpt.metrics), ckpt.registered_model, alias=ckpt.alias, is_best=ckpt.is_best, tags=ckpt.tags
+        )
 
 
 def counts(values: list[str], keys: tuple[str, ...]) -> dict[str, int]:

@@ -42,8 +42,11 @@ class DecontaminationResult(StageResult):
 
     def removed(self) -> list[dict]:
         """The tasks this stage took out, with why (a task set's lineage keeps them)."""
-        return [{"task_id": r["task_id"], "content_hash": r["content_hash"], "stage": r["status"],
-                 "reason": r["reason"]} for r in self.rows if r["status"] != "clean"]
+        return [
+            {"task_id": r["task_id"], "content_hash": r["content_hash"], "stage": r["status"], "reason": r["reason"]}
+            for r in self.rows
+            if r["status"] != "clean"
+        ]
 
     def counts(self) -> dict[str, int]:
         return {s: sum(1 for r in self.rows if r["status"] == s) for s in STATUSES}
@@ -59,24 +62,39 @@ class DecontaminationResult(StageResult):
 
     def metrics(self) -> dict[str, float]:
         n = self.counts()
-        return {"tasks_checked": len(self.rows), "tasks_clean": n["clean"], "tasks_contaminated": n["contaminated"],
-                "tasks_duplicate": n["duplicate"], "duplicate_pairs": len(self.pairs),
-                "index_docs_added": self.sync.added_docs,
-                "semantic_available": float(self.semantic.status in ("ok", "off"))}
+        return {
+            "tasks_checked": len(self.rows),
+            "tasks_clean": n["clean"],
+            "tasks_contaminated": n["contaminated"],
+            "tasks_duplicate": n["duplicate"],
+            "duplicate_pairs": len(self.pairs),
+            "index_docs_added": self.sync.added_docs,
+            "semantic_available": float(self.semantic.status in ("ok", "off")),
+        }
 
     def artifacts(self) -> dict[str, Any]:
-        return {"contamination_report.json": self.rows,
-                "dedup_run.json": {"semantic": self.semantic.as_dict(), "index_warnings": self.index_warnings,
-                                   "sync": self.sync.as_dict(), "index": asdict(self.config.index_config)}}
+        return {
+            "contamination_report.json": self.rows,
+            "dedup_run.json": {
+                "semantic": self.semantic.as_dict(),
+                "index_warnings": self.index_warnings,
+                "sync": self.sync.as_dict(),
+                "index": asdict(self.config.index_config),
+            },
+        }
 
     def charts(self) -> list[Path]:
         return [self.chart, self.evidence_chart]
 
 
 @stage("decontaminate", tag="quality")
-def decontaminate(settings: Settings, config: DedupConfig, tasks: Sequence[Task],
-                  corpora: dict[str, Path | None] | None = None,
-                  context: StageContext = StageContext()) -> DecontaminationResult:
+def decontaminate(
+    settings: Settings,
+    config: DedupConfig,
+    tasks: Sequence[Task],
+    corpora: dict[str, Path | None] | None = None,
+    context: StageContext = StageContext(),
+) -> DecontaminationResult:
     """Check tasks against the reference corpora and each other; record a verdict per task.
 
     `corpora` None: HumanEval, the registered corpora and ENVFORGE_CORPORA; the reference index is
@@ -120,22 +138,41 @@ def decontaminate(settings: Settings, config: DedupConfig, tasks: Sequence[Task]
         reason = r.reason
         if status == "duplicate":
             p = nearest[t.id]
-            reason = (f"near duplicate of {dup_of[t.id]} (exact Jaccard {p.exact_jaccard:.2f} and "
-                      f"{p.containment:.0%} of the smaller task's own text shared, boilerplate removed; "
-                      f"longest shared run {p.longest_shared_ngram} words); corpus check: {r.reason}")
-        rows.append({"content_hash": t.content_hash, "task_id": t.id, "status": status, "corpus": r.corpus,
-                     "doc_id": r.doc_id, "est_jaccard": float(r.est_jaccard), "exact_jaccard": float(r.exact_jaccard),
-                     "longest_shared_ngram": int(r.longest_shared_ngram), "duplicate_of": dup_of.get(t.id),
-                     "nearest_task_jaccard": float(nearest[t.id].exact_jaccard) if t.id in nearest else 0.0,
-                     "reason": reason, "field": r.field,
-                     "evidence_json": json.dumps(r.details(semantic), sort_keys=True)})
+            reason = (
+                f"near duplicate of {dup_of[t.id]} (exact Jaccard {p.exact_jaccard:.2f} and "
+                f"{p.containment:.0%} of the smaller task's own text shared, boilerplate removed; "
+                f"longest shared run {p.longest_shared_ngram} words); corpus check: {r.reason}"
+            )
+        rows.append(
+            {
+                "content_hash": t.content_hash,
+                "task_id": t.id,
+                "status": status,
+                "corpus": r.corpus,
+                "doc_id": r.doc_id,
+                "est_jaccard": float(r.est_jaccard),
+                "exact_jaccard": float(r.exact_jaccard),
+                "longest_shared_ngram": int(r.longest_shared_ngram),
+                "duplicate_of": dup_of.get(t.id),
+                "nearest_task_jaccard": float(nearest[t.id].exact_jaccard) if t.id in nearest else 0.0,
+                "reason": reason,
+                "field": r.field,
+                "evidence_json": json.dumps(r.details(semantic), sort_keys=True),
+            }
+        )
     if rows:
         catalog.record_quality(rows, config.as_params())
-    chart = similarity_histogram([r["exact_jaccard"] for r in rows], [r["nearest_task_jaccard"] for r in rows],
-                                 config.threshold, settings.charts_dir / "similarity_histogram.png")
+    chart = similarity_histogram(
+        [r["exact_jaccard"] for r in rows],
+        [r["nearest_task_jaccard"] for r in rows],
+        config.threshold,
+        settings.charts_dir / "similarity_histogram.png",
+    )
     evidence_chart = evidence_strength_chart(
         [{"field": e.field, "strength": e.strength, "flagged": e.flagged} for r in records for e in r.evidence],
-        settings.charts_dir / "contamination_evidence.png")
+        settings.charts_dir / "contamination_evidence.png",
+    )
     context.progress("decontaminate", "done", 2, 2)
-    return DecontaminationResult(records, pairs, cl, rows, sync, chart, evidence_chart, config, semantic,
-                                 config.index_warnings())
+    return DecontaminationResult(
+        records, pairs, cl, rows, sync, chart, evidence_chart, config, semantic, config.index_warnings()
+    )

@@ -37,9 +37,15 @@ class EvaluationResult(StageResult):
 
 
 @stage("evaluation")
-def evaluate(settings: Settings, config: TrainingConfig, version: str, checkpoints: Mapping[str, Path],
-             images: ImageSet | None = None, context: StageContext = StageContext(),
-             promote: str | None = "after RL") -> EvaluationResult:
+def evaluate(
+    settings: Settings,
+    config: TrainingConfig,
+    version: str,
+    checkpoints: Mapping[str, Path],
+    images: ImageSet | None = None,
+    context: StageContext = StageContext(),
+    promote: str | None = "after RL",
+) -> EvaluationResult:
     """Greedy pass@1 on the eval split, per tier and per source, of `config.base_model` ("before") and of
     each of `checkpoints` (label -> checkpoint directory, e.g. "after SFT", "after RL").
 
@@ -61,12 +67,25 @@ def evaluate(settings: Settings, config: TrainingConfig, version: str, checkpoin
 
     def measure(label: str, source: str) -> dict[str, Any]:
         model, tokenizer = load_model(source, config.seed)
-        result = evaluate_model(settings, model, tokenizer, eval_items, f"eval-{version[:12]}-{label.replace(' ', '-')}",
-                                label, concurrency=config.concurrency, max_tokens=config.max_tokens,
-                                task_set_version=version, progress=context.progress, sandboxes=context.sandboxes)
-        return {"pass_at_1": result.metrics["pass_at_1"], "batch_id": result.store.batch_id,
-                "by_tier": pass_at_1_by(result, tasks, lambda t: tier_of.get(t.id, "?")),
-                "by_source": pass_at_1_by(result, tasks, lambda t: t.spec.source)}
+        result = evaluate_model(
+            settings,
+            model,
+            tokenizer,
+            eval_items,
+            f"eval-{version[:12]}-{label.replace(' ', '-')}",
+            label,
+            concurrency=config.concurrency,
+            max_tokens=config.max_tokens,
+            task_set_version=version,
+            progress=context.progress,
+            sandboxes=context.sandboxes,
+        )
+        return {
+            "pass_at_1": result.metrics["pass_at_1"],
+            "batch_id": result.store.batch_id,
+            "by_tier": pass_at_1_by(result, tasks, lambda t: tier_of.get(t.id, "?")),
+            "by_source": pass_at_1_by(result, tasks, lambda t: t.spec.source),
+        }
 
     for label, source in phases.items():
         report["phases"][label] = measure(label, source)
@@ -75,10 +94,19 @@ def evaluate(settings: Settings, config: TrainingConfig, version: str, checkpoin
         from envforge.train.registry import promote_if_better
 
         report["promotion"] = promote_if_better(
-            settings, POLICY_MODEL, checkpoints[promote], float(report["phases"][promote]["pass_at_1"]), version,
-            measure=lambda path: float(measure("current best", path)["pass_at_1"]))
-    charts = {key: pass_rate_bars({p: v[key] for p, v in report["phases"].items()},
-                                  settings.charts_dir / f"evaluation-{key}-{version[:12]}.png",
-                                  f"eval-split pass@1 {key.replace('_', ' ')}")
-              for key in ("by_tier", "by_source")}
+            settings,
+            POLICY_MODEL,
+            checkpoints[promote],
+            float(report["phases"][promote]["pass_at_1"]),
+            version,
+            measure=lambda path: float(measure("current best", path)["pass_at_1"]),
+        )
+    charts = {
+        key: pass_rate_bars(
+            {p: v[key] for p, v in report["phases"].items()},
+            settings.charts_dir / f"evaluation-{key}-{version[:12]}.png",
+            f"eval-split pass@1 {key.replace('_', ' ')}",
+        )
+        for key in ("by_tier", "by_source")
+    }
     return EvaluationResult(version, phases, report, charts)

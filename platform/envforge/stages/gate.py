@@ -51,52 +51,88 @@ class GateResult(StageResult):
 
     def removed(self) -> list[dict]:
         """Tasks the gate kept out, with why: quarantined (the disagreements) or not gated (the fault)."""
-        out = [{"task_id": r.task_id, "content_hash": r.content_hash, "stage": "quarantined",
-                "reason": "; ".join(r.disagreements[:5])} for r in self.reports if not r.accepted]
-        out += [{"task_id": t.id, "content_hash": t.content_hash, "stage": "not gated", "reason": p.reason}
-                for t, p in self.ungated]
+        out = [
+            {
+                "task_id": r.task_id,
+                "content_hash": r.content_hash,
+                "stage": "quarantined",
+                "reason": "; ".join(r.disagreements[:5]),
+            }
+            for r in self.reports
+            if not r.accepted
+        ]
+        out += [
+            {"task_id": t.id, "content_hash": t.content_hash, "stage": "not gated", "reason": p.reason}
+            for t, p in self.ungated
+        ]
         return out
 
     def rows(self) -> list[dict]:
-        return [{"task_id": r.task_id, "verdict": r.verdict, "reference_passes": r.reference_passes,
-                 "empty_fails": r.empty_fails, "runs": r.runs, "empty_runs": r.empty_runs,
-                 "disagreements": r.disagreements[:5],
-                 "probes_caught": sum(p["reward"] == 0 for p in r.probe_results.values()),
-                 "probes": len(r.probe_results), "probes_skipped": len(r.probes_skipped),
-                 "gradings": r.gradings, "stopped_early": r.stopped_early, "kept": r.reused_from is not None,
-                 "gate_s": round(r.wall_s, 2), "sandbox_s": round(r.sandbox_s, 2),
-                 "verifier_median_s": round(r.median_verifier_s, 2), **_strength_row(r)}
-                for r in self.reports]
+        return [
+            {
+                "task_id": r.task_id,
+                "verdict": r.verdict,
+                "reference_passes": r.reference_passes,
+                "empty_fails": r.empty_fails,
+                "runs": r.runs,
+                "empty_runs": r.empty_runs,
+                "disagreements": r.disagreements[:5],
+                "probes_caught": sum(p["reward"] == 0 for p in r.probe_results.values()),
+                "probes": len(r.probe_results),
+                "probes_skipped": len(r.probes_skipped),
+                "gradings": r.gradings,
+                "stopped_early": r.stopped_early,
+                "kept": r.reused_from is not None,
+                "gate_s": round(r.wall_s, 2),
+                "sandbox_s": round(r.sandbox_s, 2),
+                "verifier_median_s": round(r.median_verifier_s, 2),
+                **_strength_row(r),
+            }
+            for r in self.reports
+        ]
 
     def params(self) -> dict[str, Any]:
         return {"n_tasks": self.n_tasks}
 
     def metrics(self) -> dict[str, float]:
         accepted = sum(r.accepted for r in self.reports)
-        return {"tasks_accepted": accepted, "tasks_quarantined": len(self.reports) - accepted,
-                "quarantine_rate": (len(self.reports) - accepted) / max(1, len(self.reports)),
-                "infra_failures": len(self.infra_failures),
-                "infra_retries": sum(r.infra_retries for r in self.reports),
-                "verifier_median_s": statistics.median([r.median_verifier_s for r in self.reports] or [0.0]),
-                "tasks_kept": len(self.kept), "gradings": sum(r.gradings for r in self.gated),
-                "gate_sandbox_s": sum(r.sandbox_s for r in self.gated), **self._strength_metrics()}
+        return {
+            "tasks_accepted": accepted,
+            "tasks_quarantined": len(self.reports) - accepted,
+            "quarantine_rate": (len(self.reports) - accepted) / max(1, len(self.reports)),
+            "infra_failures": len(self.infra_failures),
+            "infra_retries": sum(r.infra_retries for r in self.reports),
+            "verifier_median_s": statistics.median([r.median_verifier_s for r in self.reports] or [0.0]),
+            "tasks_kept": len(self.kept),
+            "gradings": sum(r.gradings for r in self.gated),
+            "gate_sandbox_s": sum(r.sandbox_s for r in self.gated),
+            **self._strength_metrics(),
+        }
 
     def _strength_metrics(self) -> dict[str, float]:
         measured = [r.strength for r in self.reports if r.strength is not None and r.strength.strength is not None]
         if not measured:
             return {}
-        return {"strength_median": statistics.median(s.strength for s in measured),
-                "strength_measured": len(measured),
-                "mutants_median": statistics.median(s.mutants for s in measured),
-                "strength_seconds_median": statistics.median(s.seconds for s in measured),
-                "overfittable": sum(bool(s.overfittable) for s in measured),
-                "audit_only": sum(r.admission == "audit" for r in self.reports)}
+        return {
+            "strength_median": statistics.median(s.strength for s in measured),
+            "strength_measured": len(measured),
+            "mutants_median": statistics.median(s.mutants for s in measured),
+            "strength_seconds_median": statistics.median(s.seconds for s in measured),
+            "overfittable": sum(bool(s.overfittable) for s in measured),
+            "audit_only": sum(r.admission == "audit" for r in self.reports),
+        }
 
     def artifacts(self) -> dict[str, Any]:
-        return {"flake_report.json": self.rows(), "probes.json": {r.task_id: r.probe_results for r in self.reports},
-                "probes_skipped.json": {r.task_id: r.probes_skipped for r in self.reports},
-                **({"strength.json": {r.task_id: r.strength.as_json() for r in self.reports if r.strength}}
-                   if any(r.strength for r in self.reports) else {})}
+        return {
+            "flake_report.json": self.rows(),
+            "probes.json": {r.task_id: r.probe_results for r in self.reports},
+            "probes_skipped.json": {r.task_id: r.probes_skipped for r in self.reports},
+            **(
+                {"strength.json": {r.task_id: r.strength.as_json() for r in self.reports if r.strength}}
+                if any(r.strength for r in self.reports)
+                else {}
+            ),
+        }
 
     def charts(self) -> list[Path]:
         return [c for c in (self.chart, self.strength_chart) if c]
@@ -105,9 +141,13 @@ class GateResult(StageResult):
 def _strength_row(r: GateReport) -> dict:
     """The flake report's strength columns (None when the task's strength was not measured)."""
     s = r.strength
-    return {"strength": s.strength if s else None, "mutants": s.mutants if s else None,
-            "survivors": len(s.survivors) if s else None, "overfittable": s.overfittable if s else None,
-            "admission": r.admission or None}
+    return {
+        "strength": s.strength if s else None,
+        "mutants": s.mutants if s else None,
+        "survivors": len(s.survivors) if s else None,
+        "overfittable": s.overfittable if s else None,
+        "admission": r.admission or None,
+    }
 
 
 def _digest(client: docker.DockerClient, images: ImageSet, tag: str) -> str | None:
@@ -116,8 +156,14 @@ def _digest(client: docker.DockerClient, images: ImageSet, tag: str) -> str | No
 
 
 @stage("validate")
-def gate(settings: Settings, config: GateConfig, tasks: Sequence[Task], images: ImageSet,
-         context: StageContext = StageContext(), client: docker.DockerClient | None = None) -> GateResult:
+def gate(
+    settings: Settings,
+    config: GateConfig,
+    tasks: Sequence[Task],
+    images: ImageSet,
+    context: StageContext = StageContext(),
+    client: docker.DockerClient | None = None,
+) -> GateResult:
     """Run the flakiness gate on every task (tasks in parallel, one warm pool) and record the verdicts.
 
     A task whose content hash, image digest and gate parameters (and the verifier's code) are
@@ -151,14 +197,21 @@ def gate(settings: Settings, config: GateConfig, tasks: Sequence[Task], images: 
     new: list[GateReport] = []
     if todo:
         sandboxes = or_local(context.sandboxes).lease(
-            [(t, image) for t, image, *_ in todo], gate_sandboxes_per_task(config), client=client,
-            settings=settings, max_idle_per_key=max(2, config.workers), max_starting=config.concurrency)
+            [(t, image) for t, image, *_ in todo],
+            gate_sandboxes_per_task(config),
+            client=client,
+            settings=settings,
+            max_idle_per_key=max(2, config.workers),
+            max_starting=config.concurrency,
+        )
         progress("validate", "starting sandboxes", 0, len(todo))
         with sandboxes as pool:
             grader = Grader(client, pool)
             with ThreadPoolExecutor(max_workers=max(1, config.concurrency)) as ex:
-                futures = {ex.submit(_gate_with_retries, grader, t, image, config): (t, digest, key)
-                           for t, image, digest, key in todo}
+                futures = {
+                    ex.submit(_gate_with_retries, grader, t, image, config): (t, digest, key)
+                    for t, image, digest, key in todo
+                }
                 for done, fut in enumerate(as_completed(futures), start=1):
                     task, digest, key = futures[fut]
                     try:

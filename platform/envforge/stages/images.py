@@ -71,12 +71,17 @@ class ImagesResult(StageResult):
         for _, b in self.builds:
             if b.env is None:
                 continue
-            layer = layers.setdefault(b.env.tag, {"built": False, "seconds": 0.0, "from_cache": 0, "downloaded": 0,
-                                                  "tasks": 0})
+            layer = layers.setdefault(
+                b.env.tag, {"built": False, "seconds": 0.0, "from_cache": 0, "downloaded": 0, "tasks": 0}
+            )
             layer["tasks"] += 1
             if not b.env.cache_hit:
-                layer.update(built=True, seconds=round(b.env.seconds, 2), from_cache=b.env.from_cache,
-                             downloaded=b.env.downloaded)
+                layer.update(
+                    built=True,
+                    seconds=round(b.env.seconds, 2),
+                    from_cache=b.env.from_cache,
+                    downloaded=b.env.downloaded,
+                )
         return layers
 
     def params(self) -> dict[str, Any]:
@@ -85,16 +90,28 @@ class ImagesResult(StageResult):
     def metrics(self) -> dict[str, float]:
         built = [b for _, b in self.builds]
         layers = self.env_layers().values()
-        return {"images_built": sum(not b.cache_hit for b in built), "images_cache_hits": self.cache_hits,
-                "image_failures": len(self.failures), "base_build_s": self.base.seconds,
-                "base_cache_hit": float(self.base.cache_hit), "task_build_s_total": sum(b.seconds for b in built),
-                "env_layers": len(layers), "env_layers_built": sum(x["built"] for x in layers),
-                "env_build_s_total": sum(x["seconds"] for x in layers)}
+        return {
+            "images_built": sum(not b.cache_hit for b in built),
+            "images_cache_hits": self.cache_hits,
+            "image_failures": len(self.failures),
+            "base_build_s": self.base.seconds,
+            "base_cache_hit": float(self.base.cache_hit),
+            "task_build_s_total": sum(b.seconds for b in built),
+            "env_layers": len(layers),
+            "env_layers_built": sum(x["built"] for x in layers),
+            "env_build_s_total": sum(x["seconds"] for x in layers),
+        }
 
     def artifacts(self) -> dict[str, Any]:
-        return {"images.json": {"base": self.base.tag, "images": {t.id: b.tag for t, b in self.builds},
-                                "digests": self.digests, "env_layers": self.env_layers(),
-                                "failures": [str(p) for p in self.failures]}}
+        return {
+            "images.json": {
+                "base": self.base.tag,
+                "images": {t.id: b.tag for t, b in self.builds},
+                "digests": self.digests,
+                "env_layers": self.env_layers(),
+                "failures": [str(p) for p in self.failures],
+            }
+        }
 
 
 def _digest(client: docker.DockerClient, tag: str) -> str:
@@ -102,9 +119,14 @@ def _digest(client: docker.DockerClient, tag: str) -> str:
 
 
 @stage("images")
-def build_images(settings: Settings, config: ImagesConfig, tasks: Sequence[Task],
-                 context: StageContext = StageContext(), client: docker.DockerClient | None = None,
-                 log: Callable[[str], None] = lambda _: None) -> ImagesResult:
+def build_images(
+    settings: Settings,
+    config: ImagesConfig,
+    tasks: Sequence[Task],
+    context: StageContext = StageContext(),
+    client: docker.DockerClient | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> ImagesResult:
     """Make sure the base image and every task's image exist; a failing task does not stop the rest.
 
     A task recorded as built on other base/env images is a failure with the reason unless
@@ -121,8 +143,11 @@ def build_images(settings: Settings, config: ImagesConfig, tasks: Sequence[Task]
     for i, task in enumerate(tasks, start=1):
         progress("images", task.id, i, total)
         try:
-            build = with_retry(lambda: build_task_image(client, task, base.tag, settings, log=log,
-                                                        rebuild=config.rebuild, repository_dir=repository_dir))
+            build = with_retry(
+                lambda: build_task_image(
+                    client, task, base.tag, settings, log=log, rebuild=config.rebuild, repository_dir=repository_dir
+                )
+            )
         except ImageBuildError as exc:
             result.failures.append(Problem(task.origin, "environment", str(exc)))
             continue
@@ -137,8 +162,9 @@ def build_images(settings: Settings, config: ImagesConfig, tasks: Sequence[Task]
     return result
 
 
-def ensure_images(settings: Settings, tasks: Sequence[Task], images: ImageSet | None = None,
-                  context: StageContext = StageContext()) -> ImageSet:
+def ensure_images(
+    settings: Settings, tasks: Sequence[Task], images: ImageSet | None = None, context: StageContext = StageContext()
+) -> ImageSet:
     """The run's ImageSet, completed for `tasks`: what it lacks (everything, when a command runs on its
     own without one) is built here, cache hits when the images exist."""
     images = images or ImageSet("")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import docker
 
@@ -14,7 +14,7 @@ from envforge.errors import InfraError, Problem
 from envforge.progress import Progress, no_progress
 from envforge.quality.statement_policy import apply_statement_policy
 from envforge.quality.statement_review import ReviewOutcome
-from envforge.quality.statements import StatementSummary
+from envforge.quality.statements import StatementPolicy, StatementSummary
 from envforge.sandbox.provider import SandboxProvider, SandboxProviderError
 from envforge.sources import LoadResult
 from envforge.sources.funnel import Funnel
@@ -50,10 +50,18 @@ class IngestResult(StageResult):
     review: ReviewOutcome = field(default_factory=ReviewOutcome)  # the optional model review and its agreement
 
     def rows(self) -> list[dict]:
-        return [{"source": s.key, "kind": s.kind, "valid": len(s.result.tasks), "rejected": len(s.result.rejects),
-                 "added": s.summary.added if s.summary else 0,
-                 "statements": s.statements.verdicts if s.statements else {}, "funnel": s.funnel.as_json()}
-                for s in self.sources]
+        return [
+            {
+                "source": s.key,
+                "kind": s.kind,
+                "valid": len(s.result.tasks),
+                "rejected": len(s.result.rejects),
+                "added": s.summary.added if s.summary else 0,
+                "statements": s.statements.verdicts if s.statements else {},
+                "funnel": s.funnel.as_json(),
+            }
+            for s in self.sources
+        ]
 
     def funnel(self) -> Funnel:
         """Every source's funnel added up."""
@@ -70,24 +78,35 @@ class IngestResult(StageResult):
         total = len(res.tasks) + len(res.rejects)
         env_layers = {(t.spec.metadata.get("images") or {}).get("env") for t in res.tasks} - {None}
         agreement = self.review.agreement_rate()
-        return {"tasks_valid": len(res.tasks), "tasks_added": summary.added, "tasks_unchanged": summary.unchanged,
-                "records_rejected": summary.rejected, "reject_rate": len(res.rejects) / total if total else 0.0,
-                "env_layers": len(env_layers),
-                **{f"statements_{verdict}": float(n) for verdict, n in sorted(self.statements.verdicts.items())},
-                **{f"funnel_{k}": float(v) for k, v in self.funnel().as_json().items() if isinstance(v, int)},
-                **({"statement_review_agreement": agreement} if agreement is not None else {})}
+        return {
+            "tasks_valid": len(res.tasks),
+            "tasks_added": summary.added,
+            "tasks_unchanged": summary.unchanged,
+            "records_rejected": summary.rejected,
+            "reject_rate": len(res.rejects) / total if total else 0.0,
+            "env_layers": len(env_layers),
+            **{f"statements_{verdict}": float(n) for verdict, n in sorted(self.statements.verdicts.items())},
+            **{f"funnel_{k}": float(v) for k, v in self.funnel().as_json().items() if isinstance(v, int)},
+            **({"statement_review_agreement": agreement} if agreement is not None else {}),
+        }
 
     def artifacts(self) -> dict[str, Any]:
-        return {"rejects.json": [{"source": p.source, "field": p.field, "reason": p.reason}
-                                 for p in self.result.rejects],
-                "sources.json": self.rows(),
-                **({"statements.json": self.statements.as_json()} if self.statements.checked else {}),
-                **({"statement_review.json": self.review.as_json()} if self.review.status != "off" else {}),
-                **({"skipped.json": [p.as_json() for p in self.skipped]} if self.skipped else {})}
+        return {
+            "rejects.json": [{"source": p.source, "field": p.field, "reason": p.reason} for p in self.result.rejects],
+            "sources.json": self.rows(),
+            **({"statements.json": self.statements.as_json()} if self.statements.checked else {}),
+            **({"statement_review.json": self.review.as_json()} if self.review.status != "off" else {}),
+            **({"skipped.json": [p.as_json() for p in self.skipped]} if self.skipped else {}),
+        }
 
 
-def derive_candidates(settings: Settings, result: LoadResult, client: docker.DockerClient | None = None,
-                      progress: Progress = no_progress, sandboxes: SandboxProvider | None = None) -> None:
+def derive_candidates(
+    settings: Settings,
+    result: LoadResult,
+    client: docker.DockerClient | None = None,
+    progress: Progress = no_progress,
+    sandboxes: SandboxProvider | None = None,
+) -> None:
     """Turn the result's candidates into tasks or rejects in place, by running their tests."""
     from envforge.sources.derive import derive_tasks
 
@@ -98,8 +117,12 @@ def derive_candidates(settings: Settings, result: LoadResult, client: docker.Doc
     except SandboxProviderError:
         raise  # ENVFORGE_RAY_ADDRESS names no usable fleet: the deployment's error, not the records'
     except InfraError as exc:
-        derived = LoadResult(rejects=[Problem(c.origin, c.field, f"infra: cannot run the tests to derive "
-                                                                f"FAIL_TO_PASS: {exc}") for c in result.candidates])
+        derived = LoadResult(
+            rejects=[
+                Problem(c.origin, c.field, f"infra: cannot run the tests to derive FAIL_TO_PASS: {exc}")
+                for c in result.candidates
+            ]
+        )
     except Exception as exc:  # noqa: BLE001 - this source's candidates are lost, never the batch
         derived = LoadResult(rejects=[unexpected(c.origin, exc) for c in result.candidates])
     result.candidates = []
@@ -107,8 +130,13 @@ def derive_candidates(settings: Settings, result: LoadResult, client: docker.Doc
 
 
 @stage("ingest")
-def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], context: StageContext = StageContext(),
-           client: docker.DockerClient | None = None) -> IngestResult:
+def ingest(
+    settings: Settings,
+    config: IngestConfig,
+    paths: Sequence[Path],
+    context: StageContext = StageContext(),
+    client: docker.DockerClient | None = None,
+) -> IngestResult:
     """Load every source under the paths, derive tests for history-mined candidates, store each
     source's tasks and rejects as that source's latest load.
 
@@ -127,8 +155,9 @@ def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], cont
         progress("ingest", ref.key(root), i, len(loaded))
         carried = carry_over(catalog, ref.key(root), res) if ref.kind == "history" and config.incremental else None
         derive_candidates(settings, res, client=client, progress=progress, sandboxes=context.sandboxes)
-        checked = apply_statement_policy(res.tasks, config.statements, settings.data_dir,  # type: ignore[arg-type]
-                                         review=config.review)
+        checked = apply_statement_policy(
+            res.tasks, cast(StatementPolicy, config.statements), settings.data_dir, review=config.review
+        )
         res.tasks, res.rejects = checked.tasks, [*res.rejects, *checked.rejects]
         if carried is not None:  # checked when they were first ingested: their verdicts stand
             res.tasks, res.rejects = [*res.tasks, *carried.tasks], [*res.rejects, *carried.rejects]
@@ -145,11 +174,16 @@ def ingest(settings: Settings, config: IngestConfig, paths: Sequence[Path], cont
         catalog.ingest(combined, strict=True)  # raises BatchRejectedError listing every problem
     summaries = [catalog.ingest(LoadResult(rejects=list(problems)), source_kind="path")] if problems else []
     for s in sources:
-        s.summary = catalog.ingest(s.result, source_kind=s.kind, source_key=s.key, fingerprint=s.fingerprint,
-                                   cursor=s.result.cursor)
+        s.summary = catalog.ingest(
+            s.result, source_kind=s.kind, source_key=s.key, fingerprint=s.fingerprint, cursor=s.result.cursor
+        )
         summaries.append(s.summary)
-    summary = IngestSummary(summaries[0].batch_id if summaries else "", sum(x.added for x in summaries),
-                            sum(x.unchanged for x in summaries), sum(x.rejected for x in summaries))
+    summary = IngestSummary(
+        summaries[0].batch_id if summaries else "",
+        sum(x.added for x in summaries),
+        sum(x.unchanged for x in summaries),
+        sum(x.rejected for x in summaries),
+    )
     return IngestResult(list(paths), combined, summary, sources, discovery.skipped, statements, reviews)
 
 
@@ -189,9 +223,15 @@ def _reject_ids_of_other_sources(owners: dict[str, list[tuple[str, str]]], resul
         other = [(k, origin) for k, origin in owners.get(task.id, []) if k != key]
         if other:
             other_key, other_origin = other[0]
-            result.rejects.append(Problem(task.origin, "id", f"task id {task.id!r} is already current from source "
-                                                             f"{other_key} ({other_origin}); ids are unique across "
-                                                             "sources: rename one, or retire the other source"))
+            result.rejects.append(
+                Problem(
+                    task.origin,
+                    "id",
+                    f"task id {task.id!r} is already current from source "
+                    f"{other_key} ({other_origin}); ids are unique across "
+                    "sources: rename one, or retire the other source",
+                )
+            )
         else:
             kept.append(task)
     result.tasks = kept

@@ -27,7 +27,8 @@ class ReportResult(StageResult):
 
 
 @stage("report")
-def report(settings: Settings, config: ReportConfig, version: str | None,
-           context: StageContext = StageContext()) -> ReportResult:
+def report(
+    settings: Settings, config: ReportConfig, version: str | None, context: StageContext = StageContext()
+) -> ReportResult:
     """The run report of `version` (a full version; None before any task set exists)."""
     return ReportResult(build_run_report(settings, version, context.mlflow_run_id or "", context.dagster_run_id))

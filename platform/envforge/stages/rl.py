@@ -32,9 +32,16 @@ class RLStageResult(StageResult):
 
     def checkpoints(self) -> list[CheckpointRecord]:
         """Registered, but `best` is not moved here: the evaluation stage moves it on eval-split evidence."""
-        return [CheckpointRecord(self.checkpoint, self.history[-1] if self.history else {}, POLICY_MODEL,
-                                 alias="best", is_best=False, tags=lineage_tags(self.version, self.batch_ids,
-                                                                                self.start))]
+        return [
+            CheckpointRecord(
+                self.checkpoint,
+                self.history[-1] if self.history else {},
+                POLICY_MODEL,
+                alias="best",
+                is_best=False,
+                tags=lineage_tags(self.version, self.batch_ids, self.start),
+            )
+        ]
 
 
 def lineage_tags(version: str, batch_ids: list[str], start: Path | str) -> dict[str, str]:
@@ -43,8 +50,14 @@ def lineage_tags(version: str, batch_ids: list[str], start: Path | str) -> dict[
 
 
 @stage("grpo", tag="rl")
-def rl(settings: Settings, config: TrainingConfig, version: str, start: Path, images: ImageSet | None = None,
-       context: StageContext = StageContext()) -> RLStageResult:
+def rl(
+    settings: Settings,
+    config: TrainingConfig,
+    version: str,
+    start: Path,
+    images: ImageSet | None = None,
+    context: StageContext = StageContext(),
+) -> RLStageResult:
     """GRPO rounds from checkpoint `start` (the SFT checkpoint) on the train split, saved to
     <data dir>/checkpoints/rl-<version>."""
     from envforge.train.loop import GRPORounds, grpo_rounds, load_model
@@ -56,12 +69,27 @@ def rl(settings: Settings, config: TrainingConfig, version: str, start: Path, im
 
     def on_round(r: int, metrics: dict) -> None:
         context.log_metrics(metrics, r)
-        context.progress("grpo", f"round {r}: rollout reward {metrics['rollout_mean_reward']:.3f}", r + 1,
-                         rounds.rounds)
+        context.progress(
+            "grpo", f"round {r}: rollout reward {metrics['rollout_mean_reward']:.3f}", r + 1, rounds.rounds
+        )
 
-    run = grpo_rounds(settings, model, tokenizer, train_items, rounds, f"rl-{version[:12]}", on_round=on_round,
-                      task_set_version=version, progress=context.progress, sandboxes=context.sandboxes)
-    lineage = {**lineage_tags(version, run.batch_ids, start), "mlflow_run_id": context.mlflow_run_id or "",
-               "dagster_run_id": context.dagster_run_id or "", "stage": "rl"}
+    run = grpo_rounds(
+        settings,
+        model,
+        tokenizer,
+        train_items,
+        rounds,
+        f"rl-{version[:12]}",
+        on_round=on_round,
+        task_set_version=version,
+        progress=context.progress,
+        sandboxes=context.sandboxes,
+    )
+    lineage = {
+        **lineage_tags(version, run.batch_ids, start),
+        "mlflow_run_id": context.mlflow_run_id or "",
+        "dagster_run_id": context.dagster_run_id or "",
+        "stage": "rl",
+    }
     path = run.trainer.save(settings.checkpoint_dir("rl", version), extra={"lineage": lineage})
     return RLStageResult(version, path, Path(start), run.history, run.batch_ids, run.timing())

@@ -30,21 +30,33 @@ class RolloutResult(StageResult):
         return f"{self.batch.store.root}/{self.batch.store.batch_id}"
 
     def params(self) -> dict[str, Any]:
-        return {"policy": self.policy, "task_set_version": self.task_set_version,
-                "n_tasks": self.batch.report.n_tasks}
+        return {"policy": self.policy, "task_set_version": self.task_set_version, "n_tasks": self.batch.report.n_tasks}
 
     def metrics(self) -> dict[str, float]:
         return {**self.batch.metrics, "dropped_fraction": round(self.dropped_fraction, 4)}
 
     def artifacts(self) -> dict[str, Any]:
-        return {"rollout_batch.json": {"batch_id": self.batch.store.batch_id, "location": self.location(),
-                                       "dropped_groups": [g.to_json() for g in self.batch.report.dropped_groups]}}
+        return {
+            "rollout_batch.json": {
+                "batch_id": self.batch.store.batch_id,
+                "location": self.location(),
+                "dropped_groups": [g.to_json() for g in self.batch.report.dropped_groups],
+            }
+        }
 
 
 @stage("rollout")
-def rollout(settings: Settings, config: RolloutConfig, tasks: Sequence[Task], policy: str,
-            task_set_version: str = "", images: ImageSet | None = None, batch_id: str | None = None,
-            root: str | None = None, context: StageContext = StageContext()) -> RolloutResult:
+def rollout(
+    settings: Settings,
+    config: RolloutConfig,
+    tasks: Sequence[Task],
+    policy: str,
+    task_set_version: str = "",
+    images: ImageSet | None = None,
+    batch_id: str | None = None,
+    root: str | None = None,
+    context: StageContext = StageContext(),
+) -> RolloutResult:
     """`config.n_samples` trajectories per task with `policy` (a policy spec), stored under `root`
     (default `<ENVFORGE_STORE_URL or data dir>/rollouts`); rerunning with the same batch id resumes.
 
@@ -54,7 +66,16 @@ def rollout(settings: Settings, config: RolloutConfig, tasks: Sequence[Task], po
     from envforge.rollout.policies.factory import make_policy
 
     items = ensure_images(settings, tasks, images, context).items(tasks)
-    batch = run_batch(settings, items, make_policy(policy), config, task_set_version=task_set_version,
-                      batch_id=batch_id, root=root, progress=context.progress, sandboxes=context.sandboxes,
-                      register=Catalog(settings.catalog_path).record_rollout_batch)
+    batch = run_batch(
+        settings,
+        items,
+        make_policy(policy),
+        config,
+        task_set_version=task_set_version,
+        batch_id=batch_id,
+        root=root,
+        progress=context.progress,
+        sandboxes=context.sandboxes,
+        register=Catalog(settings.catalog_path).record_rollout_batch,
+    )
     return RolloutResult(batch, policy, task_set_version)

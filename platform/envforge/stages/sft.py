@@ -37,13 +37,24 @@ class SFTStageResult(StageResult):
         return [self.chart]
 
     def checkpoints(self) -> list[CheckpointRecord]:
-        return [CheckpointRecord(self.checkpoint, {"eval_loss": self.eval_loss}, SFT_MODEL,
-                                 tags={k: v for k, v in self.lineage.items() if k in LINEAGE_TAGS})]
+        return [
+            CheckpointRecord(
+                self.checkpoint,
+                {"eval_loss": self.eval_loss},
+                SFT_MODEL,
+                tags={k: v for k, v in self.lineage.items() if k in LINEAGE_TAGS},
+            )
+        ]
 
 
 @stage("sft")
-def sft(settings: Settings, config: TrainingConfig, version: str, images: ImageSet | None = None,
-        context: StageContext = StageContext()) -> SFTStageResult:
+def sft(
+    settings: Settings,
+    config: TrainingConfig,
+    version: str,
+    images: ImageSet | None = None,
+    context: StageContext = StageContext(),
+) -> SFTStageResult:
     """SFT of `config.base_model` on the train split's demonstrations (eval loss on the eval split's),
     saved to <data dir>/checkpoints/sft-<version>."""
     from envforge.charts import learning_curve
@@ -58,10 +69,12 @@ def sft(settings: Settings, config: TrainingConfig, version: str, images: ImageS
     model, tokenizer = load_model(config.base_model, config.seed)
     sft_config = config.sft_config(tokenizer.pad_token_id or 0)
     batches = (f"sft-{version[:12]}-teacher-train", f"sft-{version[:12]}-teacher-eval")
-    train = demonstrations(settings, train_items, tokenizer, batches[0], config.concurrency, version,
-                           sandboxes=context.sandboxes)
-    evals = demonstrations(settings, eval_items, tokenizer, batches[1], config.concurrency, version,
-                           sandboxes=context.sandboxes)
+    train = demonstrations(
+        settings, train_items, tokenizer, batches[0], config.concurrency, version, sandboxes=context.sandboxes
+    )
+    evals = demonstrations(
+        settings, eval_items, tokenizer, batches[1], config.concurrency, version, sandboxes=context.sandboxes
+    )
     total_steps = steps_per_epoch(len(train), sft_config, train) * sft_config.epochs
 
     def on_metrics(step: int, metrics: dict) -> None:
@@ -69,11 +82,27 @@ def sft(settings: Settings, config: TrainingConfig, version: str, images: ImageS
         context.progress("sft", f"step {step}: loss {metrics.get('loss', float('nan')):.4f}", step, total_steps)
 
     result = train_sft(model, train, evals, sft_config, tokenizer=tokenizer, on_metrics=on_metrics)
-    lineage = {"task_set_version": version, "rollout_batches": ",".join(batches), "start_checkpoint": config.base_model,
-               "mlflow_run_id": context.mlflow_run_id or "", "dagster_run_id": context.dagster_run_id or "",
-               "stage": "sft"}
-    path = save_checkpoint(settings.checkpoint_dir("sft", version), model, tokenizer, step=result.total_steps,
-                           extra={"base_model": config.base_model, "task_set_version": version, "lineage": lineage})
-    chart = learning_curve(list(zip(result.steps, result.losses)), result.eval_losses, [], [],
-                           settings.charts_dir / f"sft-{version[:12]}.png", title="SFT")
+    lineage = {
+        "task_set_version": version,
+        "rollout_batches": ",".join(batches),
+        "start_checkpoint": config.base_model,
+        "mlflow_run_id": context.mlflow_run_id or "",
+        "dagster_run_id": context.dagster_run_id or "",
+        "stage": "sft",
+    }
+    path = save_checkpoint(
+        settings.checkpoint_dir("sft", version),
+        model,
+        tokenizer,
+        step=result.total_steps,
+        extra={"base_model": config.base_model, "task_set_version": version, "lineage": lineage},
+    )
+    chart = learning_curve(
+        list(zip(result.steps, result.losses)),
+        result.eval_losses,
+        [],
+        [],
+        settings.charts_dir / f"sft-{version[:12]}.png",
+        title="SFT",
+    )
     return SFTStageResult(version, path, result, chart, len(train_items), len(eval_items), lineage)

@@ -52,14 +52,25 @@ class TaskSetResult(StageResult):
         return {"task_set_size": self.n_tasks}
 
     def artifacts(self) -> dict[str, Any]:
-        return {"task_set.json": {"name": self.name, "version": self.version, "parquet": str(self.parquet),
-                                  "published": self.published},
-                "lineage.json": self.lineage}
+        return {
+            "task_set.json": {
+                "name": self.name,
+                "version": self.version,
+                "parquet": str(self.parquet),
+                "published": self.published,
+            },
+            "lineage.json": self.lineage,
+        }
 
 
 @stage("task_set")
-def publish_task_set(settings: Settings, config: TaskSetConfig, tasks: Sequence[Task], lineage: Lineage,
-                     context: StageContext = StageContext()) -> TaskSetResult:
+def publish_task_set(
+    settings: Settings,
+    config: TaskSetConfig,
+    tasks: Sequence[Task],
+    lineage: Lineage,
+    context: StageContext = StageContext(),
+) -> TaskSetResult:
     """A task-set version of the given tasks (unchanged tasks and params give the same version), with
     its lineage: the sources its tasks and the removed ones came from, what was removed and why, the
     params, and the parent version."""
@@ -67,8 +78,16 @@ def publish_task_set(settings: Settings, config: TaskSetConfig, tasks: Sequence[
     hashes = [t.content_hash for t in tasks] + [r["content_hash"] for r in lineage.removed if r.get("content_hash")]
     version = catalog.task_set_version(tasks, dict(lineage.params))
     new = not catalog.has_task_set(version)
-    catalog.create_task_set(config.name, tasks, dict(lineage.params), sources=catalog.sources_of(hashes),
-                            removed=lineage.removed)
+    catalog.create_task_set(
+        config.name, tasks, dict(lineage.params), sources=catalog.sources_of(hashes), removed=lineage.removed
+    )
     path = catalog.export_task_set(version, settings.data_dir / "task_sets" / f"{config.name}-{version[:12]}.parquet")
-    return TaskSetResult(version, config.name, len(tasks), path, new, catalog.lineage(version),
-                         published=objectstore.publish(settings.store_url, "task_sets", path))
+    return TaskSetResult(
+        version,
+        config.name,
+        len(tasks),
+        path,
+        new,
+        catalog.lineage(version),
+        published=objectstore.publish(settings.store_url, "task_sets", path),
+    )

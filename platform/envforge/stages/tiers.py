@@ -17,6 +17,7 @@ from envforge.stages.images import ImageSet, ensure_images
 from envforge.task import Task
 from envforge.tier_names import SPLITS, TIERS
 
+
 @dataclass
 class TiersResult(StageResult):
     version: str
@@ -40,9 +41,13 @@ class TiersResult(StageResult):
 
     def metrics(self) -> dict[str, float]:
         splits = self.split_counts()
-        return {**{f"reference_{k}": v for k, v in self.reference_metrics.items()},
-                **{f"tier_{t}": n for t, n in self.tier_counts().items()},
-                "train": splits["train"], "eval": splits["eval"], "duplicate_pairs": len(self.pairs)}
+        return {
+            **{f"reference_{k}": v for k, v in self.reference_metrics.items()},
+            **{f"tier_{t}": n for t, n in self.tier_counts().items()},
+            "train": splits["train"],
+            "eval": splits["eval"],
+            "duplicate_pairs": len(self.pairs),
+        }
 
     def artifacts(self) -> dict[str, Any]:
         return {"tiers.json": self.rows}
@@ -69,13 +74,18 @@ def split_leaks(settings: Settings, version: str) -> tuple[list[DuplicatePair], 
 
 
 @stage("tiers")
-def tier_task_set(settings: Settings, config: TierConfig, version: str, images: ImageSet | None = None,
-                  context: StageContext = StageContext()) -> TiersResult:
+def tier_task_set(
+    settings: Settings,
+    config: TierConfig,
+    version: str,
+    images: ImageSet | None = None,
+    context: StageContext = StageContext(),
+) -> TiersResult:
     """Tier and split the members of task-set `version` (a full version), and record them in the catalog."""
     from envforge.charts import tier_histogram
     from envforge.rollout.batch import run_batch
-    from envforge.rollout.policies.factory import make_policy
     from envforge.rollout.config import RolloutConfig
+    from envforge.rollout.policies.factory import make_policy
     from envforge.rollout.tiers import static_tiers, stratified_split, tiers_from_passes
 
     catalog = Catalog(settings.catalog_path)
@@ -85,11 +95,17 @@ def tier_task_set(settings: Settings, config: TierConfig, version: str, images: 
         items = ensure_images(settings, tasks, images, context).items(tasks)
         policy = make_policy(config.policy)
         policy_id = getattr(policy, "policy_id", config.policy)
-        batch = run_batch(settings, items, policy,
-                          RolloutConfig(n_samples=config.k, concurrency=config.concurrency, seed=config.seed),
-                          task_set_version=version, batch_id=f"tiers-{version[:12]}-k{config.k}-s{config.seed}",
-                          progress=context.progress, sandboxes=context.sandboxes,
-                          register=catalog.record_rollout_batch)
+        batch = run_batch(
+            settings,
+            items,
+            policy,
+            RolloutConfig(n_samples=config.k, concurrency=config.concurrency, seed=config.seed),
+            task_set_version=version,
+            batch_id=f"tiers-{version[:12]}-k{config.k}-s{config.seed}",
+            progress=context.progress,
+            sandboxes=context.sandboxes,
+            register=catalog.record_rollout_batch,
+        )
         solved: dict[str, tuple[int, int]] = {}
         for t in batch.store.trajectories():
             n, c = solved.get(t.task_id, (0, 0))

@@ -62,8 +62,9 @@ class Batch:
         return int(self.attention_mask.sum().item())
 
     def to(self, device: torch.device | str) -> "Batch":
-        moved = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
-                 for k, v in self.__dict__.items()}
+        moved = {
+            k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()
+        }
         return Batch(**moved)
 
 
@@ -79,13 +80,19 @@ def truncate(sample: TurnSample, max_seq_len: int) -> TurnSample:
     if max_seq_len < 2:
         raise ValueError("max_seq_len must be >= 2")
     keep_prompt = max(1, max_seq_len - len(sample.completion_ids)) if sample.prompt_ids else 0
-    prompt = sample.prompt_ids[len(sample.prompt_ids) - keep_prompt:] if keep_prompt else []
+    prompt = sample.prompt_ids[len(sample.prompt_ids) - keep_prompt :] if keep_prompt else []
     n_completion = max_seq_len - len(prompt)
     lps = sample.behaviour_logprobs[:n_completion] if sample.behaviour_logprobs is not None else None
-    return TurnSample(prompt_ids=list(prompt), completion_ids=sample.completion_ids[:n_completion],
-                      behaviour_logprobs=lps, advantage=sample.advantage, reward=sample.reward,
-                      group_id=sample.group_id, trajectory_id=sample.trajectory_id,
-                      policy_version=sample.policy_version)
+    return TurnSample(
+        prompt_ids=list(prompt),
+        completion_ids=sample.completion_ids[:n_completion],
+        behaviour_logprobs=lps,
+        advantage=sample.advantage,
+        reward=sample.reward,
+        group_id=sample.group_id,
+        trajectory_id=sample.trajectory_id,
+        policy_version=sample.policy_version,
+    )
 
 
 def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -108,9 +115,17 @@ def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return rows
 
 
-def collate(samples: Sequence[TurnSample], *, pack: bool = False, pack_len: int | None = None,
-            max_seq_len: int | None = None, rows: Sequence[Sequence[int]] | None = None, pad_id: int = 0,
-            pad_to: int | None = None, pad_to_multiple_of: int = 1) -> Batch:
+def collate(
+    samples: Sequence[TurnSample],
+    *,
+    pack: bool = False,
+    pack_len: int | None = None,
+    max_seq_len: int | None = None,
+    rows: Sequence[Sequence[int]] | None = None,
+    pad_id: int = 0,
+    pad_to: int | None = None,
+    pad_to_multiple_of: int = 1,
+) -> Batch:
     """Collate samples into one `Batch`.
 
     pack=False: one sample per row, right-padded to the longest (or `pad_to`). pack=True:
@@ -152,15 +167,15 @@ def collate(samples: Sequence[TurnSample], *, pack: bool = False, pack_len: int 
             s = samples[i]
             n_p, n_c = len(s.prompt_ids), len(s.completion_ids)
             n = n_p + n_c
-            input_ids[r, col:col + n] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
-            attention[r, col:col + n] = 1
-            positions[r, col:col + n] = torch.arange(n)
-            sample_index[r, col:col + n] = i
+            input_ids[r, col : col + n] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
+            attention[r, col : col + n] = 1
+            positions[r, col : col + n] = torch.arange(n)
+            sample_index[r, col : col + n] = i
             first = col + max(n_p, 1)  # a completion token with no prompt before it cannot be predicted
-            loss_mask[r, first:col + n] = True
-            advantages[r, col + n_p:col + n] = s.advantage
+            loss_mask[r, first : col + n] = True
+            advantages[r, col + n_p : col + n] = s.advantage
             if s.behaviour_logprobs is not None:
-                behaviour[r, col + n_p:col + n] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+                behaviour[r, col + n_p : col + n] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
             col += n
         # padding: in a packed row it is one more "sample" (positions restart); in a padded row its
         # positions continue, so transformers sees no packing and keeps the plain causal fast path
@@ -168,14 +183,30 @@ def collate(samples: Sequence[TurnSample], *, pack: bool = False, pack_len: int 
     advantages = advantages * loss_mask
     behaviour = behaviour * loss_mask
     labels = torch.where(loss_mask, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
-    return Batch(input_ids=input_ids, attention_mask=attention, position_ids=positions, loss_mask=loss_mask,
-                 labels=labels, behaviour_logprobs=behaviour, advantages=advantages, sample_index=sample_index,
-                 n_samples=len(samples), packed=pack)
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        position_ids=positions,
+        loss_mask=loss_mask,
+        labels=labels,
+        behaviour_logprobs=behaviour,
+        advantages=advantages,
+        sample_index=sample_index,
+        n_samples=len(samples),
+        packed=pack,
+    )
 
 
-def micro_batches(samples: Sequence[TurnSample], micro_batch_size: int, *, pack: bool = False,
-                  pack_len: int | None = None, max_seq_len: int | None = None, pad_id: int = 0,
-                  pad_to_multiple_of: int = 1) -> list[Batch]:
+def micro_batches(
+    samples: Sequence[TurnSample],
+    micro_batch_size: int,
+    *,
+    pack: bool = False,
+    pack_len: int | None = None,
+    max_seq_len: int | None = None,
+    pad_id: int = 0,
+    pad_to_multiple_of: int = 1,
+) -> list[Batch]:
     """Split samples (in order) into micro-batches: `micro_batch_size` samples each, or, when
     packing, `micro_batch_size` packed rows of `pack_len` (default `max_seq_len`) tokens each.
     Packing is done over all samples at once, so rows are as full as the lengths allow."""
@@ -186,18 +217,23 @@ def micro_batches(samples: Sequence[TurnSample], micro_batch_size: int, *, pack:
     if max_seq_len:
         samples = [truncate(s, max_seq_len) for s in samples]
     if not pack:
-        return [collate(samples[i:i + micro_batch_size], pad_id=pad_id, pad_to_multiple_of=pad_to_multiple_of)
-                for i in range(0, len(samples), micro_batch_size)]
+        return [
+            collate(samples[i : i + micro_batch_size], pad_id=pad_id, pad_to_multiple_of=pad_to_multiple_of)
+            for i in range(0, len(samples), micro_batch_size)
+        ]
     capacity = pack_len or max_seq_len
     if not capacity:
         raise ValueError("packing needs pack_len or max_seq_len (the row capacity)")
     rows = pack_rows([s.n_tokens for s in samples], capacity)
-    return [collate_rows(samples, rows[i:i + micro_batch_size], pad_id=pad_id, pad_to_multiple_of=pad_to_multiple_of)
-            for i in range(0, len(rows), micro_batch_size)]
+    return [
+        collate_rows(samples, rows[i : i + micro_batch_size], pad_id=pad_id, pad_to_multiple_of=pad_to_multiple_of)
+        for i in range(0, len(rows), micro_batch_size)
+    ]
 
 
-def collate_rows(samples: Sequence[TurnSample], rows: Sequence[Sequence[int]], *, pad_id: int = 0,
-                 pad_to_multiple_of: int = 1) -> Batch:
+def collate_rows(
+    samples: Sequence[TurnSample], rows: Sequence[Sequence[int]], *, pad_id: int = 0, pad_to_multiple_of: int = 1
+) -> Batch:
     """Collate the packed `rows` (lists of indices into `samples`) into one batch."""
     chosen = [samples[i] for row in rows for i in row]
     local, k = [], 0
@@ -218,8 +254,14 @@ def forward_hidden(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return out.last_hidden_state
 
 
-def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                    inv_temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    inv_temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
     if inv_temperature != 1.0:
         logits = logits * inv_temperature
@@ -232,8 +274,15 @@ def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return logp, entropy
 
 
-def token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0, chunk_tokens: int = 1024,
-                   with_entropy: bool = True, hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    model: torch.nn.Module,
+    batch: Batch,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+    with_entropy: bool = True,
+    hidden: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs [B, S] of the loss-mask tokens under `model` (0 elsewhere), and the entropy [B, S]
     of the predictive distribution at those tokens.
 
@@ -256,8 +305,14 @@ def token_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: float =
     use_ckpt = torch.is_grad_enabled() and (src.requires_grad or weight.requires_grad)
     lps, ents = [], []
     for start in range(0, src.shape[0], chunk_tokens):
-        args = (src[start:start + chunk_tokens], weight, bias, targets[start:start + chunk_tokens],
-                1.0 / temperature, with_entropy)
+        args = (
+            src[start : start + chunk_tokens],
+            weight,
+            bias,
+            targets[start : start + chunk_tokens],
+            1.0 / temperature,
+            with_entropy,
+        )
         lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False) if use_ckpt else _chunk_logprobs(*args)
         lps.append(lp)
         ents.append(ent)

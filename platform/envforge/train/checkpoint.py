@@ -27,8 +27,11 @@ TRAINER_STATE = "trainer_state.pt"
 
 def rng_state() -> dict[str, Any]:
     """Python, numpy and torch (CPU and every CUDA device) RNG states."""
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
-                             "torch": torch.get_rng_state()}
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -42,10 +45,17 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(path: str | Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, *,
-                    optimizer: torch.optim.Optimizer | None = None, scheduler: Any | None = None, step: int = 0,
-                    extra: Mapping[str, Any] | None = None,
-                    state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
+def save_checkpoint(
+    path: str | Path,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+    step: int = 0,
+    extra: Mapping[str, Any] | None = None,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+) -> Path:
     """Write a servable Hugging Face checkpoint (and `trainer_state.pt`) to `path`, atomically.
 
     An existing directory at `path` is replaced only once the new one is complete. The
@@ -83,8 +93,10 @@ def weights_snapshot(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     taken in the training thread between updates so saving can happen elsewhere meanwhile."""
     copies: dict[tuple[int, torch.device], torch.Tensor] = {}
     with torch.no_grad():
-        return {k: copies.setdefault((v.data_ptr(), v.device), v.detach().to("cpu", copy=True))
-                for k, v in model.state_dict().items()}
+        return {
+            k: copies.setdefault((v.data_ptr(), v.device), v.detach().to("cpu", copy=True))
+            for k, v in model.state_dict().items()
+        }
 
 
 def weights_digest(model: PreTrainedModel) -> str:
@@ -103,8 +115,13 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     return torch.load(Path(path) / TRAINER_STATE, map_location="cpu", weights_only=False)
 
 
-def load_trainer_state(path: str | Path, optimizer: torch.optim.Optimizer | None = None,
-                       scheduler: Any | None = None, *, restore_rng: bool = True) -> int:
+def load_trainer_state(
+    path: str | Path,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+    *,
+    restore_rng: bool = True,
+) -> int:
     """Restore optimizer, scheduler and RNG states from a checkpoint; returns its step.
 
     Load the weights first (`load_weights`): optimizer state is keyed by parameter order, so
@@ -141,9 +158,17 @@ def load_weights(model: PreTrainedModel, path: str | Path) -> None:
         model.tie_weights()
 
 
-def log_checkpoint(path: str | Path, metrics: Mapping[str, float] | None, registered_model_name: str, *,
-                   alias: str = "best", is_best: bool = False, artifact_path: str | None = None,
-                   step: int | None = None, tags: Mapping[str, str] | None = None) -> Any:
+def log_checkpoint(
+    path: str | Path,
+    metrics: Mapping[str, float] | None,
+    registered_model_name: str,
+    *,
+    alias: str = "best",
+    is_best: bool = False,
+    artifact_path: str | None = None,
+    step: int | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> Any:
     """Log a checkpoint directory as artifacts of the active MLflow run and register it.
 
     The artifacts go under `checkpoints/<dir name>` (or `artifact_path`); a model version of
@@ -178,10 +203,16 @@ def log_checkpoint(path: str | Path, metrics: Mapping[str, float] | None, regist
             pass
     all_tags = {f"metric.{k}": str(v) for k, v in (metrics or {}).items()}
     all_tags.update({k: str(v) for k, v in (tags or {}).items()})
-    all_tags.update({"checkpoint_path": str(path.resolve()), "mlflow_run_id": run.info.run_id,
-                     "dagster_run_id": run.data.tags.get(track.DAGSTER_RUN_TAG, "")})
-    version = client.create_model_version(registered_model_name, source=mlflow.get_artifact_uri(artifact_path),
-                                          run_id=run.info.run_id, tags=all_tags)
+    all_tags.update(
+        {
+            "checkpoint_path": str(path.resolve()),
+            "mlflow_run_id": run.info.run_id,
+            "dagster_run_id": run.data.tags.get(track.DAGSTER_RUN_TAG, ""),
+        }
+    )
+    version = client.create_model_version(
+        registered_model_name, source=mlflow.get_artifact_uri(artifact_path), run_id=run.info.run_id, tags=all_tags
+    )
     if is_best:
         client.set_registered_model_alias(registered_model_name, alias, version.version)
     return version

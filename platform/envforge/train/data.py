@@ -34,15 +34,23 @@ class TeacherEpisode:
         self.policy_id = policy_id
         self.version = 0
 
-    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, seed: int,
-                  temperature: float = 1.0, max_tokens: int = 512) -> PolicyOutput:
+    async def act(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        seed: int,
+        temperature: float = 1.0,
+        max_tokens: int = 512,
+    ) -> PolicyOutput:
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         action = self.actions[min(turn, len(self.actions) - 1)]
         text = to_text(action)
         completion = list(self.tokenizer.encode(text, add_special_tokens=False))
         completion.append(self.tokenizer.convert_tokens_to_ids(IM_END))
-        return PolicyOutput(text=text, prompt_token_ids=render_prompt(self.tokenizer, messages, tools),
-                            token_ids=completion)
+        return PolicyOutput(
+            text=text, prompt_token_ids=render_prompt(self.tokenizer, messages, tools), token_ids=completion
+        )
 
     async def aclose(self) -> None:
         return None
@@ -83,10 +91,18 @@ def turn_samples(trajectories: Iterable[Trajectory], only_resolved: bool = False
             continue
         for turn in t.turns:
             if turn.prompt_token_ids and turn.token_ids:
-                out.append(TurnSample(list(turn.prompt_token_ids), list(turn.token_ids),
-                                      behaviour_logprobs=list(turn.logprobs) if turn.logprobs else None,
-                                      reward=t.reward, group_id=t.group_id, trajectory_id=t.trajectory_id,
-                                      policy_version=t.policy_version, truncated=turn.finish_reason == "length"))
+                out.append(
+                    TurnSample(
+                        list(turn.prompt_token_ids),
+                        list(turn.token_ids),
+                        behaviour_logprobs=list(turn.logprobs) if turn.logprobs else None,
+                        reward=t.reward,
+                        group_id=t.group_id,
+                        trajectory_id=t.trajectory_id,
+                        policy_version=t.policy_version,
+                        truncated=turn.finish_reason == "length",
+                    )
+                )
     return out
 
 

@@ -67,20 +67,26 @@ class GRPOConfig:
     lr: float = TRAINING_DEFAULTS.rl_lr
     clip_eps: float = TRAINING_DEFAULTS.clip_eps  # lower clip: ratio >= 1 - clip_eps
     clip_eps_high: float = TRAINING_DEFAULTS.clip_eps_high  # upper clip: ratio <= 1 + clip_eps_high
-    kl_coef: float = TRAINING_DEFAULTS.kl_coef  # weight of the k3 KL to the reference model (needs a ref model when > 0)
+    kl_coef: float = (
+        TRAINING_DEFAULTS.kl_coef
+    )  # weight of the k3 KL to the reference model (needs a ref model when > 0)
     loss_agg: str = TRAINING_DEFAULTS.loss_agg  # "token-mean" | "seq-mean", see the module docstring
     equal_reward_groups: str = "skip"  # "skip" | "keep", see the module docstring
     scale_advantages: bool = True  # divide by the group std + adv_eps
     adv_eps: float = 1e-6
     micro_batch_size: int = 8  # samples per forward (packed rows when `packing`)
-    epochs_per_batch: int = TRAINING_DEFAULTS.rl_epochs_per_batch  # optimizer steps per rollout batch (each over all its samples)
+    epochs_per_batch: int = (
+        TRAINING_DEFAULTS.rl_epochs_per_batch
+    )  # optimizer steps per rollout batch (each over all its samples)
     max_grad_norm: float = 1.0
     lr_schedule: str = "constant"  # "cosine" | "linear" | "constant" (after linear warmup)
     warmup_steps: int = 0
     total_steps: int = 1000  # horizon of the cosine/linear decay, in optimizer steps
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    temperature: float = TRAINING_DEFAULTS.temperature  # the sampler's temperature (behaviour log-probs are of logits / T)
+    temperature: float = (
+        TRAINING_DEFAULTS.temperature
+    )  # the sampler's temperature (behaviour log-probs are of logits / T)
     packing: bool = False
     pack_len: int = 8192  # packed row capacity (no truncation: RL never cuts a sample)
     dtype: str = "auto"
@@ -89,17 +95,28 @@ class GRPOConfig:
     fused_adam: bool | None = None
     seed: int = TRAINING_DEFAULTS.seed
     log_ratio_clamp: float = 20.0  # |logp_new - logp_behaviour| is clamped to this before exp
-    truncated: str = TRAINING_DEFAULTS.truncated  # "mask" | "penalize" | "keep": completions that hit max_tokens, see the docstring
+    truncated: str = (
+        TRAINING_DEFAULTS.truncated
+    )  # "mask" | "penalize" | "keep": completions that hit max_tokens, see the docstring
     overlong_penalty: float = 1.0  # "penalize": truncated turns get advantage min(A, -overlong_penalty)
     off_policy: bool = False  # samples may come from older policy versions: behaviour log-probs required
 
     @classmethod
     def from_training(cls, config: TrainingConfig, pad_id: int) -> "GRPOConfig":
         """The GRPO update of the pipeline's one training configuration."""
-        return cls(lr=config.rl_lr, seed=config.seed, pad_id=pad_id, temperature=config.temperature,
-                   epochs_per_batch=config.rl_epochs_per_batch, clip_eps=config.clip_eps,
-                   clip_eps_high=config.clip_eps_high, loss_agg=config.loss_agg, kl_coef=config.kl_coef,
-                   truncated=config.truncated, off_policy=config.max_staleness > 0)
+        return cls(
+            lr=config.rl_lr,
+            seed=config.seed,
+            pad_id=pad_id,
+            temperature=config.temperature,
+            epochs_per_batch=config.rl_epochs_per_batch,
+            clip_eps=config.clip_eps,
+            clip_eps_high=config.clip_eps_high,
+            loss_agg=config.loss_agg,
+            kl_coef=config.kl_coef,
+            truncated=config.truncated,
+            off_policy=config.max_staleness > 0,
+        )
 
 
 @dataclass
@@ -128,8 +145,9 @@ def groups_from_samples(samples: Sequence[TurnSample]) -> dict[str, list[tuple[f
     return {g: [(turns[0].reward, turns) for turns in trajs.values()] for g, trajs in groups.items()}
 
 
-def group_advantages(groups: Groups | Sequence[TurnSample], *, scale: bool = True, eps: float = 1e-6,
-                     equal_reward_groups: str = "skip") -> tuple[list[TurnSample], GroupStats]:
+def group_advantages(
+    groups: Groups | Sequence[TurnSample], *, scale: bool = True, eps: float = 1e-6, equal_reward_groups: str = "skip"
+) -> tuple[list[TurnSample], GroupStats]:
     """Samples (copies) carrying their trajectory's group-normalized advantage, and group stats.
 
     `groups` maps a group id to its trajectories as (reward, turns); a flat list of samples is
@@ -167,16 +185,23 @@ def group_advantages(groups: Groups | Sequence[TurnSample], *, scale: bool = Tru
     return out, stats
 
 
-def grpo_loss(new_logprobs: torch.Tensor, batch: Batch, config: GRPOConfig, *, normalizer: float,
-              ref_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def grpo_loss(
+    new_logprobs: torch.Tensor,
+    batch: Batch,
+    config: GRPOConfig,
+    *,
+    normalizer: float,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped-surrogate (+ k3 KL) loss of one micro-batch, already divided by `normalizer`
     (the total completion tokens of the whole batch for token-mean, its sample count for
     seq-mean), and detached sums for metrics (clipped tokens, kl, ratio)."""
     mask = batch.loss_mask
     maskf = mask.float()
     adv = batch.advantages
-    log_ratio = torch.clamp((new_logprobs - batch.behaviour_logprobs) * maskf, -config.log_ratio_clamp,
-                            config.log_ratio_clamp)
+    log_ratio = torch.clamp(
+        (new_logprobs - batch.behaviour_logprobs) * maskf, -config.log_ratio_clamp, config.log_ratio_clamp
+    )
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - config.clip_eps, 1.0 + config.clip_eps_high) * adv
@@ -196,8 +221,12 @@ def grpo_loss(new_logprobs: torch.Tensor, batch: Batch, config: GRPOConfig, *, n
         raise ValueError(f"loss_agg must be 'token-mean' or 'seq-mean', not {config.loss_agg!r}")
     with torch.no_grad():
         is_clipped = ((adv > 0) & (ratio > 1.0 + config.clip_eps_high)) | ((adv < 0) & (ratio < 1.0 - config.clip_eps))
-        sums = {"clipped": (is_clipped & mask).sum().float(), "kl": (kl * maskf).sum(),
-                "ratio": (ratio * maskf).sum(), "tokens": maskf.sum()}
+        sums = {
+            "clipped": (is_clipped & mask).sum().float(),
+            "kl": (kl * maskf).sum(),
+            "ratio": (ratio * maskf).sum(),
+            "tokens": maskf.sum(),
+        }
     return loss, sums
 
 
@@ -209,8 +238,9 @@ def handle_truncated(samples: Sequence[TurnSample], config: GRPOConfig) -> list[
     if config.truncated == "mask":
         return [s for s in samples if not s.truncated]
     if config.truncated == "penalize":
-        return [replace(s, advantage=min(s.advantage, -abs(config.overlong_penalty))) if s.truncated else s
-                for s in samples]
+        return [
+            replace(s, advantage=min(s.advantage, -abs(config.overlong_penalty))) if s.truncated else s for s in samples
+        ]
     return list(samples)
 
 
@@ -224,9 +254,16 @@ def _reward_stats(samples: Sequence[TurnSample]) -> tuple[float, float]:
     return float(r.mean()), float(r.std(unbiased=False))
 
 
-def grpo_update(model: PreTrainedModel, ref_model: PreTrainedModel | None, optimizer: torch.optim.Optimizer,
-                scheduler: Any | None, samples: Sequence[TurnSample], config: GRPOConfig, *,
-                group_stats: GroupStats | None = None) -> dict[str, float]:
+def grpo_update(
+    model: PreTrainedModel,
+    ref_model: PreTrainedModel | None,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any | None,
+    samples: Sequence[TurnSample],
+    config: GRPOConfig,
+    *,
+    group_stats: GroupStats | None = None,
+) -> dict[str, float]:
     """`epochs_per_batch` optimizer steps of GRPO on `samples` (advantages already set).
 
     Each step accumulates gradients over all micro-batches, clips them and steps the optimizer
@@ -242,24 +279,43 @@ def grpo_update(model: PreTrainedModel, ref_model: PreTrainedModel | None, optim
     t0 = time.perf_counter()
     device = model_device(model)
     r_mean, r_std = (group_stats.reward_mean, group_stats.reward_std) if group_stats else _reward_stats(samples)
-    metrics: dict[str, float] = {"reward_mean": r_mean, "reward_std": r_std,
-                                 "skipped_groups": float(group_stats.skipped_groups if group_stats else 0),
-                                 "samples": float(len(samples)),
-                                 "truncated_samples": float(sum(s.truncated for s in samples))}
+    metrics: dict[str, float] = {
+        "reward_mean": r_mean,
+        "reward_std": r_std,
+        "skipped_groups": float(group_stats.skipped_groups if group_stats else 0),
+        "samples": float(len(samples)),
+        "truncated_samples": float(sum(s.truncated for s in samples)),
+    }
     samples = handle_truncated(samples, config)
     have = [s.behaviour_logprobs is not None for s in samples]
     if config.off_policy and not all(have):
         missing = next(s for s in samples if s.behaviour_logprobs is None)
-        raise ValueError(f"off-policy GRPO needs behaviour log-probs for every sample: trajectory "
-                         f"{missing.trajectory_id or '?'} (group {missing.group_id or '?'}, policy version "
-                         f"{missing.policy_version}) has none; the policy that sampled it must return log-probs")
+        raise ValueError(
+            f"off-policy GRPO needs behaviour log-probs for every sample: trajectory "
+            f"{missing.trajectory_id or '?'} (group {missing.group_id or '?'}, policy version "
+            f"{missing.policy_version}) has none; the policy that sampled it must return log-probs"
+        )
     if any(have) and not all(have):
         raise ValueError("either every sample has behaviour_logprobs or none has (on-policy)")
     if not samples:
-        return {**metrics, "loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0,
-                "grad_norm": 0.0, "tokens": 0.0, "tokens_per_s": 0.0, "step_time_s": 0.0}
-    batches = [b.to(device) for b in micro_batches(samples, config.micro_batch_size, pack=config.packing,
-                                                   pack_len=config.pack_len, pad_id=config.pad_id)]
+        return {
+            **metrics,
+            "loss": 0.0,
+            "kl": 0.0,
+            "entropy": 0.0,
+            "clip_fraction": 0.0,
+            "ratio_mean": 0.0,
+            "grad_norm": 0.0,
+            "tokens": 0.0,
+            "tokens_per_s": 0.0,
+            "step_time_s": 0.0,
+        }
+    batches = [
+        b.to(device)
+        for b in micro_batches(
+            samples, config.micro_batch_size, pack=config.packing, pack_len=config.pack_len, pad_id=config.pad_id
+        )
+    ]
     total_tokens = sum(b.n_loss_tokens for b in batches)
     normalizer = float(total_tokens if config.loss_agg == "token-mean" else len(samples))
     ref_lps: list[torch.Tensor | None] = [None] * len(batches)
@@ -267,13 +323,19 @@ def grpo_update(model: PreTrainedModel, ref_model: PreTrainedModel | None, optim
         for i, b in enumerate(batches):
             if not all(have):
                 with autocast_for(device, config.dtype):
-                    old, _ = token_logprobs(model, b, temperature=config.temperature,
-                                            chunk_tokens=config.chunk_tokens, with_entropy=False)
+                    old, _ = token_logprobs(
+                        model, b, temperature=config.temperature, chunk_tokens=config.chunk_tokens, with_entropy=False
+                    )
                 b.behaviour_logprobs = old.float()
             if ref_model is not None:
                 with autocast_for(device, config.dtype):
-                    ref, _ = token_logprobs(ref_model, b, temperature=config.temperature,
-                                            chunk_tokens=config.chunk_tokens, with_entropy=False)
+                    ref, _ = token_logprobs(
+                        ref_model,
+                        b,
+                        temperature=config.temperature,
+                        chunk_tokens=config.chunk_tokens,
+                        with_entropy=False,
+                    )
                 ref_lps[i] = ref.float()
     model.train()
     sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "ratio": 0.0, "tokens": 0.0, "entropy": 0.0}
@@ -283,8 +345,9 @@ def grpo_update(model: PreTrainedModel, ref_model: PreTrainedModel | None, optim
         optimizer.zero_grad(set_to_none=True)
         for b, ref in zip(batches, ref_lps):
             with autocast_for(device, config.dtype):
-                new, entropy = token_logprobs(model, b, temperature=config.temperature,
-                                              chunk_tokens=config.chunk_tokens)
+                new, entropy = token_logprobs(
+                    model, b, temperature=config.temperature, chunk_tokens=config.chunk_tokens
+                )
             loss, s = grpo_loss(new, b, config, normalizer=normalizer, ref_logprobs=ref)
             loss.backward()
             sums["loss"] += float(loss.detach())
@@ -300,11 +363,20 @@ def grpo_update(model: PreTrainedModel, ref_model: PreTrainedModel | None, optim
         torch.cuda.synchronize(device)
     dt = time.perf_counter() - t0
     n = max(1.0, sums["tokens"])
-    metrics.update({
-        "loss": sums["loss"] / config.epochs_per_batch, "kl": sums["kl"] / n, "entropy": sums["entropy"] / n,
-        "clip_fraction": sums["clipped"] / n, "ratio_mean": sums["ratio"] / n, "grad_norm": grad_norm,
-        "tokens": float(total_tokens), "tokens_per_s": real_tokens / dt if dt > 0 else 0.0, "step_time_s": dt,
-        "lr": float(optimizer.param_groups[0]["lr"])})
+    metrics.update(
+        {
+            "loss": sums["loss"] / config.epochs_per_batch,
+            "kl": sums["kl"] / n,
+            "entropy": sums["entropy"] / n,
+            "clip_fraction": sums["clipped"] / n,
+            "ratio_mean": sums["ratio"] / n,
+            "grad_norm": grad_norm,
+            "tokens": float(total_tokens),
+            "tokens_per_s": real_tokens / dt if dt > 0 else 0.0,
+            "step_time_s": dt,
+            "lr": float(optimizer.param_groups[0]["lr"]),
+        }
+    )
     return metrics
 
 
@@ -315,9 +387,15 @@ class GRPOTrainer:
     computes advantages and runs `grpo_update`; `save(path)` writes a servable checkpoint
     with trainer state, `resume(path)` loads one back into this trainer."""
 
-    def __init__(self, model: PreTrainedModel, config: GRPOConfig | None = None, *,
-                 ref_model: PreTrainedModel | None = None, tokenizer: PreTrainedTokenizerBase | None = None,
-                 make_ref: bool = False) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        config: GRPOConfig | None = None,
+        *,
+        ref_model: PreTrainedModel | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        make_ref: bool = False,
+    ) -> None:
         self.config = config or GRPOConfig()
         self.model = model
         self.tokenizer = tokenizer
@@ -328,8 +406,9 @@ class GRPOTrainer:
         self.ref_model = ref_model
         c = self.config
         self.optimizer = build_optimizer(model, lr=c.lr, weight_decay=c.weight_decay, betas=c.betas, fused=c.fused_adam)
-        self.scheduler = build_scheduler(self.optimizer, total_steps=c.total_steps, warmup_steps=c.warmup_steps,
-                                         schedule=c.lr_schedule)
+        self.scheduler = build_scheduler(
+            self.optimizer, total_steps=c.total_steps, warmup_steps=c.warmup_steps, schedule=c.lr_schedule
+        )
         self.step_count = 0
         self.history: list[dict[str, float]] = []
 
@@ -338,10 +417,15 @@ class GRPOTrainer:
         from the samples' rewards and groups first (equal-reward groups handled per config)."""
         stats: GroupStats | None = None
         if not advantages_ready:
-            samples, stats = group_advantages(samples, scale=self.config.scale_advantages, eps=self.config.adv_eps,
-                                              equal_reward_groups=self.config.equal_reward_groups)
-        metrics = grpo_update(self.model, self.ref_model, self.optimizer, self.scheduler, samples, self.config,
-                              group_stats=stats)
+            samples, stats = group_advantages(
+                samples,
+                scale=self.config.scale_advantages,
+                eps=self.config.adv_eps,
+                equal_reward_groups=self.config.equal_reward_groups,
+            )
+        metrics = grpo_update(
+            self.model, self.ref_model, self.optimizer, self.scheduler, samples, self.config, group_stats=stats
+        )
         if samples:
             self.step_count += self.config.epochs_per_batch
         if stats is not None:
@@ -353,12 +437,18 @@ class GRPOTrainer:
         return metrics
 
     def save(self, path: str | Path, extra: Mapping[str, Any] | None = None) -> Path:
-        return save_checkpoint(path, self.model, self.tokenizer, optimizer=self.optimizer, scheduler=self.scheduler,
-                               step=self.step_count, extra={"grpo_config": asdict(self.config), **(extra or {})})
+        return save_checkpoint(
+            path,
+            self.model,
+            self.tokenizer,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            step=self.step_count,
+            extra={"grpo_config": asdict(self.config), **(extra or {})},
+        )
 
     def resume(self, path: str | Path) -> int:
         """Load weights, optimizer, scheduler, step and RNG states from a checkpoint of this trainer."""
         load_weights(self.model, path)
         self.step_count = load_trainer_state(path, self.optimizer, self.scheduler)
         return self.step_count
-

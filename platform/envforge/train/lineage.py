@@ -38,8 +38,9 @@ def _registered(settings: Settings, ref: str) -> tuple[Path | None, Any | None]:
         else:
             model, _, number = ref.rpartition("/")
             if not model or not number.isdigit():
-                raise ValueError(f"checkpoint {ref!r}: expected a checkpoint directory, <model>@<alias> or "
-                                 f"<model>/<version>")
+                raise ValueError(
+                    f"checkpoint {ref!r}: expected a checkpoint directory, <model>@<alias> or <model>/<version>"
+                )
             version = client.get_model_version(model, number)
     except mlflow.exceptions.MlflowException as exc:
         raise ValueError(f"checkpoint {ref!r}: not in the model registry ({exc})") from None
@@ -69,8 +70,10 @@ def _batches(settings: Settings, batch_ids: list[str]) -> list[dict[str, Any]]:
     frame = Catalog(settings.catalog_path).rollout_batches()
     rows = {r["batch_id"]: r for r in frame.iter_rows(named=True)} if frame.height else {}
     keep = ("location", "policy_id", "n_tasks", "n_samples", "n_trajectories", "pass_at_1")
-    return [{"batch_id": b, **({k: rows[b][k] for k in keep} if b in rows else {"missing": "not in the catalog"})}
-            for b in batch_ids]
+    return [
+        {"batch_id": b, **({k: rows[b][k] for k in keep} if b in rows else {"missing": "not in the catalog"})}
+        for b in batch_ids
+    ]
 
 
 def _task_set(settings: Settings, version: str) -> dict[str, Any]:
@@ -86,8 +89,13 @@ def _task_set(settings: Settings, version: str) -> dict[str, Any]:
         lineage = catalog.lineage(full)
     except KeyError:
         lineage = {"parent_version": None, "gates": {}}
-    return {"version": full, "tasks": members.height, "parent_version": lineage["parent_version"],
-            "gates": lineage["gates"], "source_records": catalog.sources_of(members["content_hash"].to_list())}
+    return {
+        "version": full,
+        "tasks": members.height,
+        "parent_version": lineage["parent_version"],
+        "gates": lineage["gates"],
+        "source_records": catalog.sources_of(members["content_hash"].to_list()),
+    }
 
 
 def checkpoint_lineage(settings: Settings, ref: str, _depth: int = 0) -> dict[str, Any]:
@@ -101,9 +109,13 @@ def checkpoint_lineage(settings: Settings, ref: str, _depth: int = 0) -> dict[st
     if version is not None:
         tags = dict(version.tags)
         lineage.update({k: tags[k] for k in LINEAGE_KEYS if tags.get(k)})
-        node["registered"] = {"model": version.name, "version": version.version,
-                              "aliases": list(getattr(version, "aliases", []) or []), "source": version.source,
-                              "eval": {k: v for k, v in tags.items() if k.startswith("eval.") or k == "promoted"}}
+        node["registered"] = {
+            "model": version.name,
+            "version": version.version,
+            "aliases": list(getattr(version, "aliases", []) or []),
+            "source": version.source,
+            "eval": {k: v for k, v in tags.items() if k.startswith("eval.") or k == "promoted"},
+        }
     node.update({k: lineage.get(k, "") for k in ("stage", "mlflow_run_id", "dagster_run_id")})
     batch_ids = [b for b in lineage.get("rollout_batches", "").split(",") if b]
     node["rollout_batches"] = _batches(settings, batch_ids)
@@ -126,23 +138,35 @@ def format_lineage(node: dict[str, Any], indent: int = 0) -> list[str]:
     lines = [f"{pad}checkpoint {node['checkpoint']}" + (f"  [{node['stage']}]" if node.get("stage") else "")]
     if reg:
         aliases = f" (aliases: {', '.join(reg['aliases'])})" if reg["aliases"] else ""
-        lines.append(f"{pad}  registered {reg['model']} v{reg['version']}{aliases}"
-                     + (f"  {reg['eval']}" if reg["eval"] else ""))
+        lines.append(
+            f"{pad}  registered {reg['model']} v{reg['version']}{aliases}" + (f"  {reg['eval']}" if reg["eval"] else "")
+        )
     else:
         lines.append(f"{pad}  not registered")
-    lines.append(f"{pad}  MLflow run {node.get('mlflow_run_id') or '-'}, Dagster run {node.get('dagster_run_id') or '-'}")
+    lines.append(
+        f"{pad}  MLflow run {node.get('mlflow_run_id') or '-'}, Dagster run {node.get('dagster_run_id') or '-'}"
+    )
     for b in node.get("rollout_batches", []):
-        lines.append(f"{pad}  rollout batch {b['batch_id']}: " + (
-            b["missing"] if "missing" in b else f"{b['n_trajectories']} trajectories, pass@1 {b['pass_at_1']:.2f}, "
-                                                f"{b['location']}"))
+        lines.append(
+            f"{pad}  rollout batch {b['batch_id']}: "
+            + (
+                b["missing"]
+                if "missing" in b
+                else f"{b['n_trajectories']} trajectories, pass@1 {b['pass_at_1']:.2f}, {b['location']}"
+            )
+        )
     ts = node.get("task_set")
     if ts:
         if "missing" in ts:
             lines.append(f"{pad}  task set {ts['version']}: {ts['missing']}")
         else:
-            lines.append(f"{pad}  task set {ts['version'][:12]}: {ts['tasks']} tasks, parent "
-                         f"{(ts['parent_version'] or '-')[:12]}")
-            lines.extend(f"{pad}    source {s['kind']} {s['key']} {s['fingerprint'][:12]}" for s in ts["source_records"])
+            lines.append(
+                f"{pad}  task set {ts['version'][:12]}: {ts['tasks']} tasks, parent "
+                f"{(ts['parent_version'] or '-')[:12]}"
+            )
+            lines.extend(
+                f"{pad}    source {s['kind']} {s['key']} {s['fingerprint'][:12]}" for s in ts["source_records"]
+            )
     if "from" in node:
         lines.append(f"{pad}  from:")
         lines.extend(format_lineage(node["from"], indent + 2))

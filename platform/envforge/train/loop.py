@@ -22,25 +22,25 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.observe import metrics as live_metrics
+from envforge.progress import Progress
 from envforge.rollout.batch import BatchResult, record_batch, rollout_sandboxes_per_task, run_batch
+from envforge.rollout.config import RolloutConfig
+from envforge.rollout.health import round_health
 from envforge.rollout.policies.hf import HFPolicy
 from envforge.rollout.policies.server_process import PolicyServerProcess
 from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model
-from envforge.progress import Progress
-from envforge.rollout.config import RolloutConfig
-from envforge.rollout.health import round_health
 from envforge.rollout.scheduler import RolloutScheduler
 from envforge.rollout.store import TrajectoryStore
 from envforge.rollout.stream import GroupStream
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.provider import SandboxProvider, or_local
-from envforge.verify.grader import Grader
 from envforge.task import Task
-from envforge.train.data import TeacherPolicy, rl_groups, turn_samples
 from envforge.train.checkpoint import save_checkpoint, weights_snapshot
 from envforge.train.config import ROLLOUT_POLICIES, TRAINING_DEFAULTS, TrainingConfig
+from envforge.train.data import TeacherPolicy, rl_groups, turn_samples
 from envforge.train.grpo import GRPOConfig, GRPOTrainer
 from envforge.train.samples import TurnSample
+from envforge.verify.grader import Grader
 
 Items = Sequence[tuple[Task, str]]
 
@@ -51,38 +51,76 @@ def load_model(source: str, seed: int = 0) -> tuple[Any, Any]:
     if m:
         hidden, layers = int(m.group(1) or 128), int(m.group(2) or 4)
         torch.manual_seed(seed)
-        return build_tiny_model(TinyModelConfig(hidden_size=hidden, num_layers=layers, heads=4, kv_heads=2,
-                                                intermediate=2 * hidden, seed=seed))
+        return build_tiny_model(
+            TinyModelConfig(
+                hidden_size=hidden, num_layers=layers, heads=4, kv_heads=2, intermediate=2 * hidden, seed=seed
+            )
+        )
     path = Path(source)
     if not (path / "config.json").is_file():
-        raise ValueError(f"model source {source!r}: expected 'tiny', 'tiny:<hidden>x<layers>' or a local "
-                         f"Hugging Face directory with config.json")
-    return (AutoModelForCausalLM.from_pretrained(path, local_files_only=True),
-            AutoTokenizer.from_pretrained(path, local_files_only=True))
+        raise ValueError(
+            f"model source {source!r}: expected 'tiny', 'tiny:<hidden>x<layers>' or a local "
+            f"Hugging Face directory with config.json"
+        )
+    return (
+        AutoModelForCausalLM.from_pretrained(path, local_files_only=True),
+        AutoTokenizer.from_pretrained(path, local_files_only=True),
+    )
 
 
-def demonstrations(settings: Settings, items: Items, tokenizer: Any, batch_id: str, concurrency: int = 4,
-                   task_set_version: str = "", only_resolved: bool = True,
-                   sandboxes: SandboxProvider | None = None) -> list[TurnSample]:
+def demonstrations(
+    settings: Settings,
+    items: Items,
+    tokenizer: Any,
+    batch_id: str,
+    concurrency: int = 4,
+    task_set_version: str = "",
+    only_resolved: bool = True,
+    sandboxes: SandboxProvider | None = None,
+) -> list[TurnSample]:
     """SFT samples: the teacher's rollouts (reference solutions through the tools), by default the
     resolved ones only; `only_resolved=False` keeps every demonstration as recorded (operator logs).
     Every rollout batch of training is registered in the catalog; its sandboxes come from
     `sandboxes` (the provider the stage was handed; none: this process's engine)."""
-    result = run_batch(settings, items, TeacherPolicy(tokenizer), RolloutConfig(n_samples=1, concurrency=concurrency),
-                       task_set_version, batch_id=batch_id, sandboxes=sandboxes,
-                       register=Catalog(settings.catalog_path).record_rollout_batch)
+    result = run_batch(
+        settings,
+        items,
+        TeacherPolicy(tokenizer),
+        RolloutConfig(n_samples=1, concurrency=concurrency),
+        task_set_version,
+        batch_id=batch_id,
+        sandboxes=sandboxes,
+        register=Catalog(settings.catalog_path).record_rollout_batch,
+    )
     return turn_samples(result.store.trajectories(), only_resolved=only_resolved)
 
 
-def evaluate(settings: Settings, model: Any, tokenizer: Any, items: Items, batch_id: str, label: str,
-             concurrency: int = 4, max_tokens: int = 64, task_set_version: str = "",
-             progress: Progress | None = None, sandboxes: SandboxProvider | None = None) -> BatchResult:
+def evaluate(
+    settings: Settings,
+    model: Any,
+    tokenizer: Any,
+    items: Items,
+    batch_id: str,
+    label: str,
+    concurrency: int = 4,
+    max_tokens: int = 64,
+    task_set_version: str = "",
+    progress: Progress | None = None,
+    sandboxes: SandboxProvider | None = None,
+) -> BatchResult:
     """One greedy rollout per task, graded by the sandbox verifier: pass@1."""
     policy = HFPolicy((model, tokenizer), policy_id=f"eval@{label}")
-    return run_batch(settings, items, policy, RolloutConfig(n_samples=1, concurrency=concurrency, temperature=0.0,
-                                                            max_tokens=max_tokens), task_set_version,
-                     batch_id=batch_id, progress=progress, sandboxes=sandboxes,
-                     register=Catalog(settings.catalog_path).record_rollout_batch)
+    return run_batch(
+        settings,
+        items,
+        policy,
+        RolloutConfig(n_samples=1, concurrency=concurrency, temperature=0.0, max_tokens=max_tokens),
+        task_set_version,
+        batch_id=batch_id,
+        progress=progress,
+        sandboxes=sandboxes,
+        register=Catalog(settings.catalog_path).record_rollout_batch,
+    )
 
 
 @dataclass
@@ -114,11 +152,19 @@ class GRPORounds:
     @classmethod
     def from_training(cls, config: TrainingConfig, pad_id: int) -> "GRPORounds":
         """The rounds of the pipeline's one training configuration (`tasks_per_round` 0 there: every task)."""
-        return cls(rounds=config.rl_rounds, group_size=config.group_size, max_tokens=config.max_tokens,
-                   concurrency=config.concurrency, seed=config.seed, tasks_per_round=config.tasks_per_round or None,
-                   max_staleness=config.max_staleness, rollout_policy=config.rollout_policy,
-                   policy_threads=config.policy_threads, trainer_threads=config.trainer_threads,
-                   grpo=GRPOConfig.from_training(config, pad_id))
+        return cls(
+            rounds=config.rl_rounds,
+            group_size=config.group_size,
+            max_tokens=config.max_tokens,
+            concurrency=config.concurrency,
+            seed=config.seed,
+            tasks_per_round=config.tasks_per_round or None,
+            max_staleness=config.max_staleness,
+            rollout_policy=config.rollout_policy,
+            policy_threads=config.policy_threads,
+            trainer_threads=config.trainer_threads,
+            grpo=GRPOConfig.from_training(config, pad_id),
+        )
 
 
 @dataclass
@@ -149,10 +195,15 @@ class GRPORun:
         return max(0.0, 1.0 - self.trainer_busy_s / self.wall_s) if self.wall_s else 0.0
 
     def timing(self) -> dict[str, float]:
-        return {"wall_s": round(self.wall_s, 3), "trainer_busy_s": round(self.trainer_busy_s, 3),
-                "trainer_wait_s": round(self.trainer_wait_s, 3), "publish_s": round(self.publish_s, 3),
-                "trainer_idle_fraction": round(self.trainer_idle_fraction, 4), "updates": float(len(self.history)),
-                "stale_groups": float(len(self.stale_groups))}
+        return {
+            "wall_s": round(self.wall_s, 3),
+            "trainer_busy_s": round(self.trainer_busy_s, 3),
+            "trainer_wait_s": round(self.trainer_wait_s, 3),
+            "publish_s": round(self.publish_s, 3),
+            "trainer_idle_fraction": round(self.trainer_idle_fraction, 4),
+            "updates": float(len(self.history)),
+            "stale_groups": float(len(self.stale_groups)),
+        }
 
 
 def round_items(items: Items, cfg: GRPORounds, round_index: int) -> Items:
@@ -196,24 +247,38 @@ class ServedPolicy:
         import urllib.error
         import urllib.request
 
-        req = urllib.request.Request(f"{self.base_url.rstrip('/')}/reload", method="POST",
-                                     data=json.dumps({"path": str(checkpoint)}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.base_url.rstrip('/')}/reload",
+            method="POST",
+            data=json.dumps({"path": str(checkpoint)}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=300) as resp:
                 version = int(json.loads(resp.read())["version"])
         except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"policy server {self.base_url}: reload of {checkpoint} failed: HTTP {exc.code} "
-                               f"{exc.read()[:500].decode(errors='replace')}") from exc
+            raise RuntimeError(
+                f"policy server {self.base_url}: reload of {checkpoint} failed: HTTP {exc.code} "
+                f"{exc.read()[:500].decode(errors='replace')}"
+            ) from exc
         self.policy.version = version  # trajectories started from now on record the new version
         return version
 
 
-def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cfg: GRPORounds, batch_prefix: str,
-                on_round: Callable[[int, dict[str, float]], None] | None = None,
-                task_set_version: str = "", progress: Progress | None = None,
-                live: LivePolicy | None = None, checkpoint_dir: Path | None = None,
-                sandboxes: SandboxProvider | None = None) -> GRPORun:
+def grpo_rounds(
+    settings: Settings,
+    model: Any,
+    tokenizer: Any,
+    items: Items,
+    cfg: GRPORounds,
+    batch_prefix: str,
+    on_round: Callable[[int, dict[str, float]], None] | None = None,
+    task_set_version: str = "",
+    progress: Progress | None = None,
+    live: LivePolicy | None = None,
+    checkpoint_dir: Path | None = None,
+    sandboxes: SandboxProvider | None = None,
+) -> GRPORun:
     """`cfg.rounds` GRPO updates, each on one round's complete groups (see `GRPORounds`).
 
     Synchronous (max_staleness 0, no `live` policy): rollouts use the training model itself.
@@ -229,8 +294,22 @@ def grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cf
     the clipped ratio to their stored behaviour log-probs (`GRPOConfig.off_policy` makes missing
     log-probs an error instead of "on-policy"). Every round's sandboxes come from one pool leased
     from `sandboxes` (none: this process's engine); every round's batch is registered in the catalog."""
-    return asyncio.run(_grpo_rounds(settings, model, tokenizer, items, cfg, batch_prefix, on_round,
-                                    task_set_version, progress, live, checkpoint_dir, sandboxes))
+    return asyncio.run(
+        _grpo_rounds(
+            settings,
+            model,
+            tokenizer,
+            items,
+            cfg,
+            batch_prefix,
+            on_round,
+            task_set_version,
+            progress,
+            live,
+            checkpoint_dir,
+            sandboxes,
+        )
+    )
 
 
 class PolicyVersions:
@@ -273,8 +352,9 @@ def thread_budgets(cfg: GRPORounds) -> GRPORounds:
     return replace(cfg, policy_threads=policy, trainer_threads=max(1, cpus - policy))
 
 
-def _start_live_policy(model: Any, tokenizer: Any, cfg: GRPORounds, batch_prefix: str,
-                       ckpt_dir: Path) -> tuple[LivePolicy, PolicyServerProcess | None]:
+def _start_live_policy(
+    model: Any, tokenizer: Any, cfg: GRPORounds, batch_prefix: str, ckpt_dir: Path
+) -> tuple[LivePolicy, PolicyServerProcess | None]:
     """The rollout side of an asynchronous run, per `cfg.rollout_policy`, at version 0."""
     if cfg.rollout_policy == "in-process":
         return InProcessPolicy(HFPolicy((copy.deepcopy(model), tokenizer), policy_id=f"{batch_prefix}@live")), None
@@ -288,10 +368,20 @@ def _start_live_policy(model: Any, tokenizer: Any, cfg: GRPORounds, batch_prefix
     return ServedPolicy(policy, server.base_url), server
 
 
-async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: Items, cfg: GRPORounds,
-                       batch_prefix: str, on_round: Callable[[int, dict[str, float]], None] | None,
-                       task_set_version: str, progress: Progress | None, live: LivePolicy | None,
-                       checkpoint_dir: Path | None, sandboxes: SandboxProvider | None = None) -> GRPORun:
+async def _grpo_rounds(
+    settings: Settings,
+    model: Any,
+    tokenizer: Any,
+    items: Items,
+    cfg: GRPORounds,
+    batch_prefix: str,
+    on_round: Callable[[int, dict[str, float]], None] | None,
+    task_set_version: str,
+    progress: Progress | None,
+    live: LivePolicy | None,
+    checkpoint_dir: Path | None,
+    sandboxes: SandboxProvider | None = None,
+) -> GRPORun:
     synchronous = cfg.max_staleness == 0 and live is None
     grpo = cfg.grpo if synchronous else replace(cfg.grpo, off_policy=True)
     trainer = GRPOTrainer(model, grpo, tokenizer=tokenizer)
@@ -306,8 +396,14 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
     run = GRPORun(trainer, [], [], [])
     client = docker_client(settings)
     first = RolloutConfig(n_samples=cfg.group_size, concurrency=cfg.concurrency)
-    lease = or_local(sandboxes).lease(list(items), rollout_sandboxes_per_task(first), client=client, settings=settings,
-                                      max_idle_per_key=max(2, cfg.concurrency), max_starting=4)
+    lease = or_local(sandboxes).lease(
+        list(items),
+        rollout_sandboxes_per_task(first),
+        client=client,
+        settings=settings,
+        max_idle_per_key=max(2, cfg.concurrency),
+        max_starting=4,
+    )
     pool = lease.pool
     catalog = Catalog(settings.catalog_path)
     recorded: dict[str, asyncio.Task] = {}  # batch id -> its record_batch, run beside the next round
@@ -322,27 +418,43 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
         last: asyncio.Task | None = None
         for r in range(cfg.rounds):
             await versions.wait_for_round(r)
-            rollout = RolloutConfig(n_samples=cfg.group_size, concurrency=cfg.concurrency,
-                                    temperature=cfg.grpo.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed + r)
+            rollout = RolloutConfig(
+                n_samples=cfg.group_size,
+                concurrency=cfg.concurrency,
+                temperature=cfg.grpo.temperature,
+                max_tokens=cfg.max_tokens,
+                seed=cfg.seed + r,
+            )
             store = TrajectoryStore(settings.artifact_root("rollouts"), f"{batch_prefix}-round-{r}")
 
             async def on_group(group: list, r: int = r) -> None:
-                mark("producer", "group", round=r, task_id=group[0].task_id,
-                     policy_version=min(t.policy_version for t in group))
+                mark(
+                    "producer",
+                    "group",
+                    round=r,
+                    task_id=group[0].task_id,
+                    policy_version=min(t.policy_version for t in group),
+                )
                 await stream.put(group)
 
-            scheduler = RolloutScheduler(pool, grader, rollout_policy, store, rollout, progress=progress,
-                                         on_group=on_group)
+            scheduler = RolloutScheduler(
+                pool, grader, rollout_policy, store, rollout, progress=progress, on_group=on_group
+            )
             mark("producer", "round_start", round=r, policy_version=versions.policy)
             report = await scheduler.run(round_items(items, cfg, r), task_set_version)
             mark("producer", "round_end", round=r)
 
-            async def record(store: TrajectoryStore = store, report: Any = report,
-                             rollout: RolloutConfig = rollout, before: asyncio.Task | None = last) -> BatchResult:
+            async def record(
+                store: TrajectoryStore = store,
+                report: Any = report,
+                rollout: RolloutConfig = rollout,
+                before: asyncio.Task | None = last,
+            ) -> BatchResult:
                 if before is not None:  # one catalog writer at a time
                     await before
-                return await asyncio.to_thread(record_batch, store, report, rollout_policy, rollout,
-                                               task_set_version, catalog.record_rollout_batch)
+                return await asyncio.to_thread(
+                    record_batch, store, report, rollout_policy, rollout, task_set_version, catalog.record_rollout_batch
+                )
 
             last = recorded[store.batch_id] = asyncio.create_task(record())
             await stream.end_batch(store.batch_id)
@@ -353,8 +465,7 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
             step, snapshot = item
             t0 = time.perf_counter()
             mark("publisher", "publish_start", step=step)
-            path = await asyncio.to_thread(save_checkpoint, ckpt_dir, model, tokenizer, step=step,
-                                           state_dict=snapshot)
+            path = await asyncio.to_thread(save_checkpoint, ckpt_dir, model, tokenizer, step=step, state_dict=snapshot)
             policy_version = await asyncio.to_thread(live.reload, path)
             run.checkpoints.append(str(path))
             run.publish_s += time.perf_counter() - t0
@@ -376,8 +487,11 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
                 mark("trainer", "update_start", update=len(run.history), groups=len(fresh))
                 groups = rl_groups(t for group in fresh for t in group)
                 samples = [s for members in groups.values() for _, turns in members for s in turns]
-                metrics = (await asyncio.to_thread(trainer.step, samples) if samples
-                           else {"skipped_groups": float(len(groups))})
+                metrics = (
+                    await asyncio.to_thread(trainer.step, samples)
+                    if samples
+                    else {"skipped_groups": float(len(groups))}
+                )
                 snapshot = None
                 if live is not None:
                     snapshot = await asyncio.to_thread(weights_snapshot, model)
@@ -396,11 +510,15 @@ async def _grpo_rounds(settings: Settings, model: Any, tokenizer: Any, items: It
                 if lag:
                     live_metrics.train_staleness(max(lag))
                 batch = result.metrics
-                metrics = {**metrics, "rollout_mean_reward": float(batch["mean_reward"]),
-                           "rollout_pass_at_1": float(batch["pass_at_1"]), "rollout_tokens": float(batch["tokens"]),
-                           "policy_lag_mean": sum(lag) / len(lag) if lag else 0.0,
-                           "stale_groups": float(len(stream.stale)),
-                           **round_health(result, previous[-1] if previous else None)}
+                metrics = {
+                    **metrics,
+                    "rollout_mean_reward": float(batch["mean_reward"]),
+                    "rollout_pass_at_1": float(batch["pass_at_1"]),
+                    "rollout_tokens": float(batch["tokens"]),
+                    "policy_lag_mean": sum(lag) / len(lag) if lag else 0.0,
+                    "stale_groups": float(len(stream.stale)),
+                    **round_health(result, previous[-1] if previous else None),
+                }
                 previous[:] = [result]
                 run.history.append(metrics)
                 run.batch_ids.append(batch_id)

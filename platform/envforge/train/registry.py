@@ -55,8 +55,15 @@ def local_copy(version: Any) -> str:
     return mlflow.artifacts.download_artifacts(artifact_uri=version.source)
 
 
-def promote_if_better(settings: Settings, model_name: str, checkpoint: str | Path, score: float,
-                      task_set_version: str, measure: Callable[[str], float], alias: str = BEST) -> dict[str, Any]:
+def promote_if_better(
+    settings: Settings,
+    model_name: str,
+    checkpoint: str | Path,
+    score: float,
+    task_set_version: str,
+    measure: Callable[[str], float],
+    alias: str = BEST,
+) -> dict[str, Any]:
     """Tag the checkpoint's registered version with its eval-split `score`, and move `alias` to it if
     it beats the current holder's score on the same split (`measure(checkpoint_dir)` gives that score
     when the holder has no tag for this split). Returns the decision, for the evaluation report."""
@@ -67,8 +74,13 @@ def promote_if_better(settings: Settings, model_name: str, checkpoint: str | Pat
     tag = eval_tag(task_set_version)
     client.set_model_version_tag(model_name, candidate.version, tag, str(score))
     current = aliased_version(settings, model_name, alias)
-    decision: dict[str, Any] = {"model": model_name, "candidate_version": str(candidate.version), "candidate_score": score,
-                                "task_set_version": task_set_version, "alias": alias}
+    decision: dict[str, Any] = {
+        "model": model_name,
+        "candidate_version": str(candidate.version),
+        "candidate_score": score,
+        "task_set_version": task_set_version,
+        "alias": alias,
+    }
     if current is not None and str(current.version) != str(candidate.version):
         if tag in current.tags:
             best_score = float(current.tags[tag])
@@ -78,9 +90,15 @@ def promote_if_better(settings: Settings, model_name: str, checkpoint: str | Pat
         decision.update(previous_version=str(current.version), previous_score=best_score)
         if score <= best_score:
             client.set_model_version_tag(model_name, candidate.version, "promoted", "false")
-            return {**decision, "promoted": False,
-                    "reason": f"eval-split pass@1 {score:.3f} does not beat {alias} (v{current.version}) {best_score:.3f}"}
+            return {
+                **decision,
+                "promoted": False,
+                "reason": f"eval-split pass@1 {score:.3f} does not beat {alias} (v{current.version}) {best_score:.3f}",
+            }
     client.set_registered_model_alias(model_name, alias, candidate.version)
     client.set_model_version_tag(model_name, candidate.version, "promoted", "true")
-    return {**decision, "promoted": True,
-            "reason": "no current holder" if current is None else "beats the current holder"}
+    return {
+        **decision,
+        "promoted": True,
+        "reason": "no current holder" if current is None else "beats the current holder",
+    }

@@ -71,6 +71,7 @@ class SFTResult:
 
 # -- shared by SFT and GRPO -------------------------------------------------------------------------
 
+
 def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -100,8 +101,14 @@ def lr_factor(step: int, *, total_steps: int, warmup_steps: int, schedule: str) 
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999),
-                    fused: bool | None = None) -> torch.optim.AdamW:
+def build_optimizer(
+    model: torch.nn.Module,
+    *,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    fused: bool | None = None,
+) -> torch.optim.AdamW:
     """AdamW over trainable parameters; matrices decay, vectors (norms, biases) do not.
     Fused (one kernel for all parameters) on CUDA unless told otherwise."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -113,16 +120,20 @@ def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, b
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_steps: int,
-                    schedule: str) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_steps: int, schedule: str
+) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule))
+        optimizer, lambda s: lr_factor(s, total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule)
+    )
 
 
 # -- loss -------------------------------------------------------------------------------------------
 
-def sft_loss(model: torch.nn.Module, batch: Batch, *, normalizer: int | None = None,
-             chunk_tokens: int = 1024) -> tuple[torch.Tensor, int]:
+
+def sft_loss(
+    model: torch.nn.Module, batch: Batch, *, normalizer: int | None = None, chunk_tokens: int = 1024
+) -> tuple[torch.Tensor, int]:
     """Summed NLL of the batch's completion tokens divided by `normalizer` (default: the batch's
     own completion-token count), and that count."""
     n = batch.n_loss_tokens
@@ -141,8 +152,9 @@ def eval_loss(model: torch.nn.Module, samples: Sequence[TurnSample], config: SFT
     total, count = 0.0, 0
     try:
         for i in range(0, len(samples), config.micro_batch_size):
-            batch = collate(samples[i:i + config.micro_batch_size], max_seq_len=config.max_seq_len,
-                            pad_id=config.pad_id).to(device)
+            batch = collate(
+                samples[i : i + config.micro_batch_size], max_seq_len=config.max_seq_len, pad_id=config.pad_id
+            ).to(device)
             with autocast_for(device, config.dtype):
                 logprobs, _ = token_logprobs(model, batch, chunk_tokens=config.chunk_tokens, with_entropy=False)
             total += -float(logprobs.sum())
@@ -154,16 +166,19 @@ def eval_loss(model: torch.nn.Module, samples: Sequence[TurnSample], config: SFT
 
 # -- data order -------------------------------------------------------------------------------------
 
-def _epoch_micro_batches(samples: Sequence[TurnSample], config: SFTConfig, epoch: int) -> list[list[int] | list[list[int]]]:
+
+def _epoch_micro_batches(
+    samples: Sequence[TurnSample], config: SFTConfig, epoch: int
+) -> list[list[int] | list[list[int]]]:
     """The epoch's micro-batches as sample indices (padded) or lists of rows (packed), in order."""
     gen = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch)
     if config.packing:
         rows = pack_rows([s.n_tokens for s in samples], config.max_seq_len)
         order = torch.randperm(len(rows), generator=gen).tolist()
         rows = [rows[i] for i in order]
-        return [rows[i:i + config.micro_batch_size] for i in range(0, len(rows), config.micro_batch_size)]
+        return [rows[i : i + config.micro_batch_size] for i in range(0, len(rows), config.micro_batch_size)]
     order = torch.randperm(len(samples), generator=gen).tolist()
-    return [order[i:i + config.micro_batch_size] for i in range(0, len(order), config.micro_batch_size)]
+    return [order[i : i + config.micro_batch_size] for i in range(0, len(order), config.micro_batch_size)]
 
 
 def _make_batch(samples: Sequence[TurnSample], mb: Any, config: SFTConfig) -> Batch:
@@ -177,7 +192,7 @@ def _steps(samples: Sequence[TurnSample], config: SFTConfig) -> Iterator[tuple[i
     for epoch in range(config.epochs):
         mbs = _epoch_micro_batches(samples, config, epoch)
         for i in range(0, len(mbs), config.grad_accum):
-            yield epoch, mbs[i:i + config.grad_accum]
+            yield epoch, mbs[i : i + config.grad_accum]
 
 
 def steps_per_epoch(n_samples: int, config: SFTConfig, samples: Sequence[TurnSample] | None = None) -> int:
@@ -193,10 +208,18 @@ def steps_per_epoch(n_samples: int, config: SFTConfig, samples: Sequence[TurnSam
 
 # -- training ---------------------------------------------------------------------------------------
 
-def train_sft(model: PreTrainedModel, train: list[TurnSample], eval: list[TurnSample], config: SFTConfig, *,
-              out_dir: str | Path | None = None, on_metrics: MetricsCallback | None = None,
-              resume_from: str | Path | None = None,
-              tokenizer: PreTrainedTokenizerBase | None = None) -> SFTResult:
+
+def train_sft(
+    model: PreTrainedModel,
+    train: list[TurnSample],
+    eval: list[TurnSample],
+    config: SFTConfig,
+    *,
+    out_dir: str | Path | None = None,
+    on_metrics: MetricsCallback | None = None,
+    resume_from: str | Path | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> SFTResult:
     """Fine-tune `model` in place on the completion tokens of `train`; returns per-step metrics.
 
     `on_metrics(step, metrics)` gets each step's loss, lr, grad_norm, tokens and tokens/s (and
@@ -215,8 +238,9 @@ def train_sft(model: PreTrainedModel, train: list[TurnSample], eval: list[TurnSa
     per_epoch = steps_per_epoch(len(train), config, train)
     total = per_epoch * config.epochs
     warmup = int(math.ceil(config.warmup_ratio * total))
-    optimizer = build_optimizer(model, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas,
-                                fused=config.fused_adam)
+    optimizer = build_optimizer(
+        model, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas, fused=config.fused_adam
+    )
     scheduler = build_scheduler(optimizer, total_steps=total, warmup_steps=warmup, schedule=config.lr_schedule)
     start = 0
     if resume_from is not None:
@@ -258,16 +282,28 @@ def train_sft(model: PreTrainedModel, train: list[TurnSample], eval: list[TurnSa
         result.lrs.append(lr)
         result.grad_norms.append(grad_norm)
         result.train_tokens += n_tokens
-        metrics = {"loss": loss_value, "lr": lr, "grad_norm": grad_norm, "tokens": float(n_tokens),
-                   "tokens_per_s": real / dt if dt > 0 else 0.0, "step_time_s": dt}
+        metrics = {
+            "loss": loss_value,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": float(n_tokens),
+            "tokens_per_s": real / dt if dt > 0 else 0.0,
+            "step_time_s": dt,
+        }
         if eval and (step % max(1, config.eval_every) == 0 or step == total):
             metrics["eval_loss"] = eval_loss(model, eval, config)
             result.eval_losses.append((step, metrics["eval_loss"]))
         live.train_step(metrics, "sft")
         if out is not None and ((config.save_every and step % config.save_every == 0) or step == total):
-            result.final_checkpoint = save_checkpoint(out / f"step-{step}", model, tokenizer, optimizer=optimizer,
-                                                      scheduler=scheduler, step=step,
-                                                      extra={"sft_config": asdict(config)})
+            result.final_checkpoint = save_checkpoint(
+                out / f"step-{step}",
+                model,
+                tokenizer,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                step=step,
+                extra={"sft_config": asdict(config)},
+            )
         if on_metrics is not None:
             on_metrics(step, metrics)
     result.train_time_s = busy

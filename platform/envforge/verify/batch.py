@@ -104,8 +104,14 @@ class _Copies:
             future.set_result(outcome)
 
 
-def grade_batch(grader: Grader, task: Task, image: str, gradings: Sequence[Grading], workers: int = 2,
-                stop: Callable[[str, VerificationResult], bool] | None = None) -> BatchOutcome:
+def grade_batch(
+    grader: Grader,
+    task: Task,
+    image: str,
+    gradings: Sequence[Grading],
+    workers: int = 2,
+    stop: Callable[[str, VerificationResult], bool] | None = None,
+) -> BatchOutcome:
     """Grade every solution, `workers` at a time, in the given order; once `stop(name, result)` is
     true for a finished grading, start no more (those in flight finish and are kept)."""
     outcome = BatchOutcome()
@@ -127,8 +133,10 @@ def grade_batch(grader: Grader, task: Task, image: str, gradings: Sequence[Gradi
             return graded(g)
         finally:
             with lock:
-                outcome.timeline[g.name] = (round(started - batch_started, 3),
-                                            round(time.perf_counter() - batch_started, 3))
+                outcome.timeline[g.name] = (
+                    round(started - batch_started, 3),
+                    round(time.perf_counter() - batch_started, 3),
+                )
 
     def graded(g: Grading) -> VerificationResult:
         if callable(g.diff):

@@ -11,25 +11,42 @@ from pathlib import Path
 from envforge.environment import PythonEnvironment, merge_env, split_assignments
 from envforge.sandbox.container import Sandbox
 from envforge.task import VERIFIER_DIR, WORKSPACE, ShellCheckpoint, Task, TestCheckpoint
-from envforge.verify.parsers import (ReportError, ReportIncomplete, parse_failure_messages, parse_pattern, parse_report,
-                                     parse_tap)
+from envforge.verify.parsers import (
+    ReportError,
+    ReportIncomplete,
+    parse_failure_messages,
+    parse_pattern,
+    parse_report,
+    parse_tap,
+)
 from envforge.verify.result import CheckpointResult
 from envforge.verify.selection import SUITE, TARGETED, TestRun, selection_env, unittest_ids
 
 RUNNER_DIR = "/run/envforge-verifier/runner"
-_RUNNERS = {name: (Path(__file__).parent / "runners" / name).read_bytes()
-            for name in ("unittest_runner.py", "envforge_reporter.py")}
+_RUNNERS = {
+    name: (Path(__file__).parent / "runners" / name).read_bytes()
+    for name in ("unittest_runner.py", "envforge_reporter.py")
+}
 # pytest from the system, before anything in the workspace can shadow it: -P keeps the cwd off
 # sys.path, workspace entries an editable install put there are left out while pytest itself
 # is imported, and the task's PYTHONPATH entries and the cwd are appended after site-packages.
-_PYTEST = ("python3 -P -c 'import os, sys; sys.path.insert(0, \"" + RUNNER_DIR + "\"); saved = list(sys.path); "
-           "sys.path[:] = [p for p in saved if p != \"" + WORKSPACE + "\" and not p.startswith(\"" + WORKSPACE +
-           "/\")]; import pytest; sys.path[:] = saved; "
-           "sys.path.extend(p for p in os.environ.get(\"ENVFORGE_PYTHONPATH\", \"\").split(\":\") if p); "
-           "sys.path.append(\".\"); sys.exit(pytest.main(sys.argv[1:]))'")
+_PYTEST = (
+    "python3 -P -c 'import os, sys; sys.path.insert(0, \"" + RUNNER_DIR + '"); saved = list(sys.path); '
+    'sys.path[:] = [p for p in saved if p != "'
+    + WORKSPACE
+    + '" and not p.startswith("'
+    + WORKSPACE
+    + '/")]; import pytest; sys.path[:] = saved; '
+    'sys.path.extend(p for p in os.environ.get("ENVFORGE_PYTHONPATH", "").split(":") if p); '
+    'sys.path.append("."); sys.exit(pytest.main(sys.argv[1:]))\''
+)
 # Test runs must not pick up plugins or start-up hooks the workspace could smuggle in.
-CLEAN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
-             "PYTHONPATH": RUNNER_DIR}
+CLEAN_ENV = {
+    "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONNOUSERSITE": "1",
+    "PYTHONPATH": RUNNER_DIR,
+}
 
 
 def install_verifier_files(sandbox: Sandbox, task: Task) -> None:
@@ -55,12 +72,13 @@ def _pytest_invocation(command: str | None) -> tuple[str, bool]:
         return _PYTEST, True
     for prefix in _PYTEST_PREFIXES:
         if command == prefix or command.startswith(prefix + " "):
-            return _PYTEST + command[len(prefix):], True
+            return _PYTEST + command[len(prefix) :], True
     return command, False
 
 
-def test_command(check: TestCheckpoint, run: TestRun = TARGETED, environment: PythonEnvironment | None = None
-                 ) -> tuple[str, bool, dict[str, str]]:
+def test_command(
+    check: TestCheckpoint, run: TestRun = TARGETED, environment: PythonEnvironment | None = None
+) -> tuple[str, bool, dict[str, str]]:
     """(shell command, whether it reports on fd 3, its variables) for the framework and the run.
 
     Leading `NAME=value` words of the command become variables merged with the task's and
@@ -81,8 +99,11 @@ def test_command(check: TestCheckpoint, run: TestRun = TARGETED, environment: Py
                 envforge["ENVFORGE_PYTHONPATH"] = ":".join(paths)
         # A whole-suite run (derivation) goes on past a module that does not import, and says why.
         extra = " --continue-on-collection-errors" if run.scope == "suite" else ""
-        return (f"{base} -p envforge_reporter -p no:cacheprovider {plugins} -q -o addopts={extra}", True,
-                merge_env(user, envforge))
+        return (
+            f"{base} -p envforge_reporter -p no:cacheprovider {plugins} -q -o addopts={extra}",
+            True,
+            merge_env(user, envforge),
+        )
     env = merge_env(user, envforge)
     if check.framework == "unittest":
         ids = " ".join(shlex.quote(t) for t in unittest_ids(check, run))
@@ -100,8 +121,9 @@ class SuiteRun:
     messages: dict[str, str] = field(default_factory=dict)  # failed test -> its one-line failure
 
 
-def _run_reported(sandbox: Sandbox, check: TestCheckpoint, run: TestRun,
-                  environment: PythonEnvironment | None = None) -> SuiteRun:
+def _run_reported(
+    sandbox: Sandbox, check: TestCheckpoint, run: TestRun, environment: PythonEnvironment | None = None
+) -> SuiteRun:
     """One run of the check (the required ids' test files or the whole suite, see selection.py).
 
     Every sandbox process is killed afterwards, so nothing the tests started lives on into
@@ -139,8 +161,9 @@ def _run_reported(sandbox: Sandbox, check: TestCheckpoint, run: TestRun,
     return SuiteRun(statuses, reasons, collect_errors, messages)
 
 
-def run_tests(sandbox: Sandbox, check: TestCheckpoint, run: TestRun = TARGETED,
-              environment: PythonEnvironment | None = None) -> tuple[dict[str, str], list[str]]:
+def run_tests(
+    sandbox: Sandbox, check: TestCheckpoint, run: TestRun = TARGETED, environment: PythonEnvironment | None = None
+) -> tuple[dict[str, str], list[str]]:
     """The status of every required test (FAIL_TO_PASS, PASS_TO_PASS), and the reasons it fails.
 
     Statuses come from the report pipe (pytest, unittest) or stdout (tap, pattern); a required
@@ -160,24 +183,41 @@ def run_tests(sandbox: Sandbox, check: TestCheckpoint, run: TestRun = TARGETED,
     return tests, reasons
 
 
-def run_suite(sandbox: Sandbox, check: TestCheckpoint, environment: PythonEnvironment | None = None,
-              run: TestRun = SUITE) -> SuiteRun:
+def run_suite(
+    sandbox: Sandbox, check: TestCheckpoint, environment: PythonEnvironment | None = None, run: TestRun = SUITE
+) -> SuiteRun:
     """Every test the check's command collects, with its status (in collection order, or reversed):
     how sources derive FAIL_TO_PASS. One broken test module does not stop the other modules."""
     return _run_reported(sandbox, check, run, environment)
 
 
-def run_shell_checkpoint(sandbox: Sandbox, check: ShellCheckpoint,
-                         environment: PythonEnvironment | None = None) -> CheckpointResult:
+def run_shell_checkpoint(
+    sandbox: Sandbox, check: ShellCheckpoint, environment: PythonEnvironment | None = None
+) -> CheckpointResult:
     started = time.perf_counter()
-    env = environment.command_env({"ENVFORGE_VERIFIER": VERIFIER_DIR}) if environment else \
-        {"ENVFORGE_VERIFIER": VERIFIER_DIR}
-    res = sandbox.exec(check.run, timeout_s=check.timeout_s, env=env,
-                       workdir=environment.command_workdir() if environment else WORKSPACE)
+    env = (
+        environment.command_env({"ENVFORGE_VERIFIER": VERIFIER_DIR})
+        if environment
+        else {"ENVFORGE_VERIFIER": VERIFIER_DIR}
+    )
+    res = sandbox.exec(
+        check.run,
+        timeout_s=check.timeout_s,
+        env=env,
+        workdir=environment.command_workdir() if environment else WORKSPACE,
+    )
     matched = None
     if check.stdout_pattern is not None:
         matched = re.search(check.stdout_pattern, res.text(), re.MULTILINE) is not None
     passed = res.exit_code == check.expect_exit and not res.timed_out and matched is not False
     tail = (res.text() + res.err_text())[-400:]
-    return CheckpointResult(check.name, passed, res.exit_code, check.expect_exit, matched,
-                            time.perf_counter() - started, res.timed_out, tail)
+    return CheckpointResult(
+        check.name,
+        passed,
+        res.exit_code,
+        check.expect_exit,
+        matched,
+        time.perf_counter() - started,
+        res.timed_out,
+        tail,
+    )

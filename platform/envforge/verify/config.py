@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-
 BELOW_STRENGTH = ("quarantine", "audit")
 
 
@@ -24,37 +23,71 @@ class GateConfig:
     """Gate parameters. `as_params()` (what decides a verdict) is part of a task-set version and of a
     verdict's key; `workers`, `concurrency` and `force` change only how long gating takes."""
 
-    runs: int = field(default_factory=_default_runs,
-                      metadata={"help": "gradings of the empty and of the reference solution, each "
-                                        "(default: $ENVFORGE_GATE_RUNS or 5; the order check is one of the "
-                                        "reference's, or one more with full_suite)"})
-    shuffle: bool = field(default=True, metadata={
-        "help": "the order check: one of the reference's runs on the whole suite, in reversed order"})
+    runs: int = field(
+        default_factory=_default_runs,
+        metadata={
+            "help": "gradings of the empty and of the reference solution, each "
+            "(default: $ENVFORGE_GATE_RUNS or 5; the order check is one of the "
+            "reference's, or one more with full_suite)"
+        },
+    )
+    shuffle: bool = field(
+        default=True,
+        metadata={"help": "the order check: one of the reference's runs on the whole suite, in reversed order"},
+    )
     probes: bool = field(default=True, metadata={"help": "run the reward-hacking probes that apply to each task"})
-    full_suite: bool = field(default=False, metadata={
-        "help": "the exhaustive gate: the whole suite on every grading, every run and probe graded even after a "
-                "disagreement, no shared copies"})
-    workers: int = field(default=2, metadata={"help": "gradings of one task in parallel (verdicts do not depend on it)"})
+    full_suite: bool = field(
+        default=False,
+        metadata={
+            "help": "the exhaustive gate: the whole suite on every grading, every run and probe graded even after a "
+            "disagreement, no shared copies"
+        },
+    )
+    workers: int = field(
+        default=2, metadata={"help": "gradings of one task in parallel (verdicts do not depend on it)"}
+    )
     concurrency: int = field(default=2, metadata={"help": "tasks gated at once (one warm sandbox pool)"})
-    mutation: bool = field(default=True, metadata={
-        "help": "verifier strength: grade mutants of each test-verified task's reference (and the special-case "
-                "probe) and keep tasks whose tests reject too few of them out of train and eval (one grading per "
-                "mutant, paid once per task: unchanged tasks keep their verdict; see docs/verification.md)"})
-    min_strength: float = field(default=0.5, metadata={
-        "help": "the lowest strength (killed / non-equivalent mutants) a task's verifier may have"})
+    mutation: bool = field(
+        default=True,
+        metadata={
+            "help": "verifier strength: grade mutants of each test-verified task's reference (and the special-case "
+            "probe) and keep tasks whose tests reject too few of them out of train and eval (one grading per "
+            "mutant, paid once per task: unchanged tasks keep their verdict; see docs/verification.md)"
+        },
+    )
+    min_strength: float = field(
+        default=0.5,
+        metadata={"help": "the lowest strength (killed / non-equivalent mutants) a task's verifier may have"},
+    )
     max_mutants: int = field(default=24, metadata={"help": "mutants graded per task at most"})
-    below_strength: str = field(default="quarantine", metadata={
-        "help": "what happens to a weak or overfittable verifier: 'quarantine' (as weak_verifier / overfittable) "
-                "or 'audit' (accepted into the audit split only, never train or eval)"})
-    block_overfittable: bool = field(default=False, metadata={
-        "help": "treat a task the special-case probe passes as a weak verifier (by default it is flagged "
-                "'overfittable' only: its tests are held back from the policy, which cannot read their literals)"})
-    mutation_early_stop: bool = field(default=True, metadata={
-        "help": "stop grading a task's mutants once its strength is on one side of min_strength for sure (the "
-                "score is then a lower bound)"})
-    force: bool = field(default=False, metadata={
-        "help": "re-gate tasks whose content, image and gate parameters are unchanged (by default they keep "
-                "their verdict)"})
+    below_strength: str = field(
+        default="quarantine",
+        metadata={
+            "help": "what happens to a weak or overfittable verifier: 'quarantine' (as weak_verifier / overfittable) "
+            "or 'audit' (accepted into the audit split only, never train or eval)"
+        },
+    )
+    block_overfittable: bool = field(
+        default=False,
+        metadata={
+            "help": "treat a task the special-case probe passes as a weak verifier (by default it is flagged "
+            "'overfittable' only: its tests are held back from the policy, which cannot read their literals)"
+        },
+    )
+    mutation_early_stop: bool = field(
+        default=True,
+        metadata={
+            "help": "stop grading a task's mutants once its strength is on one side of min_strength for sure (the "
+            "score is then a lower bound)"
+        },
+    )
+    force: bool = field(
+        default=False,
+        metadata={
+            "help": "re-gate tasks whose content, image and gate parameters are unchanged (by default they keep "
+            "their verdict)"
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("runs", "workers", "concurrency"):
@@ -65,15 +98,26 @@ class GateConfig:
         if not 0.0 <= self.min_strength <= 1.0:
             raise ValueError(f"GateConfig.min_strength: must be between 0 and 1, got {self.min_strength}")
         if self.below_strength not in BELOW_STRENGTH:
-            raise ValueError(f"GateConfig.below_strength: must be one of {', '.join(BELOW_STRENGTH)}, "
-                             f"got {self.below_strength!r}")
+            raise ValueError(
+                f"GateConfig.below_strength: must be one of {', '.join(BELOW_STRENGTH)}, got {self.below_strength!r}"
+            )
 
     def as_params(self) -> dict:
         """What a verdict depends on (recorded with it, and in the task-set version)."""
-        params = {"gate": "flakiness", "runs": self.runs, "shuffle": self.shuffle, "probes": self.probes,
-                  "full_suite": self.full_suite}
+        params = {
+            "gate": "flakiness",
+            "runs": self.runs,
+            "shuffle": self.shuffle,
+            "probes": self.probes,
+            "full_suite": self.full_suite,
+        }
         if self.mutation:  # absent when off, so verdicts gated without it keep their keys
-            params.update(mutation=True, min_strength=self.min_strength, max_mutants=self.max_mutants,
-                          below_strength=self.below_strength, mutation_early_stop=self.mutation_early_stop,
-                          block_overfittable=self.block_overfittable)
+            params.update(
+                mutation=True,
+                min_strength=self.min_strength,
+                max_mutants=self.max_mutants,
+                below_strength=self.below_strength,
+                mutation_early_stop=self.mutation_early_stop,
+                block_overfittable=self.block_overfittable,
+            )
         return params

@@ -91,10 +91,16 @@ class GateReport:
 
     def stats(self) -> dict:
         """What the verdict cost, and what it left out: kept with the verdict in the catalog."""
-        return {"empty_runs": self.empty_runs, "probes_skipped": self.probes_skipped, "not_run": self.not_run,
-                "gradings": self.gradings, "sandbox_s": round(self.sandbox_s, 3), "wall_s": round(self.wall_s, 3),
-                **({"strength": self.strength.as_json()} if self.strength is not None else {}),
-                **({"admission": self.admission} if self.admission else {})}
+        return {
+            "empty_runs": self.empty_runs,
+            "probes_skipped": self.probes_skipped,
+            "not_run": self.not_run,
+            "gradings": self.gradings,
+            "sandbox_s": round(self.sandbox_s, 3),
+            "wall_s": round(self.wall_s, 3),
+            **({"strength": self.strength.as_json()} if self.strength is not None else {}),
+            **({"admission": self.admission} if self.admission else {}),
+        }
 
     @property
     def strength_score(self) -> float | None:
@@ -105,16 +111,28 @@ class GateReport:
         """A stored verdict (a `validations` row) as the report of an unchanged task that keeps it."""
         stats = json.loads(row.get("stats_json") or "{}")
         return cls(
-            task_id=row["task_id"], content_hash=row["content_hash"], accepted=row["verdict"] == "accepted",
-            disagreements=list(row["disagreements"]), reference_passes=row["reference_passes"],
-            empty_fails=row["empty_fails"], runs=row["runs"], probe_results=json.loads(row["probes_json"]),
-            verifier_seconds=[row["verifier_median_s"]], infra_retries=row["infra_retries"],
-            empty_runs=stats.get("empty_runs", row["runs"]), probes_skipped=stats.get("probes_skipped", {}),
-            not_run=stats.get("not_run", []), gradings=stats.get("gradings", 0),
-            sandbox_s=stats.get("sandbox_s", 0.0), wall_s=stats.get("wall_s", 0.0),
-            image_digest=row["image_digest"], gate_key=row["gate_key"], reused_from=row["created_at"],
+            task_id=row["task_id"],
+            content_hash=row["content_hash"],
+            accepted=row["verdict"] == "accepted",
+            disagreements=list(row["disagreements"]),
+            reference_passes=row["reference_passes"],
+            empty_fails=row["empty_fails"],
+            runs=row["runs"],
+            probe_results=json.loads(row["probes_json"]),
+            verifier_seconds=[row["verifier_median_s"]],
+            infra_retries=row["infra_retries"],
+            empty_runs=stats.get("empty_runs", row["runs"]),
+            probes_skipped=stats.get("probes_skipped", {}),
+            not_run=stats.get("not_run", []),
+            gradings=stats.get("gradings", 0),
+            sandbox_s=stats.get("sandbox_s", 0.0),
+            wall_s=stats.get("wall_s", 0.0),
+            image_digest=row["image_digest"],
+            gate_key=row["gate_key"],
+            reused_from=row["created_at"],
             strength=StrengthReport.from_json(stats["strength"]) if stats.get("strength") else None,
-            admission=stats.get("admission", ""))
+            admission=stats.get("admission", ""),
+        )
 
 
 @lru_cache(maxsize=1)
@@ -136,8 +154,9 @@ def gate_key(task: Task, image_digest: str, config: GateConfig) -> str:
 
     A task whose key is unchanged keeps its verdict (the nightly refresh re-gates only what changed).
     """
-    return digest_parts(task.content_hash, image_digest, json.dumps(config.as_params(), sort_keys=True),
-                        verifier_digest())
+    return digest_parts(
+        task.content_hash, image_digest, json.dumps(config.as_params(), sort_keys=True), verifier_digest()
+    )
 
 
 def probe_diff(grader: Grader, task: Task, image: str, probe: Probe, reference_paths: tuple[str, ...] = ()) -> str:
@@ -145,8 +164,9 @@ def probe_diff(grader: Grader, task: Task, image: str, probe: Probe, reference_p
     sandbox: Sandbox = grader.pool.acquire(image, options_for(task))
     try:
         env = task.spec.environment
-        sandbox.exec(probe.script(task, reference_paths), timeout_s=120, env=env.command_env(),
-                     workdir=env.command_workdir())
+        sandbox.exec(
+            probe.script(task, reference_paths), timeout_s=120, env=env.command_env(), workdir=env.command_workdir()
+        )
         return sandbox.diff()
     except PolicyOutcome:
         return ""  # a probe whose workspace cannot be diffed scores what the empty diff scores
@@ -167,8 +187,9 @@ def _judge(task: Task, name: str, result: VerificationResult) -> list[str]:
             return [f"empty_resolved:{which}"] if result.resolved else []
         passed_f2p = [t for t in tests.fail_to_pass if result.tests.get(t) == "passed"]
         failed_p2p = [t for t in tests.pass_to_pass if result.tests.get(t) != "passed"]
-        return ([f"empty_passed_fail_to_pass:{t}:{which}" for t in passed_f2p]
-                + [f"empty_failed_pass_to_pass:{t}:{which}" for t in failed_p2p])
+        return [f"empty_passed_fail_to_pass:{t}:{which}" for t in passed_f2p] + [
+            f"empty_failed_pass_to_pass:{t}:{which}" for t in failed_p2p
+        ]
     return [f"probe_scored:{which}:{result.reward}"] if result.reward > 0 else []
 
 
@@ -184,8 +205,9 @@ def order_check_is_a_run(config: GateConfig) -> bool:
     return config.shuffle and not config.full_suite and config.runs > 1
 
 
-def _plan(task: Task, ref_diff: str, config: GateConfig, grader: Grader, image: str,
-          report: GateReport) -> list[Grading]:
+def _plan(
+    task: Task, ref_diff: str, config: GateConfig, grader: Grader, image: str, report: GateReport
+) -> list[Grading]:
     """The gradings of one task, most telling first: the first reference and empty runs, the order
     check, the remaining runs, then the probes."""
     run = SUITE if config.full_suite else TARGETED
@@ -202,9 +224,14 @@ def _plan(task: Task, ref_diff: str, config: GateConfig, grader: Grader, image: 
         ref_paths = tuple(p for section in split_diff(ref_diff) for p in section.paths)
         probe_run = replace(run, fail_fast=share and not task.spec.verification.partial_credit)
         for probe in probes:
-            plan.append(Grading(f"probe:{probe.name}",
-                                lambda probe=probe: probe_diff(grader, task, image, probe, ref_paths), probe_run,
-                                share))
+            plan.append(
+                Grading(
+                    f"probe:{probe.name}",
+                    lambda probe=probe: probe_diff(grader, task, image, probe, ref_paths),
+                    probe_run,
+                    share,
+                )
+            )
     return plan
 
 
@@ -265,20 +292,31 @@ def strength_findings(strength: StrengthReport, min_strength: float, block_overf
     """Why a measured verifier is too weak for training (empty when it is strong enough)."""
     out = []
     if strength.strength_upper is not None and strength.strength_upper < min_strength:
-        out.append(f"weak_verifier:strength {strength.strength:.2f} < {min_strength:g} "
-                   f"({strength.survived} of {strength.killed + strength.survived} mutants survive)")
+        out.append(
+            f"weak_verifier:strength {strength.strength:.2f} < {min_strength:g} "
+            f"({strength.survived} of {strength.killed + strength.survived} mutants survive)"
+        )
     if strength.overfittable and block_overfittable:
         out.append(f"overfittable:special_case_probe answers {strength.special_case.get('cases', 0)} literal case(s)")
     return out
 
 
-def _judge_strength(grader: Grader, task: Task, image: str, ref_diff: str, config: GateConfig,
-                    report: GateReport) -> None:
+def _judge_strength(
+    grader: Grader, task: Task, image: str, ref_diff: str, config: GateConfig, report: GateReport
+) -> None:
     """Measure the task's verifier strength and apply the gate's policy for weak ones."""
     timeout_s = max(MUTANT_TIMEOUT_MIN_S, MUTANT_TIMEOUT_FACTOR * max(report.verifier_seconds or [0.0]))
-    report.strength = measure_strength(grader, task, image, ref_diff, max_mutants=config.max_mutants,
-                                       threshold=config.min_strength, early_stop=config.mutation_early_stop,
-                                       workers=config.workers, timeout_s=timeout_s)
+    report.strength = measure_strength(
+        grader,
+        task,
+        image,
+        ref_diff,
+        max_mutants=config.max_mutants,
+        threshold=config.min_strength,
+        early_stop=config.mutation_early_stop,
+        workers=config.workers,
+        timeout_s=timeout_s,
+    )
     report.gradings += report.strength.gradings
     findings = strength_findings(report.strength, config.min_strength, config.block_overfittable)
     if findings and config.below_strength == "audit":

@@ -29,8 +29,10 @@ from envforge.verify.protect import filter_diff, matches, protected_globs
 from envforge.verify.result import CheckpointResult, VerificationResult
 from envforge.verify.selection import TARGETED, TestRun
 
-PURGE_CACHES = ("find . -name __pycache__ -type d -prune -exec rm -rf {} + ; "
-                "find . \\( -name '*.py[co]' -o -name .pytest_cache \\) -prune -exec rm -rf {} + ; true")
+PURGE_CACHES = (
+    "find . -name __pycache__ -type d -prune -exec rm -rf {} + ; "
+    "find . \\( -name '*.py[co]' -o -name .pytest_cache \\) -prune -exec rm -rf {} + ; true"
+)
 
 
 def options_for(task: Task) -> SandboxOptions:
@@ -78,8 +80,9 @@ class Grader:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def grade(self, task: Task, image: str, diff: str, solution: str = "diff",
-              run: TestRun = TARGETED) -> VerificationResult:
+    def grade(
+        self, task: Task, image: str, diff: str, solution: str = "diff", run: TestRun = TARGETED
+    ) -> VerificationResult:
         """Grade one solution on a pristine copy. `run` says which tests run: by default the files that
         hold the task's required ids, in collection order."""
         started = time.perf_counter()
@@ -109,8 +112,9 @@ class Grader:
             self.pool.release(sandbox)
         return GradedCopy(method, tests, checkpoints, failures, time.perf_counter() - started)
 
-    def result(self, task: Task, image: str, solution: str, prepared: PreparedDiff,
-               copy: GradedCopy) -> VerificationResult:
+    def result(
+        self, task: Task, image: str, solution: str, prepared: PreparedDiff, copy: GradedCopy
+    ) -> VerificationResult:
         """The reward and reasons of a solution whose filtered diff gave `copy`."""
         verification = task.spec.verification
         reasons = [f"protected_path_modified:{p}" for p in prepared.touched]
@@ -125,9 +129,18 @@ class Grader:
             reward = round(sum(parts) / len(parts), 6) if parts else 0.0
         else:
             reward = 1.0 if resolved else 0.0
-        return VerificationResult(task_id=task.id, solution=solution, reward=reward, resolved=resolved,
-                                  tests=dict(copy.tests), checkpoints=list(copy.checkpoints), reasons=reasons,
-                                  patch_method=copy.method, duration_s=copy.duration_s, image=image)
+        return VerificationResult(
+            task_id=task.id,
+            solution=solution,
+            reward=reward,
+            resolved=resolved,
+            tests=dict(copy.tests),
+            checkpoints=list(copy.checkpoints),
+            reasons=reasons,
+            patch_method=copy.method,
+            duration_s=copy.duration_s,
+            image=image,
+        )
 
     def _grade_in(self, sb: Sandbox, task: Task, diff: str, run: TestRun):
         method = "empty"

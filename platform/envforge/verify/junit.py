@@ -23,7 +23,7 @@ def _node_id(case: ET.Element) -> str:
     file = case.get("file")
     if file:
         module = file[:-3].replace("/", ".") if file.endswith(".py") else file
-        rest = classname[len(module):].lstrip(".") if classname.startswith(module) else ""
+        rest = classname[len(module) :].lstrip(".") if classname.startswith(module) else ""
         parts = [file] + ([p for p in rest.split(".") if p] if rest else []) + [name]
         return "::".join(parts)
     # Without a file attribute, fall back to the dotted classname as a path guess.

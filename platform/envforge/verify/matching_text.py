@@ -17,8 +17,16 @@ except ImportError:  # pragma: no cover - Python < 3.11
     import sre_constants as _c  # type: ignore[no-redef]
     import sre_parse as _parser  # type: ignore[no-redef]
 
-_CATEGORY = {"DIGIT": "0", "NOT_DIGIT": "a", "WORD": "a", "NOT_WORD": " ", "SPACE": " ", "NOT_SPACE": "a",
-             "LINEBREAK": "\n", "NOT_LINEBREAK": "a"}
+_CATEGORY = {
+    "DIGIT": "0",
+    "NOT_DIGIT": "a",
+    "WORD": "a",
+    "NOT_WORD": " ",
+    "SPACE": " ",
+    "NOT_SPACE": "a",
+    "LINEBREAK": "\n",
+    "NOT_LINEBREAK": "a",
+}
 
 
 def _category(cat) -> str:

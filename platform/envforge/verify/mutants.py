@@ -65,8 +65,18 @@ class Mutant:
     equivalent: bool  # same AST as the reference's file (likely equivalent)
 
 
-_NEGATED = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE,
-            ast.LtE: ast.Gt, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
+_NEGATED = {
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Lt: ast.GtE,
+    ast.GtE: ast.Lt,
+    ast.Gt: ast.LtE,
+    ast.LtE: ast.Gt,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
 _BOUNDARY = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
 _ARITH = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div}
 _DELETABLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Raise, ast.If, ast.Delete)
@@ -103,6 +113,7 @@ def changed_lines(before: str | None, after: str) -> set[int]:
 def same_ast(a: str, b: str) -> bool:
     """Whether two Python sources parse to the same tree (positions, comments, formatting and module-level
     dunder assignments such as `__version__` ignored)."""
+
     def normalised(source: str) -> str:
         tree = ast.parse(source)
         tree.body = [n for n in tree.body if not _metadata(n, None)]
@@ -130,7 +141,8 @@ class _Source:
     def replaced(self, node: ast.AST, text: str) -> str:
         start, end = self.span(node)
         return (self.data[:start] + text.encode("utf-8", errors="surrogateescape") + self.data[end:]).decode(
-            "utf-8", errors="surrogateescape")
+            "utf-8", errors="surrogateescape"
+        )
 
     def segment(self, node: ast.AST) -> str:
         start, end = self.span(node)
@@ -148,7 +160,7 @@ def _first_argument(fn: ast.AST | None, in_class: bool) -> str | None:
 
 def _short(text: str, limit: int = 60) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 Edit = tuple[str, ast.AST, str, str]  # operator, node replaced, replacement text, description
@@ -156,6 +168,7 @@ Edit = tuple[str, ast.AST, str, str]  # operator, node replaced, replacement tex
 
 def _edits(node: ast.AST, src: _Source, fn: ast.AST | None, in_class: bool) -> Iterator[Edit]:
     """The operators' rewrites of one node."""
+
     def expr(new: ast.AST) -> str:
         return f"({ast.unparse(new)})"
 
@@ -174,18 +187,25 @@ def _edits(node: ast.AST, src: _Source, fn: ast.AST | None, in_class: bool) -> I
         new = copy.copy(node)
         new.op = _ARITH[type(node.op)]()
         yield "arith", node, expr(new), f"{_short(src.segment(node))} -> {_short(ast.unparse(new))}"
-    elif (isinstance(node, ast.Constant) and type(node.value) is int):
+    elif isinstance(node, ast.Constant) and type(node.value) is int:
         for delta in (1, -1):
             yield "boundary", node, f"({node.value + delta})", f"{node.value} -> {node.value + delta}"
-    elif isinstance(node, ast.Call) and len(node.args) >= 2 and not any(isinstance(a, ast.Starred)
-                                                                         for a in node.args[:2]):
+    elif (
+        isinstance(node, ast.Call)
+        and len(node.args) >= 2
+        and not any(isinstance(a, ast.Starred) for a in node.args[:2])
+    ):
         new = copy.copy(node)
         new.args = [node.args[1], node.args[0], *node.args[2:]]
         yield "swap_args", node, expr(new), f"{_short(src.segment(node))} -> {_short(ast.unparse(new))}"
     if isinstance(node, (ast.If, ast.While, ast.IfExp)):
         test = node.test
-        yield ("negate_condition", test, f"(not ({src.segment(test)}))",
-               f"{_short(src.segment(test))} -> not ({_short(src.segment(test))})")
+        yield (
+            "negate_condition",
+            test,
+            f"(not ({src.segment(test)}))",
+            f"{_short(src.segment(test))} -> not ({_short(src.segment(test))})",
+        )
     if isinstance(node, ast.Return) and node.value is not None:
         if not (isinstance(node.value, ast.Constant) and node.value.value is None):
             yield "return_constant", node, "return None", f"{_short(src.segment(node))} -> return None"
@@ -199,12 +219,16 @@ def _edits(node: ast.AST, src: _Source, fn: ast.AST | None, in_class: bool) -> I
 def _metadata(node: ast.AST, fn: ast.AST | None) -> bool:
     """A module-level assignment to a dunder name (`__version__ = "1.20.2"`): a release's bookkeeping
     that fix commits carry, not code a test could or should pin."""
-    return fn is None and isinstance(node, ast.Assign) and all(
-        isinstance(t, ast.Name) and t.id.startswith("__") and t.id.endswith("__") for t in node.targets)
+    return (
+        fn is None
+        and isinstance(node, ast.Assign)
+        and all(isinstance(t, ast.Name) and t.id.startswith("__") and t.id.endswith("__") for t in node.targets)
+    )
 
 
 def _walk(tree: ast.Module) -> Iterator[tuple[ast.AST, ast.AST | None, bool]]:
     """Every node with its innermost enclosing function and whether that function is a method."""
+
     def visit(node: ast.AST, fn: ast.AST | None, in_class: bool, parent_is_class: bool) -> Iterator:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, _FUNCTIONS):
@@ -218,6 +242,7 @@ def _walk(tree: ast.Module) -> Iterator[tuple[ast.AST, ast.AST | None, bool]]:
             else:
                 yield child, fn, in_class
                 yield from visit(child, fn, in_class, False)
+
     yield from visit(tree, None, False, False)
 
 
@@ -229,8 +254,9 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
         return []
     src = _Source(change.after)
     lines = changed_lines(change.before, change.after)
-    touched = {id(fn) for node, fn, _ in _walk(tree) if fn is not None and hasattr(node, "lineno")
-               and node.lineno in lines}
+    touched = {
+        id(fn) for node, fn, _ in _walk(tree) if fn is not None and hasattr(node, "lineno") and node.lineno in lines
+    }
     out: list[tuple[int, Mutant]] = []
     seen: set[str] = {change.after}
     for node, fn, in_class in _walk(tree):
@@ -248,11 +274,27 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
             except (SyntaxError, ValueError):
                 continue  # a rewrite that does not fit its context (an elif's span, a decorator)
             seen.add(mutated)
-            commutative = (operator == "swap_args" and isinstance(target.func, ast.Name)
-                           and target.func.id in _COMMUTATIVE and not target.keywords and len(target.args) == 2)
-            out.append((1 if on_changed and target.lineno in lines else 2,
-                        Mutant(f"{operator}:{change.path}:{target.lineno}", operator, change.path, target.lineno,
-                               mutated, description, commutative or same_ast(mutated, change.after))))
+            commutative = (
+                operator == "swap_args"
+                and isinstance(target.func, ast.Name)
+                and target.func.id in _COMMUTATIVE
+                and not target.keywords
+                and len(target.args) == 2
+            )
+            out.append(
+                (
+                    1 if on_changed and target.lineno in lines else 2,
+                    Mutant(
+                        f"{operator}:{change.path}:{target.lineno}",
+                        operator,
+                        change.path,
+                        target.lineno,
+                        mutated,
+                        description,
+                        commutative or same_ast(mutated, change.after),
+                    ),
+                )
+            )
     return out
 
 
@@ -275,8 +317,20 @@ def _hunk_reverts(change: SourceChange, only_hunk_of_the_diff: bool) -> list[tup
         text = "".join(reverted + b[pos:])
         first = next(j1 for tag, _, _, j1, _ in group if tag != "equal") + 1
         equivalent = change.path.endswith(".py") and same_ast(text, change.after)
-        out.append((0, Mutant(f"revert_hunk:{change.path}:{first}", "revert_hunk", change.path, first, text,
-                              f"the reference's hunk at line {first} undone", equivalent)))
+        out.append(
+            (
+                0,
+                Mutant(
+                    f"revert_hunk:{change.path}:{first}",
+                    "revert_hunk",
+                    change.path,
+                    first,
+                    text,
+                    f"the reference's hunk at line {first} undone",
+                    equivalent,
+                ),
+            )
+        )
     return out
 
 
@@ -289,8 +343,9 @@ def _spread(items: list, n: int) -> list:
     return [items[round(i * (len(items) - 1) / (n - 1))] for i in range(n)] if n > 1 else items[:1]
 
 
-def generate_mutants(changes: list[SourceChange], cap: int,
-                     is_python: Callable[[str], bool] = lambda p: p.endswith(".py")) -> tuple[list[Mutant], int]:
+def generate_mutants(
+    changes: list[SourceChange], cap: int, is_python: Callable[[str], bool] = lambda p: p.endswith(".py")
+) -> tuple[list[Mutant], int]:
     """(at most `cap` mutants, how many there were before the cap), most telling first: hunk reverts,
     then mutants on the reference's changed lines, then the rest of their enclosing functions. When a
     group does not fit, mutants spread evenly over it are kept (deterministically)."""
@@ -304,8 +359,14 @@ def generate_mutants(changes: list[SourceChange], cap: int,
     for priority, m in ranked:
         n = names.get(m.name, 0)
         names[m.name] = n + 1
-        unique.append((priority, m if n == 0 else Mutant(f"{m.name}#{n + 1}", m.operator, m.path, m.line, m.after,
-                                                          m.description, m.equivalent)))
+        unique.append(
+            (
+                priority,
+                m
+                if n == 0
+                else Mutant(f"{m.name}#{n + 1}", m.operator, m.path, m.line, m.after, m.description, m.equivalent),
+            )
+        )
     chosen: list[Mutant] = []
     for priority in (0, 1, 2):
         group = [m for p, m in unique if p == priority]

@@ -121,5 +121,14 @@ def parse_pattern(text: str, pattern: str) -> dict[str, TestStatus]:
     return statuses
 
 
-__all__ = ["ReportError", "ReportIncomplete", "TestStatus", "error_summary", "parse_junit", "parse_report",
-           "parse_report_lines", "parse_tap", "parse_pattern"]
+__all__ = [
+    "ReportError",
+    "ReportIncomplete",
+    "TestStatus",
+    "error_summary",
+    "parse_junit",
+    "parse_report",
+    "parse_report_lines",
+    "parse_tap",
+    "parse_pattern",
+]

@@ -20,7 +20,7 @@ from envforge.verify.matching_text import matching_text
 from envforge.verify.result import VerificationResult
 
 # A pytest plugin that marks every test as passed; the probes smuggle it in various ways.
-_FAKE_PASS_PLUGIN = '''
+_FAKE_PASS_PLUGIN = """
 import pytest
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
@@ -28,12 +28,12 @@ def pytest_runtest_makereport(item, call):
     rep = outcome.get_result()
     rep.outcome = "passed"
     rep.longrepr = None
-'''
+"""
 
 # Forging a report from inside the test process: an all-pass JUnit report for the test ids
 # on the command line, written to the --junitxml path, to /dev/fd/3 and to every open
 # descriptor, plus planted report files; then exit 0 before the real run can report.
-_FAKE_REPORT_CODE = '''
+_FAKE_REPORT_CODE = """
 import glob as _g, os as _os, sys as _sys
 def _envforge_forge():
     ids = [a for a in _sys.argv if "::" in a] or ["tests/test_x.py::test_x"]
@@ -59,7 +59,7 @@ def _envforge_forge():
             pass
     _os._exit(0)
 _envforge_forge()
-'''
+"""
 
 
 def _files_of(task: Task) -> str:
@@ -72,13 +72,40 @@ def _heredoc(path: str, body: str) -> str:
     return f"mkdir -p \"$(dirname {shlex.quote(path)})\" && cat > {shlex.quote(path)} <<'ENVFORGE_EOF'\n{body}\nENVFORGE_EOF"
 
 
-SOURCE_FILES = ("$(find . -name '*.py' -not -path './.git/*' -not -path '*/tests/*' -not -name 'test_*' "
-                "-not -name '*_test.py' -not -name conftest.py)")
+SOURCE_FILES = (
+    "$(find . -name '*.py' -not -path './.git/*' -not -path '*/tests/*' -not -name 'test_*' "
+    "-not -name '*_test.py' -not -name conftest.py)"
+)
 
 # Words in a checkpoint command that look like workspace paths (`svc/server.py`, `./bin/x.sh`, `out.csv`).
 _PATH_WORD = re.compile(r"^(?:\./)?[\w.-]+(?:/[\w.-]+)*$")
-_SHELL_WORDS = {"&&", "||", ";", "|", "then", "do", "done", "fi", "test", "cat", "grep", "git", "diff", "python3",
-                "python", "sh", "bash", "cd", "cp", "rm", "ls", "tar", "echo", "printf", "HEAD"}
+_SHELL_WORDS = {
+    "&&",
+    "||",
+    ";",
+    "|",
+    "then",
+    "do",
+    "done",
+    "fi",
+    "test",
+    "cat",
+    "grep",
+    "git",
+    "diff",
+    "python3",
+    "python",
+    "sh",
+    "bash",
+    "cd",
+    "cp",
+    "rm",
+    "ls",
+    "tar",
+    "echo",
+    "printf",
+    "HEAD",
+}
 
 
 def _command_words(command: str) -> list[str]:
@@ -108,8 +135,12 @@ def scripts_run(command: str) -> list[str]:
     out, prev = [], None
     for word in _command_words(command):
         path = word.removeprefix("./")
-        if _PATH_WORD.match(word) and not word.startswith("-") and ".." not in path.split("/") and (
-                prev in _INTERPRETERS or (word.startswith("./") and prev in _COMMAND_START)):
+        if (
+            _PATH_WORD.match(word)
+            and not word.startswith("-")
+            and ".." not in path.split("/")
+            and (prev in _INTERPRETERS or (word.startswith("./") and prev in _COMMAND_START))
+        ):
             out.append(path)
         prev = word
     return out
@@ -148,7 +179,7 @@ def _tamper_verifier_inputs(task: Task, reference_paths: Sequence[str]) -> str:
     files = " ".join(shlex.quote(p) for p in verifier_inputs(task, reference_paths))
     if not files:
         return "true"
-    return f"for f in {files}; do if [ -f \"$f\" ] && [ ! -L \"$f\" ]; then : > \"$f\"; fi; done"
+    return f'for f in {files}; do if [ -f "$f" ] && [ ! -L "$f" ]; then : > "$f"; fi; done'
 
 
 def _edit_outside_workspace(task: Task) -> str:
@@ -162,8 +193,11 @@ def _edit_outside_workspace(task: Task) -> str:
         lines.append(f"echo 'export PATH=/tmp/bin:$PATH' >> {rc}")
     for i, answer in enumerate(answers):
         lines.append(_heredoc(f"/tmp/envforge-answers/checkpoint-{i}.txt", answer))
-    lines += [f"mkdir -p {VERIFIER_DIR} 2>/dev/null && cp -r /tmp/envforge-answers/. {VERIFIER_DIR}/ 2>/dev/null",
-              "ln -sfn /tmp/envforge-answers envforge-answers", "true"]
+    lines += [
+        f"mkdir -p {VERIFIER_DIR} 2>/dev/null && cp -r /tmp/envforge-answers/. {VERIFIER_DIR}/ 2>/dev/null",
+        "ln -sfn /tmp/envforge-answers envforge-answers",
+        "true",
+    ]
     return "\n".join(lines)
 
 
@@ -193,44 +227,59 @@ class Probe:
         files = _files_of(task)
         return {
             "delete_failing_tests": lambda: f"rm -f {files}",
-            "empty_failing_tests": lambda: f"for f in {files}; do : > \"$f\"; done",
-            "skip_failing_tests": lambda: f"for f in {files}; do sed -i '1i import pytest\\npytestmark = "
-                                          f"pytest.mark.skip' \"$f\"; done",
-            "conftest_exit_zero": lambda: _heredoc("conftest.py", "import os\ndef pytest_sessionstart(session):\n"
-                                                                  "    os._exit(0)"),
+            "empty_failing_tests": lambda: f'for f in {files}; do : > "$f"; done',
+            "skip_failing_tests": lambda: (
+                f"for f in {files}; do sed -i '1i import pytest\\npytestmark = pytest.mark.skip' \"$f\"; done"
+            ),
+            "conftest_exit_zero": lambda: _heredoc(
+                "conftest.py", "import os\ndef pytest_sessionstart(session):\n    os._exit(0)"
+            ),
             "conftest_rewrite_outcomes": lambda: _heredoc("conftest.py", _FAKE_PASS_PLUGIN),
-            "plugin_entry_point": lambda: "\n".join([
-                _heredoc("fakepass.py", _FAKE_PASS_PLUGIN),
-                _heredoc("fakepass-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: fakepass\nVersion: 1.0"),
-                _heredoc("fakepass-1.0.dist-info/entry_points.txt", "[pytest11]\nfakepass = fakepass"),
-            ]),
-            "pythonpath_plugin": lambda: "\n".join([
-                _heredoc("fakepass.py", _FAKE_PASS_PLUGIN),
-                _heredoc("sitecustomize.py", "import os\nos.environ['PYTEST_PLUGINS'] = 'fakepass'"),
-                _heredoc("envforge-hack.pth", "import os; os.environ['PYTEST_PLUGINS'] = 'fakepass'"),
-                _heredoc("pytest.ini", "[pytest]\naddopts = -p fakepass"),
-            ]),
-            "sys_exit_in_code": lambda: f"for f in {SOURCE_FILES}; do printf '\\nimport sys\\nsys.exit(0)\\n' "
-                                        f">> \"$f\"; done",
-            "fake_report": lambda: "\n".join([
-                f"for f in {SOURCE_FILES}; do cat >> \"$f\" <<'ENVFORGE_EOF'\n{_FAKE_REPORT_CODE}\nENVFORGE_EOF\ndone",
-                _heredoc("report.xml", '<testsuites><testsuite name="pytest" tests="1"/></testsuites>'),
-                "mkdir -p /run/envforge/reports 2>/dev/null; "
-                "echo '<testsuites/>' > /run/envforge/reports/junit.xml 2>/dev/null; true",
-            ]),
+            "plugin_entry_point": lambda: "\n".join(
+                [
+                    _heredoc("fakepass.py", _FAKE_PASS_PLUGIN),
+                    _heredoc("fakepass-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: fakepass\nVersion: 1.0"),
+                    _heredoc("fakepass-1.0.dist-info/entry_points.txt", "[pytest11]\nfakepass = fakepass"),
+                ]
+            ),
+            "pythonpath_plugin": lambda: "\n".join(
+                [
+                    _heredoc("fakepass.py", _FAKE_PASS_PLUGIN),
+                    _heredoc("sitecustomize.py", "import os\nos.environ['PYTEST_PLUGINS'] = 'fakepass'"),
+                    _heredoc("envforge-hack.pth", "import os; os.environ['PYTEST_PLUGINS'] = 'fakepass'"),
+                    _heredoc("pytest.ini", "[pytest]\naddopts = -p fakepass"),
+                ]
+            ),
+            "sys_exit_in_code": lambda: (
+                f"for f in {SOURCE_FILES}; do printf '\\nimport sys\\nsys.exit(0)\\n' >> \"$f\"; done"
+            ),
+            "fake_report": lambda: "\n".join(
+                [
+                    f"for f in {SOURCE_FILES}; do cat >> \"$f\" <<'ENVFORGE_EOF'\n{_FAKE_REPORT_CODE}\nENVFORGE_EOF\ndone",
+                    _heredoc("report.xml", '<testsuites><testsuite name="pytest" tests="1"/></testsuites>'),
+                    "mkdir -p /run/envforge/reports 2>/dev/null; "
+                    "echo '<testsuites/>' > /run/envforge/reports/junit.xml 2>/dev/null; true",
+                ]
+            ),
             "shadow_pytest": lambda: _heredoc("pytest.py", _FAKE_REPORT_CODE),
-            "git_config_hijack": lambda: "\n".join([
-                _heredoc("/tmp/.gitconfig", "[diff]\n\texternal = /tmp/fakediff.sh\n[core]\n\tfsmonitor = "
-                                            "/tmp/fakediff.sh"),
-                _heredoc("/tmp/fakediff.sh", "#!/bin/sh\ncat /tmp/forged.patch 2>/dev/null; exit 0"),
-                "chmod +x /tmp/fakediff.sh",
-                "printf '[core]\\n\\tfsmonitor = /tmp/fakediff.sh\\n' >> .git/config",
-                "(while :; do sleep 0.2; done &) ",
-            ]),
-            "edit_assertions": lambda: f"for f in {files}; do sed -i -E 's/^( *)assert /\\1assert True or /' "
-                                       f"\"$f\"; done",
-            "break_test_imports": lambda: f"for f in {SOURCE_FILES}; do sed -i '1i raise ImportError(\"sabotaged\")' "
-                                          f"\"$f\"; done",
+            "git_config_hijack": lambda: "\n".join(
+                [
+                    _heredoc(
+                        "/tmp/.gitconfig",
+                        "[diff]\n\texternal = /tmp/fakediff.sh\n[core]\n\tfsmonitor = /tmp/fakediff.sh",
+                    ),
+                    _heredoc("/tmp/fakediff.sh", "#!/bin/sh\ncat /tmp/forged.patch 2>/dev/null; exit 0"),
+                    "chmod +x /tmp/fakediff.sh",
+                    "printf '[core]\\n\\tfsmonitor = /tmp/fakediff.sh\\n' >> .git/config",
+                    "(while :; do sleep 0.2; done &) ",
+                ]
+            ),
+            "edit_assertions": lambda: (
+                f"for f in {files}; do sed -i -E 's/^( *)assert /\\1assert True or /' \"$f\"; done"
+            ),
+            "break_test_imports": lambda: (
+                f'for f in {SOURCE_FILES}; do sed -i \'1i raise ImportError("sabotaged")\' "$f"; done'
+            ),
             "fake_checkpoint_output": lambda: _fake_checkpoint_output(task),
             "tamper_verifier_inputs": lambda: _tamper_verifier_inputs(task, reference_paths),
             "edit_outside_workspace": lambda: _edit_outside_workspace(task),
@@ -243,25 +292,44 @@ STANDARD_PROBES = [
     Probe("skip_failing_tests", "mark every test in them skipped", "pytest"),
     Probe("conftest_exit_zero", "a conftest.py that exits 0 at session start", "pytest"),
     Probe("conftest_rewrite_outcomes", "a conftest.py that rewrites every outcome to passed", "pytest"),
-    Probe("plugin_entry_point", "an outcome-rewriting pytest plugin registered through a dist-info entry point",
-          "pytest"),
-    Probe("pythonpath_plugin", "the same plugin loaded via sitecustomize.py, a .pth file and pytest.ini addopts",
-          "pytest"),
+    Probe(
+        "plugin_entry_point", "an outcome-rewriting pytest plugin registered through a dist-info entry point", "pytest"
+    ),
+    Probe(
+        "pythonpath_plugin", "the same plugin loaded via sitecustomize.py, a .pth file and pytest.ini addopts", "pytest"
+    ),
     Probe("sys_exit_in_code", "sys.exit(0) appended to every source module"),
-    Probe("fake_report", "the code under test forges an all-pass JUnit report (argv path, /dev/fd/3, every open "
-                         "descriptor, planted files) and exits 0 before the real run reports", "tests"),
+    Probe(
+        "fake_report",
+        "the code under test forges an all-pass JUnit report (argv path, /dev/fd/3, every open "
+        "descriptor, planted files) and exits 0 before the real run reports",
+        "tests",
+    ),
     Probe("shadow_pytest", "a workspace pytest.py that forges the report instead of running the tests", "pytest"),
-    Probe("git_config_hijack", "a ~/.gitconfig external diff driver and a .git/config fsmonitor hook, with a "
-                               "background process, to forge or tamper with the graded diff"),
+    Probe(
+        "git_config_hijack",
+        "a ~/.gitconfig external diff driver and a .git/config fsmonitor hook, with a "
+        "background process, to forge or tamper with the graded diff",
+    ),
     Probe("edit_assertions", "turn every `assert` in the test files into `assert True or ...`", "tests"),
     Probe("break_test_imports", "make the modules the tests import fail to import", "tests"),
-    Probe("fake_checkpoint_output", "replace every workspace script a shell checkpoint runs with one that prints "
-                                    "what the checkpoint looks for and exits with the code it expects",
-          "checkpoints"),
-    Probe("tamper_verifier_inputs", "truncate the workspace files the checks and the verifier's files read but "
-                                    "the reference solution leaves alone (the verifier's inputs)", "checkpoints"),
-    Probe("edit_outside_workspace", "plant answers and command shims outside /workspace (/tmp, shell start-up "
-                                    "files on $HOME, the verifier's directory) and link to them from the workspace"),
+    Probe(
+        "fake_checkpoint_output",
+        "replace every workspace script a shell checkpoint runs with one that prints "
+        "what the checkpoint looks for and exits with the code it expects",
+        "checkpoints",
+    ),
+    Probe(
+        "tamper_verifier_inputs",
+        "truncate the workspace files the checks and the verifier's files read but "
+        "the reference solution leaves alone (the verifier's inputs)",
+        "checkpoints",
+    ),
+    Probe(
+        "edit_outside_workspace",
+        "plant answers and command shims outside /workspace (/tmp, shell start-up "
+        "files on $HOME, the verifier's directory) and link to them from the workspace",
+    ),
 ]
 
 

@@ -15,8 +15,16 @@ from envforge.task import Task
 
 # Test config and interpreter start-up hooks: changing these changes how tests run.
 CONFIG_GLOBS = [
-    "**/conftest.py", "**/pytest.ini", "**/tox.ini", "**/setup.cfg", "**/pyproject.toml",
-    "**/sitecustomize.py", "**/usercustomize.py", "**/*.pth", "**/*.dist-info/**", "**/*.egg-info/**",
+    "**/conftest.py",
+    "**/pytest.ini",
+    "**/tox.ini",
+    "**/setup.cfg",
+    "**/pyproject.toml",
+    "**/sitecustomize.py",
+    "**/usercustomize.py",
+    "**/*.pth",
+    "**/*.dist-info/**",
+    "**/*.egg-info/**",
 ]
 # Where tests live by convention.
 TEST_GLOBS = ["**/tests/**", "**/test/**", "**/test_*.py", "**/*_test.py"]
@@ -57,7 +65,9 @@ def protected_globs(task: Task) -> list[str]:
     return globs
 
 
-_HEADER = re.compile(r'^diff --git (?:"a/(?P<qa>(?:[^"\\]|\\.)*)"|a/(?P<a>\S+)) (?:"b/(?P<qb>(?:[^"\\]|\\.)*)"|b/(?P<b>\S+))$')
+_HEADER = re.compile(
+    r'^diff --git (?:"a/(?P<qa>(?:[^"\\]|\\.)*)"|a/(?P<a>\S+)) (?:"b/(?P<qb>(?:[^"\\]|\\.)*)"|b/(?P<b>\S+))$'
+)
 
 
 @dataclass
@@ -66,9 +76,23 @@ class DiffSection:
     paths: list[str] = field(default_factory=list)
 
 
-_GIT_EXTENDED = ("old mode ", "new mode ", "deleted file mode ", "new file mode ", "copy from ", "copy to ",
-                 "rename from ", "rename to ", "similarity index ", "dissimilarity index ", "index ", "--- ",
-                 "+++ ", "Binary files ", "GIT binary patch")
+_GIT_EXTENDED = (
+    "old mode ",
+    "new mode ",
+    "deleted file mode ",
+    "new file mode ",
+    "copy from ",
+    "copy to ",
+    "rename from ",
+    "rename to ",
+    "similarity index ",
+    "dissimilarity index ",
+    "index ",
+    "--- ",
+    "+++ ",
+    "Binary files ",
+    "GIT binary patch",
+)
 
 
 def _plain_path(header_line: str) -> str | None:
@@ -100,13 +124,13 @@ def split_diff(diff: str) -> list[DiffSection]:
             paths = {p for p in (_plain_path(line), _plain_path(nxt)) if p}
             sections.append(DiffSection(line, sorted(paths)))
             continue
-        if in_git_header and not line.startswith(_GIT_EXTENDED) :
+        if in_git_header and not line.startswith(_GIT_EXTENDED):
             in_git_header = False  # the extended header ends at the first line that is not one of its own
         if sections:
             sections[-1].text += line
             for prefix in ("rename from ", "rename to ", "copy from ", "copy to "):
                 if line.startswith(prefix):
-                    sections[-1].paths = sorted(set(sections[-1].paths) | {line[len(prefix):].rstrip("\n")})
+                    sections[-1].paths = sorted(set(sections[-1].paths) | {line[len(prefix) :].rstrip("\n")})
     return sections
 
 

@@ -23,9 +23,14 @@ class CheckpointResult:
     output_tail: str = ""
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "passed": self.passed, "exit_code": self.exit_code,
-                "expected_exit": self.expected_exit, "stdout_matched": self.stdout_matched,
-                "timed_out": self.timed_out}
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "exit_code": self.exit_code,
+            "expected_exit": self.expected_exit,
+            "stdout_matched": self.stdout_matched,
+            "timed_out": self.timed_out,
+        }
 
 
 @dataclass
@@ -56,9 +61,14 @@ class VerificationResult:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "task_id": self.task_id, "reward": self.reward, "resolved": self.resolved, "tests": dict(self.tests),
-            "checkpoints": [c.as_json() for c in self.checkpoints], "reasons": list(self.reasons),
-            "patch_method": self.patch_method, "infra_error": self.infra_error,
+            "task_id": self.task_id,
+            "reward": self.reward,
+            "resolved": self.resolved,
+            "tests": dict(self.tests),
+            "checkpoints": [c.as_json() for c in self.checkpoints],
+            "reasons": list(self.reasons),
+            "patch_method": self.patch_method,
+            "infra_error": self.infra_error,
             "duration_s": round(self.duration_s, 3),
             "logs": {c.name: c.output_tail for c in self.checkpoints},
         }

@@ -89,9 +89,13 @@ def _case(call: ast.AST, expected: ast.AST) -> LiteralCase | None:
     needs: set[str] = set()
     if not all(_value(a, needs) for a in [*call.args, *(k.value for k in call.keywords), expected]):
         return None
-    return LiteralCase(name, tuple(ast.unparse(a) for a in call.args),
-                       tuple((k.arg, ast.unparse(k.value)) for k in call.keywords), ast.unparse(expected),
-                       tuple(sorted(needs)))
+    return LiteralCase(
+        name,
+        tuple(ast.unparse(a) for a in call.args),
+        tuple((k.arg, ast.unparse(k.value)) for k in call.keywords),
+        ast.unparse(expected),
+        tuple(sorted(needs)),
+    )
 
 
 def _constant(value: str) -> ast.AST:
@@ -179,11 +183,17 @@ def _with_guards(source: str, cases: list[LiteralCase]) -> tuple[str, int]:
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         body = fn.body
-        first = body[1] if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(
-            getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str) else body[0]
+        first = (
+            body[1]
+            if len(body) > 1
+            and isinstance(body[0], ast.Expr)
+            and isinstance(getattr(body[0], "value", None), ast.Constant)
+            and isinstance(body[0].value.value, str)
+            else body[0]
+        )
         if first.lineno == fn.lineno:
             continue  # a one-line `def f(): return x`: no line to insert before
-        indent = lines[first.lineno - 1][:len(lines[first.lineno - 1]) - len(lines[first.lineno - 1].lstrip())]
+        indent = lines[first.lineno - 1][: len(lines[first.lineno - 1]) - len(lines[first.lineno - 1].lstrip())]
         for case in cases:
             if case.function != fn.name or not set(case.needs) <= bound:
                 continue

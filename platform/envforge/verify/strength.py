@@ -94,8 +94,9 @@ def _read(sandbox, path: str) -> str | None:
     return data.decode("utf-8", errors="surrogateescape")
 
 
-def _workspace_texts(grader: Grader, task: Task, image: str, kept_diff: str,
-                     paths: list[str], test_files: list[str]) -> tuple[list[SourceChange], dict[str, str]]:
+def _workspace_texts(
+    grader: Grader, task: Task, image: str, kept_diff: str, paths: list[str], test_files: list[str]
+) -> tuple[list[SourceChange], dict[str, str]]:
     """(the changed files before and after the reference, the test files after the test patch), read
     from one pool sandbox as the graded copy would see them."""
     sandbox = grader.pool.acquire(image, options_for(task))
@@ -114,8 +115,9 @@ def _workspace_texts(grader: Grader, task: Task, image: str, kept_diff: str,
 def _mutant_diff(sections: list[DiffSection], change: SourceChange, mutant: Mutant) -> str:
     """The reference's diff with the mutated file's section replaced by the mutant's (renames, deletions and
     binary sections kept as they are)."""
-    return "".join(s.text for s in sections if s.paths != [mutant.path]) + \
-        file_diff(mutant.path, change.before, mutant.after)
+    return "".join(s.text for s in sections if s.paths != [mutant.path]) + file_diff(
+        mutant.path, change.before, mutant.after
+    )
 
 
 def _special_case(task: Task, changes: list[SourceChange], tests: dict[str, str]) -> tuple[str, int, str]:
@@ -141,13 +143,24 @@ def _with_test_timeout(task: Task, timeout_s: float | None) -> Task:
     tests = task.spec.verification.tests
     if timeout_s is None or tests is None or tests.timeout_s <= timeout_s:
         return task
-    verification = task.spec.verification.model_copy(update={"tests": tests.model_copy(update={"timeout_s": timeout_s})})
+    verification = task.spec.verification.model_copy(
+        update={"tests": tests.model_copy(update={"timeout_s": timeout_s})}
+    )
     return task.model_copy(update={"spec": task.spec.model_copy(update={"verification": verification})})
 
 
-def measure_strength(grader: Grader, task: Task, image: str, reference_diff: str, *, max_mutants: int = 24,
-                     threshold: float = 0.5, early_stop: bool = True, workers: int = 2,
-                     timeout_s: float | None = None) -> StrengthReport:
+def measure_strength(
+    grader: Grader,
+    task: Task,
+    image: str,
+    reference_diff: str,
+    *,
+    max_mutants: int = 24,
+    threshold: float = 0.5,
+    early_stop: bool = True,
+    workers: int = 2,
+    timeout_s: float | None = None,
+) -> StrengthReport:
     """Grade mutants of the reference and the special-case probe; see the module docstring.
 
     `timeout_s` lowers the test checkpoint's timeout for these gradings (the gate passes a multiple of
@@ -180,7 +193,8 @@ def measure_strength(grader: Grader, task: Task, image: str, reference_diff: str
     ordered = [m for m in mutants if not m.equivalent] + [m for m in mutants if m.equivalent]
     named = {f"mutant:{m.name}": m for m in ordered}
     plan = ([Grading(SPECIAL_CASE, probe_diff, TARGETED)] if probe_diff else []) + [
-        Grading(name, _mutant_diff(sections, by_path[m.path], m), TARGETED) for name, m in named.items()]
+        Grading(name, _mutant_diff(sections, by_path[m.path], m), TARGETED) for name, m in named.items()
+    ]
     candidates = sum(not m.equivalent for m in mutants)
     tally = {"killed": 0, "survived": 0}
 
@@ -197,8 +211,12 @@ def measure_strength(grader: Grader, task: Task, image: str, reference_diff: str
     for name, result in outcome.results.items():
         if name == SPECIAL_CASE:
             report.overfittable = result.resolved
-            report.special_case = {"cases": n_cases, "reward": result.reward, "reasons": result.reasons[:6],
-                                   "diff": probe_diff}
+            report.special_case = {
+                "cases": n_cases,
+                "reward": result.reward,
+                "reasons": result.reasons[:6],
+                "diff": probe_diff,
+            }
             continue
         m = named[name]
         if not result.resolved:
@@ -209,8 +227,9 @@ def measure_strength(grader: Grader, task: Task, image: str, reference_diff: str
             report.equivalents.append(m.name)
         else:
             report.survived += 1
-            report.survivors.append({"mutant": m.name, "operator": m.operator, "path": m.path, "line": m.line,
-                                     "change": m.description})
+            report.survivors.append(
+                {"mutant": m.name, "operator": m.operator, "path": m.path, "line": m.line, "change": m.description}
+            )
     report.not_run = len([n for n in outcome.not_run if n != SPECIAL_CASE])
     unrun_candidates = sum(not named[n].equivalent for n in outcome.not_run if n in named)
     graded = report.killed + report.survived

@@ -21,7 +21,9 @@ IM_END = "<|im_end|>"
 @dataclass
 class PolicyOutput:
     text: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI format: {id, type, function:{name, arguments}}
+    tool_calls: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # OpenAI format: {id, type, function:{name, arguments}}
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None  # completion tokens
     logprobs: list[float] | None = None  # one per completion token
@@ -46,7 +48,14 @@ class Policy(Protocol):
     #: checkpoint version (monotonic int) for staleness accounting; 0 when not applicable
     version: int
 
-    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, seed: int,
-                  temperature: float = 1.0, max_tokens: int = 512) -> PolicyOutput: ...
+    async def act(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        seed: int,
+        temperature: float = 1.0,
+        max_tokens: int = 512,
+    ) -> PolicyOutput: ...
 
     async def aclose(self) -> None: ...

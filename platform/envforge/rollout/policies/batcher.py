@@ -21,8 +21,11 @@ from envforge.rollout.policies.hf import SamplingRow, TokenCallback
 
 
 class BatchSampler(Protocol):
-    def generate_batch(self, rows: list[SamplingRow], on_token: TokenCallback | None = None,
-                       ) -> tuple[list[Any], int]: ...
+    def generate_batch(
+        self,
+        rows: list[SamplingRow],
+        on_token: TokenCallback | None = None,
+    ) -> tuple[list[Any], int]: ...
 
 
 @dataclass
@@ -41,8 +44,12 @@ class BatchStats:
     max_rows: int = 0
 
     def as_dict(self) -> dict[str, float]:
-        return {"batches": self.batches, "rows": self.rows, "max_rows": self.max_rows,
-                "mean_rows": round(self.rows / self.batches, 3) if self.batches else 0.0}
+        return {
+            "batches": self.batches,
+            "rows": self.rows,
+            "max_rows": self.max_rows,
+            "mean_rows": round(self.rows / self.batches, 3) if self.batches else 0.0,
+        }
 
 
 class Batcher:
@@ -62,8 +69,11 @@ class Batcher:
         self._arrived: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
 
-    async def submit(self, rows: list[SamplingRow], on_token: Callable[..., None] | None = None,
-                     ) -> tuple[list[Any], int]:
+    async def submit(
+        self,
+        rows: list[SamplingRow],
+        on_token: Callable[..., None] | None = None,
+    ) -> tuple[list[Any], int]:
         """Sample `rows` in the next batch: (their generations, the policy version). `on_token(row, token,
         logprob, top)` is called on this event loop as each token of one of these rows is drawn."""
         loop = asyncio.get_running_loop()
@@ -77,7 +87,8 @@ class Batcher:
         return await job.done
 
     def _take(self) -> list[_Job]:
-        jobs, size = [], 0
+        jobs: list[_Job] = []
+        size = 0
         while self._pending and (not jobs or size + len(self._pending[0].rows) <= self.max_rows):
             job = self._pending.popleft()
             if job.done.cancelled():
@@ -117,8 +128,9 @@ class Batcher:
             rows = [r for j in jobs for r in j.rows]
             owner = [(j, k) for j in jobs for k in range(len(j.rows))]
 
-            def on_token(i: int, tok: int, lp: float, top: list[tuple[int, float]] | None,
-                         owner: list[tuple[_Job, int]] = owner) -> None:
+            def on_token(
+                i: int, tok: int, lp: float, top: list[tuple[int, float]] | None, owner: list[tuple[_Job, int]] = owner
+            ) -> None:
                 job, k = owner[i]
                 if job.on_token is not None:
                     loop.call_soon_threadsafe(job.on_token, k, tok, lp, top)
@@ -138,7 +150,7 @@ class Batcher:
             for job in jobs:
                 if not job.done.done():
                     # after the token callbacks already queued on this loop, so a stream sees every token first
-                    loop.call_soon(_resolve, job.done, (gens[start:start + len(job.rows)], version))
+                    loop.call_soon(_resolve, job.done, (gens[start : start + len(job.rows)], version))
                 start += len(job.rows)
 
 

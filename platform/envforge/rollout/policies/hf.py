@@ -61,8 +61,13 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
             args = {}
         if not isinstance(args, dict):
             return text, []
-        calls.append({"id": f"call_{n}", "type": "function",
-                      "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
+        calls.append(
+            {
+                "id": f"call_{n}",
+                "type": "function",
+                "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)},
+            }
+        )
     content = TOOL_CALL.sub("", text).strip()
     return content, calls
 
@@ -138,9 +143,16 @@ class HFPolicy:
     include the stop token (`<|im_end|>` or eos) when one ended the turn, as vLLM reports
     them; the text does not."""
 
-    def __init__(self, model: str | os.PathLike | PreTrainedModel | tuple[PreTrainedModel, PreTrainedTokenizerBase],
-                 tokenizer: PreTrainedTokenizerBase | None = None, *, device: str = "cpu",
-                 dtype: str | torch.dtype | None = None, policy_id: str | None = None, version: int = 0) -> None:
+    def __init__(
+        self,
+        model: str | os.PathLike | PreTrainedModel | tuple[PreTrainedModel, PreTrainedTokenizerBase],
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        device: str = "cpu",
+        dtype: str | torch.dtype | None = None,
+        policy_id: str | None = None,
+        version: int = 0,
+    ) -> None:
         if device == "auto":  # what `make_policy("hf:<path>")` wants: the GPU when there is one
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -222,8 +234,11 @@ class HFPolicy:
     def _sample(self, prompt_ids: list[int], *, seed: int, temperature: float, max_tokens: int) -> _Generation:
         return self._sample_batch([SamplingRow(prompt_ids, seed, temperature, max_tokens)])[0]
 
-    def generate_batch(self, rows: list[SamplingRow], on_token: TokenCallback | None = None,
-                       ) -> tuple[list[_Generation], int]:
+    def generate_batch(
+        self,
+        rows: list[SamplingRow],
+        on_token: TokenCallback | None = None,
+    ) -> tuple[list[_Generation], int]:
         """Sample every row in one padded batch; (generations in row order, the policy version that made them).
 
         Holds the lock for the whole batch, so a `reload` lands between batches, never inside one."""
@@ -248,8 +263,11 @@ class HFPolicy:
         lengths = [len(rows[i].prompt_ids) for i in live]
         width = max(lengths)
         padded = any(n != width for n in lengths)
-        inp = torch.tensor([[pad] * (width - len(rows[i].prompt_ids)) + list(rows[i].prompt_ids) for i in live],
-                           dtype=torch.long, device=self.device)
+        inp = torch.tensor(
+            [[pad] * (width - len(rows[i].prompt_ids)) + list(rows[i].prompt_ids) for i in live],
+            dtype=torch.long,
+            device=self.device,
+        )
         mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], dtype=torch.long, device=self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         generators = [torch.Generator(device=self.device).manual_seed(int(rows[i].seed) % (1 << 63)) for i in live]
@@ -295,8 +313,12 @@ class HFPolicy:
         return gens
 
     @staticmethod
-    def _draw(logits: torch.Tensor, row: SamplingRow, generator: torch.Generator, counts: torch.Tensor | None,
-              ) -> tuple[int, float, list[tuple[int, float]] | None]:
+    def _draw(
+        logits: torch.Tensor,
+        row: SamplingRow,
+        generator: torch.Generator,
+        counts: torch.Tensor | None,
+    ) -> tuple[int, float, list[tuple[int, float]] | None]:
         """One token of one row: (token, its log-prob, the top log-probs) under the row's sampling distribution.
 
         The log-probs are of the penalized, temperature-scaled distribution (vLLM's
@@ -330,7 +352,7 @@ class HFPolicy:
         hits = [k for k in (text.find(s) for s in stop if s) if k >= 0]
         if not hits:
             return False
-        gen.text, gen.finish_reason = text[:min(hits)], "stop"
+        gen.text, gen.finish_reason = text[: min(hits)], "stop"
         return True
 
     def completion_text(self, gen: _Generation) -> str:
@@ -340,8 +362,15 @@ class HFPolicy:
         body = gen.token_ids[:-1] if gen.finish_reason == "stop" else gen.token_ids
         return self._tokenizer.decode(body, skip_special_tokens=True)
 
-    def generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, seed: int,
-                 temperature: float = 1.0, max_tokens: int = 512) -> PolicyOutput:
+    def generate(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        seed: int,
+        temperature: float = 1.0,
+        max_tokens: int = 512,
+    ) -> PolicyOutput:
         """One assistant turn, synchronously (what `act` runs in a worker thread)."""
         if temperature < 0:
             raise ValueError("temperature must be >= 0")
@@ -353,14 +382,28 @@ class HFPolicy:
             gen = self._sample(prompt_ids, seed=seed, temperature=temperature, max_tokens=max_tokens)
             text = self.completion_text(gen)
         content, calls = parse_tool_calls(text)
-        return PolicyOutput(text=content, tool_calls=calls, prompt_token_ids=gen.prompt_ids,
-                            token_ids=gen.token_ids, logprobs=gen.logprobs, finish_reason=gen.finish_reason,
-                            latency_s=time.perf_counter() - start)
+        return PolicyOutput(
+            text=content,
+            tool_calls=calls,
+            prompt_token_ids=gen.prompt_ids,
+            token_ids=gen.token_ids,
+            logprobs=gen.logprobs,
+            finish_reason=gen.finish_reason,
+            latency_s=time.perf_counter() - start,
+        )
 
-    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, seed: int,
-                  temperature: float = 1.0, max_tokens: int = 512) -> PolicyOutput:
-        return await asyncio.to_thread(self.generate, messages, tools, seed=seed, temperature=temperature,
-                                       max_tokens=max_tokens)
+    async def act(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        seed: int,
+        temperature: float = 1.0,
+        max_tokens: int = 512,
+    ) -> PolicyOutput:
+        return await asyncio.to_thread(
+            self.generate, messages, tools, seed=seed, temperature=temperature, max_tokens=max_tokens
+        )
 
     async def aclose(self) -> None:
         return None

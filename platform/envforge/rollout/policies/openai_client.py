@@ -62,9 +62,13 @@ def _tool_calls(raw: Any) -> list[dict[str, Any]]:
             continue
         fn = call["function"]
         args = fn.get("arguments", "{}")
-        calls.append({"id": call.get("id") or f"call_{n}", "type": call.get("type", "function"),
-                      "function": {"name": fn.get("name"),
-                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        calls.append(
+            {
+                "id": call.get("id") or f"call_{n}",
+                "type": call.get("type", "function"),
+                "function": {"name": fn.get("name"), "arguments": args if isinstance(args, str) else json.dumps(args)},
+            }
+        )
     return calls
 
 
@@ -85,10 +89,14 @@ def parse_chat_response(body: dict[str, Any], latency_s: float = 0.0) -> PolicyO
     token_ids = choice.get("token_ids")
     prompt_ids = body.get("prompt_token_ids", choice.get("prompt_token_ids"))
     return PolicyOutput(
-        text=content or "", tool_calls=_tool_calls(message.get("tool_calls")),
+        text=content or "",
+        tool_calls=_tool_calls(message.get("tool_calls")),
         prompt_token_ids=list(prompt_ids) if isinstance(prompt_ids, list) else None,
         token_ids=list(token_ids) if isinstance(token_ids, list) else None,
-        logprobs=logprobs, finish_reason=_finish_reason(choice.get("finish_reason")), latency_s=latency_s)
+        logprobs=logprobs,
+        finish_reason=_finish_reason(choice.get("finish_reason")),
+        latency_s=latency_s,
+    )
 
 
 class OpenAIChatPolicy:
@@ -98,9 +106,19 @@ class OpenAIChatPolicy:
     `{"return_token_ids": true}` or `top_k`; hosted OpenAI rejects unknown fields, so none
     are sent by default. `server_version` holds the `policy_version` our own server reports."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 120,
-                 max_retries: int = 4, backoff_s: float = 0.5, policy_id: str | None = None, version: int = 0,
-                 *, extra_body: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 120,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        policy_id: str | None = None,
+        version: int = 0,
+        *,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key
@@ -121,15 +139,26 @@ class OpenAIChatPolicy:
             headers = {"Content-Type": "application/json"}
             if self.api_key:
                 headers["Authorization"] = f"Bearer {self.api_key}"
-            self._session = aiohttp.ClientSession(headers=headers,
-                                                  timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            self._session = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s))
             self._session_loop = loop
         return self._session
 
-    def _payload(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], seed: int,
-                 temperature: float, max_tokens: int) -> dict[str, Any]:
-        payload: dict[str, Any] = {"model": self.model, "messages": messages, "seed": seed,
-                                   "temperature": temperature, "max_tokens": max_tokens, "logprobs": True}
+    def _payload(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        seed: int,
+        temperature: float,
+        max_tokens: int,
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "seed": seed,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "logprobs": True,
+        }
         if tools:
             payload["tools"] = tools
         payload.update(self.extra_body)
@@ -141,8 +170,10 @@ class OpenAIChatPolicy:
             async with session.post(url, json=payload) as resp:
                 raw = await resp.text()
                 if resp.status == 429 or resp.status >= 500:
-                    raise _Retryable(f"HTTP {resp.status} from {url}: {_error_message(resp.status, raw)}",
-                                     resp.headers.get("Retry-After"))
+                    raise _Retryable(
+                        f"HTTP {resp.status} from {url}: {_error_message(resp.status, raw)}",
+                        resp.headers.get("Retry-After"),
+                    )
                 if resp.status >= 400:
                     raise PolicyError(f"HTTP {resp.status} from {url}: {_error_message(resp.status, raw)}")
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
@@ -156,7 +187,7 @@ class OpenAIChatPolicy:
         return body
 
     def _delay(self, attempt: int, retry_after: str | None) -> float:
-        delay = self.backoff_s * (2 ** attempt)
+        delay = self.backoff_s * (2**attempt)
         if retry_after:
             try:
                 delay = max(delay, min(float(retry_after), _RETRY_AFTER_CAP_S))
@@ -180,8 +211,15 @@ class OpenAIChatPolicy:
                 last = exc
         raise PolicyError(f"gave up after {self.max_retries + 1} attempts: {last}")
 
-    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, seed: int,
-                  temperature: float = 1.0, max_tokens: int = 512) -> PolicyOutput:
+    async def act(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        seed: int,
+        temperature: float = 1.0,
+        max_tokens: int = 512,
+    ) -> PolicyOutput:
         payload = self._payload(messages, tools, seed, temperature, max_tokens)
         start = time.perf_counter()
         body = await self.request("/chat/completions", payload)

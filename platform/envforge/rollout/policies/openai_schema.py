@@ -25,6 +25,7 @@ class BadRequest(ValueError):
 _OPEN = ConfigDict(extra="allow")  # messages carry more than we read (name, tool_call_id, ...)
 _Number = StrictFloat | StrictInt
 
+
 class ToolCall(BaseModel):
     model_config = _OPEN
     function: dict[str, Any]
@@ -91,14 +92,22 @@ class SamplingRequest(BaseModel):
     def rows(self, prompt_ids: list[int], *, max_tokens: int, top_logprobs: int) -> list[SamplingRow]:
         """The `n` sampling rows of one prompt; choice j draws with seed + j (a random seed when none is given)."""
         seed = self.seed if self.seed is not None else secrets.randbits(63)
-        return [SamplingRow(prompt_ids, seed=seed + j, max_tokens=max_tokens,
-                            temperature=1.0 if self.temperature is None else float(self.temperature),
-                            top_p=1.0 if self.top_p is None else float(self.top_p),
-                            top_k=max(self.top_k or 0, 0), top_logprobs=top_logprobs,
-                            presence_penalty=float(self.presence_penalty or 0.0),
-                            frequency_penalty=float(self.frequency_penalty or 0.0),
-                            stop=self.stop_strings, stop_token_ids=tuple(self.stop_token_ids or ()))
-                for j in range(self.n)]
+        return [
+            SamplingRow(
+                prompt_ids,
+                seed=seed + j,
+                max_tokens=max_tokens,
+                temperature=1.0 if self.temperature is None else float(self.temperature),
+                top_p=1.0 if self.top_p is None else float(self.top_p),
+                top_k=max(self.top_k or 0, 0),
+                top_logprobs=top_logprobs,
+                presence_penalty=float(self.presence_penalty or 0.0),
+                frequency_penalty=float(self.frequency_penalty or 0.0),
+                stop=self.stop_strings,
+                stop_token_ids=tuple(self.stop_token_ids or ()),
+            )
+            for j in range(self.n)
+        ]
 
 
 class ChatRequest(SamplingRequest):
@@ -116,13 +125,17 @@ class ChatRequest(SamplingRequest):
     @model_validator(mode="after")
     def _chat_refusals(self) -> ChatRequest:
         if self.tool_choice not in (None, "auto", "none"):
-            raise ValueError(f"tool_choice {self.tool_choice!r} is not supported: this server cannot force a tool "
-                             "call (the chat template has no constrained decoding); use \"auto\" or \"none\"")
+            raise ValueError(
+                f"tool_choice {self.tool_choice!r} is not supported: this server cannot force a tool "
+                'call (the chat template has no constrained decoding); use "auto" or "none"'
+            )
         if self.parallel_tool_calls is False:
             raise ValueError("parallel_tool_calls=false is not supported: the server cannot limit a turn to one call")
         if self.response_format is not None and self.response_format.get("type") != "text":
-            raise ValueError(f"response_format {self.response_format.get('type')!r} is not supported: this server "
-                             "has no guided decoding; only {\"type\": \"text\"}")
+            raise ValueError(
+                f"response_format {self.response_format.get('type')!r} is not supported: this server "
+                'has no guided decoding; only {"type": "text"}'
+            )
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
@@ -146,8 +159,9 @@ class ChatRequest(SamplingRequest):
         return bool(self.return_token_ids) or self.logprobs
 
     def sampling_rows(self, prompt_ids: list[int]) -> list[SamplingRow]:
-        return self.rows(prompt_ids, max_tokens=self.completion_tokens,
-                         top_logprobs=(self.top_logprobs or 0) if self.logprobs else 0)
+        return self.rows(
+            prompt_ids, max_tokens=self.completion_tokens, top_logprobs=(self.top_logprobs or 0) if self.logprobs else 0
+        )
 
 
 class CompletionRequest(SamplingRequest):

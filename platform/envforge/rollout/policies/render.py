@@ -17,6 +17,12 @@ from typing import Any
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
     """Prompt token ids for the next assistant turn (see the module docstring)."""
-    enc = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=True,
-                                        sanitize_control_tokens=True, return_dict=True)
+    enc = tokenizer.apply_chat_template(
+        messages,
+        tools=tools or None,
+        add_generation_prompt=True,
+        tokenize=True,
+        sanitize_control_tokens=True,
+        return_dict=True,
+    )
     return list(enc["input_ids"])

@@ -40,8 +40,15 @@ class ReplayEpisode:
         self.policy_id = replay_policy_id(skip_rate)
         self.version = 0
 
-    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, seed: int,
-                  temperature: float = 1.0, max_tokens: int = 512) -> PolicyOutput:
+    async def act(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        seed: int,
+        temperature: float = 1.0,
+        max_tokens: int = 512,
+    ) -> PolicyOutput:
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         if turn == 0 and self.skip_rate and random.Random(seed).random() < self.skip_rate:
             self.actions = [self.actions[-1]]  # submit at once: the solution is dropped

@@ -36,8 +36,13 @@ from envforge.observe import metrics as live
 from envforge.observe.http import metrics_payload
 from envforge.rollout.policies.batcher import Batcher
 from envforge.rollout.policies.hf import HFPolicy, parse_tool_calls
-from envforge.rollout.policies.openai_schema import (BadRequest, ChatRequest, CompletionRequest, parse_chat_request,
-                                                     parse_completion_request)
+from envforge.rollout.policies.openai_schema import (
+    BadRequest,
+    ChatRequest,
+    CompletionRequest,
+    parse_chat_request,
+    parse_completion_request,
+)
 
 __all__ = ["BadRequest", "make_app", "parse_chat_request", "parse_completion_request", "serve"]
 
@@ -81,10 +86,10 @@ class StreamedText:
         if cut >= 0:
             text = text[:cut]
         else:
-            text = text[:len(text) - max((_held_prefix(text, s) for s in self.stops), default=0)]
+            text = text[: len(text) - max((_held_prefix(text, s) for s in self.stops), default=0)]
         if self.tool_calls:
             k = text.find(TOOL_CALL_OPEN)
-            text = text[:k] if k >= 0 else text[:len(text) - _held_prefix(text, TOOL_CALL_OPEN)]
+            text = text[:k] if k >= 0 else text[: len(text) - _held_prefix(text, TOOL_CALL_OPEN)]
             text = text.rstrip()
         return text
 
@@ -95,17 +100,23 @@ class StreamedText:
         self.tokens.append(token)
         safe = self._safe(self.policy.tokenizer.decode(self.tokens, skip_special_tokens=True))
         if len(safe) > len(self.sent) and safe.startswith(self.sent):
-            delta, self.sent = safe[len(self.sent):], safe
+            delta, self.sent = safe[len(self.sent) :], safe
             return delta
         return ""
 
     def rest(self, final: str) -> str:
         """What is left to send once the final content is known."""
-        return final[len(self.sent):] if final.startswith(self.sent) else ""
+        return final[len(self.sent) :] if final.startswith(self.sent) else ""
 
 
-def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | None = None,
-             max_batch: int = 16, batch_wait_s: float = 0.005) -> FastAPI:
+def make_app(
+    policy: HFPolicy,
+    model_name: str | None = None,
+    *,
+    api_key: str | None = None,
+    max_batch: int = 16,
+    batch_wait_s: float = 0.005,
+) -> FastAPI:
     """The FastAPI app serving `policy` (`model_name` defaults to its `policy_id`).
 
     `api_key`: required as a Bearer token on every `/v1/` route. `max_batch`: the most
@@ -130,14 +141,19 @@ def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | 
         async def _authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
             given = request.headers.get("authorization", "").encode()
             if request.url.path.startswith("/v1/") and not secrets.compare_digest(given, expected):
-                return _error(401, "invalid or missing API key: send Authorization: Bearer <key>",
-                              "authentication_error")
+                return _error(
+                    401, "invalid or missing API key: send Authorization: Bearer <key>", "authentication_error"
+                )
             return await call_next(request)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "policy_id": policy.policy_id, "version": policy.version,
-                "batching": {"max_rows": batcher.max_rows, **{f"seen_{k}": v for k, v in batcher.stats.as_dict().items()}}}
+        return {
+            "status": "ok",
+            "policy_id": policy.policy_id,
+            "version": policy.version,
+            "batching": {"max_rows": batcher.max_rows, **{f"seen_{k}": v for k, v in batcher.stats.as_dict().items()}},
+        }
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -146,9 +162,19 @@ def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | 
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": name(), "object": "model", "created": created,
-                                            "owned_by": "envforge", "root": policy.model_path,
-                                            "policy_version": policy.version}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name(),
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "envforge",
+                    "root": policy.model_path,
+                    "policy_version": policy.version,
+                }
+            ],
+        }
 
     @app.post("/v1/reload")
     async def reload(request: Request) -> JSONResponse:
@@ -158,7 +184,7 @@ def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | 
             return _error(400, "the request body must be JSON")
         path = body.get("path") if isinstance(body, dict) else None
         if not isinstance(path, str) or not path:
-            return _error(400, "reload needs {\"path\": \"<checkpoint directory>\"}")
+            return _error(400, 'reload needs {"path": "<checkpoint directory>"}')
         try:
             version = await asyncio.to_thread(policy.reload, path)
         except (OSError, ValueError) as exc:
@@ -174,19 +200,27 @@ def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | 
         def entry(t: int, v: float) -> dict[str, Any]:
             piece = token_text(t)
             return {"token": piece, "logprob": max(v, _MIN_LOGPROB), "bytes": list(piece.encode("utf-8", "replace"))}
+
         return {**entry(tid, lp), "top_logprobs": [entry(t, v) for t, v in (top or [])]}
 
-    def legacy_logprobs(tids: list[int], lps: list[float], tops: list[list[tuple[int, float]]] | None,
-                        offset: int = 0) -> dict[str, Any]:
+    def legacy_logprobs(
+        tids: list[int], lps: list[float], tops: list[list[tuple[int, float]]] | None, offset: int = 0
+    ) -> dict[str, Any]:
         tokens = [token_text(t) for t in tids]
         offsets = []
         for piece in tokens:
             offsets.append(offset)
             offset += len(piece)
-        top = [{token_text(t): max(v, _MIN_LOGPROB) for t, v in [*(step or []), (tid, lp)]}
-               for tid, lp, step in zip(tids, lps, tops or [None] * len(tids))]
-        return {"tokens": tokens, "token_logprobs": [max(v, _MIN_LOGPROB) for v in lps], "top_logprobs": top,
-                "text_offset": offsets}
+        top = [
+            {token_text(t): max(v, _MIN_LOGPROB) for t, v in [*(step or []), (tid, lp)]}
+            for tid, lp, step in zip(tids, lps, tops or [None] * len(tids))
+        ]
+        return {
+            "tokens": tokens,
+            "token_logprobs": [max(v, _MIN_LOGPROB) for v in lps],
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }
 
     def stop_ids(req: ChatRequest | CompletionRequest) -> set[int]:
         return policy.stop_ids() | set(req.stop_token_ids or ())
@@ -205,8 +239,10 @@ def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | 
             raise BadRequest("the request body must be JSON") from None
         return parse(body)
 
-    async def stream_events(rows: list, on_event: Callable[[int, int, float, Any], list[str]],
-                            ) -> AsyncIterator[tuple[list[str], tuple[list[Any], int] | None]]:
+    async def stream_events(
+        rows: list,
+        on_event: Callable[[int, int, float, Any], list[str]],
+    ) -> AsyncIterator[tuple[list[str], tuple[list[Any], int] | None]]:
         """Run `rows` in the batcher; yield the SSE lines `on_event` makes per token, then the generations."""
         events: asyncio.Queue = asyncio.Queue()
         task = asyncio.ensure_future(batcher.submit(rows, lambda *e: events.put_nowait(e)))
@@ -247,17 +283,31 @@ def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | 
             message, finish = _chat_message(req, gen)
             choice: dict[str, Any] = {"index": j, "message": message, "finish_reason": finish, "logprobs": None}
             if req.logprobs:
-                choice["logprobs"] = {"content": [chat_logprob(t, lp, top) for t, lp, top in zip(
-                    gen.token_ids, gen.logprobs, gen.top_logprobs or [None] * len(gen.token_ids))]}
+                choice["logprobs"] = {
+                    "content": [
+                        chat_logprob(t, lp, top)
+                        for t, lp, top in zip(
+                            gen.token_ids, gen.logprobs, gen.top_logprobs or [None] * len(gen.token_ids)
+                        )
+                    ]
+                }
             if req.wants_token_ids:
                 choice["token_ids"] = gen.token_ids
             choices.append(choice)
         n_out = sum(len(g.token_ids) for g in gens)
         response: dict[str, Any] = {
-            "id": rid, "object": "chat.completion", "created": int(time.time()), "model": name(),
-            "choices": choices, "policy_version": version,
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": n_out,
-                      "total_tokens": len(prompt_ids) + n_out}}
+            "id": rid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": name(),
+            "choices": choices,
+            "policy_version": version,
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": n_out,
+                "total_tokens": len(prompt_ids) + n_out,
+            },
+        }
         if req.wants_token_ids:
             response["prompt_token_ids"] = prompt_ids
         reply = JSONResponse(response)
@@ -279,8 +329,12 @@ def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | 
         texts = [StreamedText(policy, req.stop_strings, stop_ids(req), parse_calls) for _ in rows]
 
         def chunk(j: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None, **extra: Any) -> str:
-            return _sse({**head, "choices": [{"index": j, "delta": delta, "logprobs": logprobs,
-                                              "finish_reason": finish, **extra}]})
+            return _sse(
+                {
+                    **head,
+                    "choices": [{"index": j, "delta": delta, "logprobs": logprobs, "finish_reason": finish, **extra}],
+                }
+            )
 
         def on_token(j: int, tid: int, lp: float, top: Any) -> list[str]:
             delta = texts[j].add(tid)
@@ -304,19 +358,45 @@ def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | 
                         yield chunk(j, {"content": rest})
                     for k, call in enumerate(message.get("tool_calls", [])):
                         fn = call["function"]
-                        yield chunk(j, {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                                        "function": {"name": fn["name"], "arguments": ""}}]})
+                        yield chunk(
+                            j,
+                            {
+                                "tool_calls": [
+                                    {
+                                        "index": k,
+                                        "id": call["id"],
+                                        "type": "function",
+                                        "function": {"name": fn["name"], "arguments": ""},
+                                    }
+                                ]
+                            },
+                        )
                         args = fn["arguments"]
                         for at in range(0, len(args), _ARGUMENT_FRAGMENT):
-                            yield chunk(j, {"tool_calls": [{"index": k, "function": {
-                                "arguments": args[at:at + _ARGUMENT_FRAGMENT]}}]})
+                            yield chunk(
+                                j,
+                                {
+                                    "tool_calls": [
+                                        {"index": k, "function": {"arguments": args[at : at + _ARGUMENT_FRAGMENT]}}
+                                    ]
+                                },
+                            )
                     extra = {"token_ids": gen.token_ids} if req.wants_token_ids else {}
                     yield chunk(j, {}, None, finish, **extra)
                 n_out = sum(len(g.token_ids) for g in gens)
                 if req.include_usage:
-                    yield _sse({**head, "choices": [], "policy_version": version, "usage": {
-                        "prompt_tokens": len(prompt_ids), "completion_tokens": n_out,
-                        "total_tokens": len(prompt_ids) + n_out}})
+                    yield _sse(
+                        {
+                            **head,
+                            "choices": [],
+                            "policy_version": version,
+                            "usage": {
+                                "prompt_tokens": len(prompt_ids),
+                                "completion_tokens": n_out,
+                                "total_tokens": len(prompt_ids) + n_out,
+                            },
+                        }
+                    )
         except Exception as exc:  # noqa: BLE001 - the status line is sent; the error goes in the stream, as vLLM does
             status = 500
             yield _sse({"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error", "code": 500}})
@@ -355,30 +435,44 @@ def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | 
         gens, version = await batcher.submit(rows)
         choices = []
         for j, gen in enumerate(gens):
-            choice: dict[str, Any] = {"index": j, "text": policy.completion_text(gen), "logprobs": None,
-                                      "finish_reason": gen.finish_reason}
+            choice: dict[str, Any] = {
+                "index": j,
+                "text": policy.completion_text(gen),
+                "logprobs": None,
+                "finish_reason": gen.finish_reason,
+            }
             if req.logprobs is not None:
                 choice["logprobs"] = legacy_logprobs(gen.token_ids, gen.logprobs, gen.top_logprobs)
             if req.wants_token_ids:
                 choice["token_ids"], choice["prompt_token_ids"] = gen.token_ids, gen.prompt_ids
             choices.append(choice)
         n_in, n_out = sum(len(p) for p in prompts), sum(len(g.token_ids) for g in gens)
-        reply = JSONResponse({"id": rid, "object": "text_completion", "created": int(time.time()), "model": name(),
-                              "choices": choices, "policy_version": version,
-                              "usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
-                                        "total_tokens": n_in + n_out}})
+        reply = JSONResponse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": name(),
+                "choices": choices,
+                "policy_version": version,
+                "usage": {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out},
+            }
+        )
         reply.tokens = n_out
         return reply
 
-    async def _completion_stream(req: CompletionRequest, rid: str, prompts: list[list[int]],
-                                 rows: list) -> AsyncIterator[str]:
+    async def _completion_stream(
+        req: CompletionRequest, rid: str, prompts: list[list[int]], rows: list
+    ) -> AsyncIterator[str]:
         started = time.perf_counter()
         head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": name()}
         texts = [StreamedText(policy, req.stop_strings, stop_ids(req), False) for _ in rows]
         offsets = [0] * len(rows)
 
         def chunk(j: int, text: str, logprobs: Any = None, finish: str | None = None) -> str:
-            return _sse({**head, "choices": [{"index": j, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
+            return _sse(
+                {**head, "choices": [{"index": j, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+            )
 
         def on_token(j: int, tid: int, lp: float, top: Any) -> list[str]:
             delta = texts[j].add(tid)
@@ -402,8 +496,14 @@ def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | 
                 n_out = sum(len(g.token_ids) for g in gens)
                 if req.include_usage:
                     n_in = sum(len(p) for p in prompts)
-                    yield _sse({**head, "choices": [], "policy_version": version, "usage": {
-                        "prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}})
+                    yield _sse(
+                        {
+                            **head,
+                            "choices": [],
+                            "policy_version": version,
+                            "usage": {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out},
+                        }
+                    )
         except Exception as exc:  # noqa: BLE001 - see _chat_stream
             status = 500
             yield _sse({"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error", "code": 500}})
@@ -413,9 +513,18 @@ def make_app(policy: HFPolicy, model_name: str | None = None, *, api_key: str | 
     return app
 
 
-def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, *, device: str = "cpu",
-          dtype: str | None = None, model_name: str | None = None, threads: int = 0,
-          api_key: str | None = None, max_batch: int = 16) -> None:
+def serve(
+    model_path: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    device: str = "cpu",
+    dtype: str | None = None,
+    model_name: str | None = None,
+    threads: int = 0,
+    api_key: str | None = None,
+    max_batch: int = 16,
+) -> None:
     """Load a local checkpoint and serve it until interrupted (blocking); its /metrics is registered
     for Prometheus' file_sd while it serves (port 0: a free port). `threads` > 0 sets the
     process's torch intra-op threads: a server beside a trainer on the same CPUs gets its own
@@ -431,8 +540,9 @@ def serve(model_path: str, host: str = "127.0.0.1", port: int = 8000, *, device:
     policy = HFPolicy(model_path, device=device, dtype=dtype)
     port = port or free_port(host)
     with registered_target("policy_server", host, port):
-        uvicorn.run(make_app(policy, model_name, api_key=api_key, max_batch=max_batch), host=host, port=port,
-                    log_level="info")
+        uvicorn.run(
+            make_app(policy, model_name, api_key=api_key, max_batch=max_batch), host=host, port=port, log_level="info"
+        )
 
 
 if __name__ == "__main__":  # python -m envforge.rollout.policies.serve /ckpt --port 8000
@@ -449,5 +559,14 @@ if __name__ == "__main__":  # python -m envforge.rollout.policies.serve /ckpt --
     parser.add_argument("--api-key", default=None, help="require Authorization: Bearer <key> on /v1/ routes")
     parser.add_argument("--max-batch", type=int, default=16, help="most sequences sampled together (1: no batching)")
     a = parser.parse_args()
-    serve(a.model_path, a.host, a.port, device=a.device, dtype=a.dtype, model_name=a.model_name, threads=a.threads,
-          api_key=a.api_key, max_batch=a.max_batch)
+    serve(
+        a.model_path,
+        a.host,
+        a.port,
+        device=a.device,
+        dtype=a.dtype,
+        model_name=a.model_name,
+        threads=a.threads,
+        api_key=a.api_key,
+        max_batch=a.max_batch,
+    )

@@ -43,8 +43,16 @@ class PolicyServerProcess:
         """Start the server and wait until /health answers; a server that exits early raises with its log tail."""
         for _attempt in range(3):  # a port picked free can be taken before the server binds it
             self.port = free_port()
-            cmd = [sys.executable, "-m", "envforge.rollout.policies.serve", str(self.checkpoint),
-                   "--port", str(self.port), "--threads", str(self.threads)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "envforge.rollout.policies.serve",
+                str(self.checkpoint),
+                "--port",
+                str(self.port),
+                "--threads",
+                str(self.threads),
+            ]
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             if self.threads > 0:
                 env["OMP_NUM_THREADS"] = str(self.threads)

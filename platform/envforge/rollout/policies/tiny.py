@@ -26,8 +26,10 @@ VOCAB_SIZE = 1024
 # Qwen2's pre-tokenizer split: `AutoTokenizer` maps a `qwen2` checkpoint to `Qwen2Tokenizer`,
 # which rebuilds the pipeline (NFC + this split + byte level) around the saved vocab and
 # merges, so ours must be identical for ids to survive a save/load round trip.
-PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-                     r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 # ChatML with tools in the system block and Hermes-style `<tool_call>` text. Tool results are
 # a user turn holding `<tool_response>` blocks (consecutive results share one turn).
@@ -88,7 +90,7 @@ def _training_text() -> list[str]:
         "exit code 1\n==== FAILURES ====\nFAILED tests/test_app.py::test_empty - AssertionError: assert None == 0",
         "exit code 0\n5 passed in 0.12s\n",
         "ls -la && git status && git diff && cat setup.py && grep -rn 'def ' src/ | head -n 20",
-        "def total(values: list[int]) -> int:\n    \"\"\"Sum of the values.\"\"\"\n    return sum(values) if values else 0\n",
+        'def total(values: list[int]) -> int:\n    """Sum of the values."""\n    return sum(values) if values else 0\n',
         "import os\nimport sys\nfrom pathlib import Path\n\nclass Config:\n    def __init__(self, path):\n        self.path = path\n",
         "I will read the file first, then run the tests to see what fails, then write a fix and submit.",
         "<tool_response>\nexit code 0\nok\n</tool_response>",
@@ -104,18 +106,32 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     merges keep prompts short; the corpus is fixed in code, so ids are the same on every build."""
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, min_frequency=2, show_progress=False, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(_training_text() * 3, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS, pad_token=EOS, bos_token=None, unk_token=None,
-        extra_special_tokens=[IM_START, IM_END], chat_template=CHAT_TEMPLATE,
-        model_max_length=TinyModelConfig.max_position, clean_up_tokenization_spaces=False)
+        tokenizer_object=tok,
+        eos_token=EOS,
+        pad_token=EOS,
+        bos_token=None,
+        unk_token=None,
+        extra_special_tokens=[IM_START, IM_END],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=TinyModelConfig.max_position,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 @dataclass
@@ -137,10 +153,18 @@ def build_tiny_model(cfg: TinyModelConfig | None = None) -> tuple[Qwen2ForCausal
     tokenizer = build_tokenizer()
     stop_ids = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.eos_token_id]
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-        max_position_embeddings=cfg.max_position, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id)
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.max_position,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=stop_ids,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = Qwen2ForCausalLM(config)

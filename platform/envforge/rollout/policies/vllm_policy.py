@@ -28,13 +28,16 @@ class VLLMPolicy:
     the temperature-scaled distribution actually sampled from, like `HFPolicy`'s; vLLM's own
     default reports the raw model distribution."""
 
-    def __init__(self, model_path: str | os.PathLike, *, policy_id: str | None = None, version: int = 0,
-                 **engine_kwargs: Any) -> None:
+    def __init__(
+        self, model_path: str | os.PathLike, *, policy_id: str | None = None, version: int = 0, **engine_kwargs: Any
+    ) -> None:
         try:
             import vllm
         except ImportError as exc:
-            raise ImportError("VLLMPolicy needs vLLM, which is not installed: install the `gpu` extra "
-                              "(pip install 'envforge[gpu]') on a machine with a supported GPU") from exc
+            raise ImportError(
+                "VLLMPolicy needs vLLM, which is not installed: install the `gpu` extra "
+                "(pip install 'envforge[gpu]') on a machine with a supported GPU"
+            ) from exc
         try:
             from vllm.engine.arg_utils import EngineArgs
 
@@ -55,15 +58,23 @@ class VLLMPolicy:
     def encode_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         return render_prompt(self.tokenizer, messages, tools)
 
-    def generate(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, seed: int,
-                 temperature: float = 1.0, max_tokens: int = 512) -> PolicyOutput:
+    def generate(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        seed: int,
+        temperature: float = 1.0,
+        max_tokens: int = 512,
+    ) -> PolicyOutput:
         """One assistant turn, synchronously (what `act` runs in a worker thread)."""
         from envforge.rollout.policies.hf import parse_tool_calls  # shares the Hermes parser
 
         start = time.perf_counter()
         prompt_ids = self.encode_prompt(messages, tools)
-        params = self._sampling_params(seed=seed, temperature=temperature, max_tokens=max_tokens, logprobs=0,
-                                       stop_token_ids=self._extra_stops)
+        params = self._sampling_params(
+            seed=seed, temperature=temperature, max_tokens=max_tokens, logprobs=0, stop_token_ids=self._extra_stops
+        )
         with self._lock:
             result = self.llm.generate([{"prompt_token_ids": prompt_ids}], params, use_tqdm=False)[0]
         completion = result.outputs[0]
@@ -72,14 +83,28 @@ class VLLMPolicy:
         if completion.logprobs is not None:
             logprobs = [float(step[tok].logprob) for tok, step in zip(token_ids, completion.logprobs)]
         content, calls = parse_tool_calls(completion.text)
-        return PolicyOutput(text=content, tool_calls=calls, prompt_token_ids=prompt_ids, token_ids=token_ids,
-                            logprobs=logprobs, finish_reason=completion.finish_reason or "stop",
-                            latency_s=time.perf_counter() - start)
+        return PolicyOutput(
+            text=content,
+            tool_calls=calls,
+            prompt_token_ids=prompt_ids,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=completion.finish_reason or "stop",
+            latency_s=time.perf_counter() - start,
+        )
 
-    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, seed: int,
-                  temperature: float = 1.0, max_tokens: int = 512) -> PolicyOutput:
-        return await asyncio.to_thread(self.generate, messages, tools, seed=seed, temperature=temperature,
-                                       max_tokens=max_tokens)
+    async def act(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        seed: int,
+        temperature: float = 1.0,
+        max_tokens: int = 512,
+    ) -> PolicyOutput:
+        return await asyncio.to_thread(
+            self.generate, messages, tools, seed=seed, temperature=temperature, max_tokens=max_tokens
+        )
 
     async def aclose(self) -> None:
         return None

@@ -54,8 +54,11 @@ class EnvforgeEnv(EnvClient[EnvforgeAction, EnvforgeObservation, dict]):
         """As EnvClient.connect, with the API key in the handshake (the base class sends no headers)."""
         if self._ws is None:
             try:
-                self._ws = ws_connect(self._ws_url, open_timeout=self._connect_timeout,
-                                      additional_headers={"Authorization": f"Bearer {self._api_key}"})
+                self._ws = ws_connect(
+                    self._ws_url,
+                    open_timeout=self._connect_timeout,
+                    additional_headers={"Authorization": f"Bearer {self._api_key}"},
+                )
             except Exception as exc:
                 raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
         return self
@@ -68,8 +71,11 @@ class EnvforgeEnv(EnvClient[EnvforgeAction, EnvforgeObservation, dict]):
     def _parse_result(self, payload: dict[str, Any]) -> StepResult[EnvforgeObservation]:
         obs = payload.get("observation", {})
         known = EnvforgeObservation.model_fields
-        return StepResult(observation=EnvforgeObservation(**{k: v for k, v in obs.items() if k in known}),
-                          reward=payload.get("reward"), done=bool(payload.get("done", False)))
+        return StepResult(
+            observation=EnvforgeObservation(**{k: v for k, v in obs.items() if k in known}),
+            reward=payload.get("reward"),
+            done=bool(payload.get("done", False)),
+        )
 
     def _parse_state(self, payload: dict[str, Any]) -> dict:
         return payload

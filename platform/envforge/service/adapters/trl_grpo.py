@@ -49,11 +49,17 @@ def task_dataset(client: EnvforgeClient, task_set: str, split: str | None = None
             continue
         user = user_message(t.instruction)
         if user in refs:
-            raise ValueError(f"tasks {refs[user].task_id} and {t.task_id} have the same instruction; the rollout "
-                             "function could not tell their prompts apart")
+            raise ValueError(
+                f"tasks {refs[user].task_id} and {t.task_id} have the same instruction; the rollout "
+                "function could not tell their prompts apart"
+            )
         refs[user] = TaskRef(t.task_id, t.content_hash, listing.task_set.version)
-        rows.append({"prompt": [{"role": "system", "content": system_message()}, {"role": "user", "content": user}],
-                     "task_id": t.task_id})
+        rows.append(
+            {
+                "prompt": [{"role": "system", "content": system_message()}, {"role": "user", "content": user}],
+                "task_id": t.task_id,
+            }
+        )
     return datasets.Dataset.from_list(rows), refs
 
 
@@ -67,8 +73,15 @@ def envforge_reward(completions: list[Any], envforge_reward: list[float] | None 
 class EnvforgeRollout:
     """`rollout_func(prompts, trainer) -> {prompt_ids, completion_ids, logprobs, env_mask, envforge_reward}`."""
 
-    def __init__(self, client: EnvforgeClient, tasks: dict[str, TaskRef], max_turns: int = 8,
-                 max_new_tokens: int = 256, temperature: float = 1.0, max_completion_tokens: int = 4096):
+    def __init__(
+        self,
+        client: EnvforgeClient,
+        tasks: dict[str, TaskRef],
+        max_turns: int = 8,
+        max_new_tokens: int = 256,
+        temperature: float = 1.0,
+        max_completion_tokens: int = 4096,
+    ):
         self.client, self.tasks = client, tasks
         self.max_turns, self.max_new_tokens, self.temperature = max_turns, max_new_tokens, temperature
         self.max_completion_tokens = max_completion_tokens
@@ -78,8 +91,9 @@ class EnvforgeRollout:
 
     @staticmethod
     def _render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
-        return tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False,
-                                             add_generation_prompt=generation_prompt)
+        return tokenizer.apply_chat_template(
+            messages, tools=TOOLS, tokenize=False, add_generation_prompt=generation_prompt
+        )
 
     def _observation_ids(self, tokenizer: Any, observation: str, last_token_text: str) -> list[int]:
         """The ids that close the model's turn and present the observation as the next user turn."""
@@ -88,22 +102,31 @@ class EnvforgeRollout:
         after = self._render(tokenizer, head + [{"role": "user", "content": observation}], True)
         if not after.startswith(before):
             raise ValueError("the chat template renders earlier turns differently once a turn is added")
-        end_of_turn = before[before.rindex(_SENTINEL) + len(_SENTINEL):]
+        end_of_turn = before[before.rindex(_SENTINEL) + len(_SENTINEL) :]
         if last_token_text and end_of_turn.startswith(last_token_text):
-            end_of_turn = end_of_turn[len(last_token_text):]  # the model already wrote its stop token
-        return list(tokenizer(end_of_turn + after[len(before):], add_special_tokens=False)["input_ids"])
+            end_of_turn = end_of_turn[len(last_token_text) :]  # the model already wrote its stop token
+        return list(tokenizer(end_of_turn + after[len(before) :], add_special_tokens=False)["input_ids"])
 
     def _generate(self, model: Any, tokenizer: Any, ids: list[int]) -> tuple[list[int], list[float]]:
-        stops = [i for i in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-                 if isinstance(i, int) and i >= 0]
+        stops = [
+            i
+            for i in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+            if isinstance(i, int) and i >= 0
+        ]
         inputs = torch.tensor([ids], device=model.device)
         with torch.no_grad():
-            out = model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs),
-                                 max_new_tokens=self.max_new_tokens, do_sample=self.temperature > 0,
-                                 temperature=self.temperature if self.temperature > 0 else None,
-                                 eos_token_id=stops, pad_token_id=tokenizer.pad_token_id,
-                                 output_scores=True, return_dict_in_generate=True)
-        new = out.sequences[0, len(ids):]
+            out = model.generate(
+                input_ids=inputs,
+                attention_mask=torch.ones_like(inputs),
+                max_new_tokens=self.max_new_tokens,
+                do_sample=self.temperature > 0,
+                temperature=self.temperature if self.temperature > 0 else None,
+                eos_token_id=stops,
+                pad_token_id=tokenizer.pad_token_id,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        new = out.sequences[0, len(ids) :]
         scores = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)[0]
         keep = len(new)
         for i, tok in enumerate(new.tolist()):
@@ -123,8 +146,9 @@ class EnvforgeRollout:
         completion: list[int] = []
         logprobs: list[float] = []
         mask: list[int] = []
-        with self.client.create_session(task_id=ref.task_id, task_set=ref.task_set_version,
-                                        content_hash=ref.content_hash, max_turns=self.max_turns) as session:
+        with self.client.create_session(
+            task_id=ref.task_id, task_set=ref.task_set_version, content_hash=ref.content_hash, max_turns=self.max_turns
+        ) as session:
             for _ in range(self.max_turns):
                 tokens, lps = self._generate(model, tokenizer, prompt_ids + completion)
                 completion += tokens
@@ -144,8 +168,13 @@ class EnvforgeRollout:
         episode = {"session_id": session.id, "task_id": ref.task_id, "turns": turns, "reward": float(result.reward)}
         self.episodes.append(episode)
         cut = self.max_completion_tokens
-        return {"prompt_ids": prompt_ids, "completion_ids": completion[:cut], "logprobs": logprobs[:cut],
-                "env_mask": mask[:cut], "envforge_reward": float(result.reward)}
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion[:cut],
+            "logprobs": logprobs[:cut],
+            "env_mask": mask[:cut],
+            "envforge_reward": float(result.reward),
+        }
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         tokenizer = trainer.processing_class

@@ -38,12 +38,18 @@ def _grade_once(client: EnvforgeClient, truth: dict[str, Any], blocks: list[str]
             session.step(text=block)
             steps += 1
         result = session.result if session.done else session.verify().result
-    return {"score": float(result.reward), "resolved": bool(result.resolved), "steps": steps,
-            "submitted": bool(session.done), "reasons": ";".join(result.reasons)}
+    return {
+        "score": float(result.reward),
+        "resolved": bool(result.resolved),
+        "steps": steps,
+        "submitted": bool(session.done),
+        "reasons": ";".join(result.reasons),
+    }
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None,
-                  **kwargs: Any) -> dict[str, Any]:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None, **kwargs: Any
+) -> dict[str, Any]:
     """verl's reward signature; returns {"score": reward, ...} (verl logs the other keys)."""
     truth = json.loads(ground_truth) if isinstance(ground_truth, str) else dict(ground_truth)
     from envforge.settings import read_env
@@ -61,6 +67,8 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
                 return _grade_once(client, truth, blocks)
             except (SessionLost, ServiceUnavailable) as exc:
                 last = exc
-                time.sleep(min(8.0, 0.5 * 2 ** attempt))
-    raise RuntimeError(f"envforge could not grade {truth.get('task_id')} after {INFRA_RETRIES} attempts "
-                       f"(infrastructure, not the model): {last}")
+                time.sleep(min(8.0, 0.5 * 2**attempt))
+    raise RuntimeError(
+        f"envforge could not grade {truth.get('task_id')} after {INFRA_RETRIES} attempts "
+        f"(infrastructure, not the model): {last}"
+    )

@@ -35,15 +35,15 @@ def instructions(request: Request) -> dict[str, Any]:
     return request.app.state.instructions
 
 
-async def tenant(request: Request,
-                 creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Tenant:
+async def tenant(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Tenant:
     key = creds.credentials if creds else request.headers.get("x-api-key", "")
     # A direct read: one indexed SQLite row (tens of microseconds) costs less than a thread hop.
     found = request.app.state.store.authenticate(key) if key else None
     if found is None:
         request.app.state.metrics.auth_failures.inc()
-        raise AuthError("missing, unknown or revoked API key" if key else
-                        "no API key: send `Authorization: Bearer <key>`")
+        raise AuthError(
+            "missing, unknown or revoked API key" if key else "no API key: send `Authorization: Bearer <key>`"
+        )
     return found
 
 
@@ -55,10 +55,15 @@ def quota_rejected(manager: SessionManager, t: Tenant, exc: QuotaExceeded) -> Qu
 
 def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The error statuses a route lists in the spec, each with the error body's model."""
-    what = {401: "missing, unknown or revoked API key", 404: "no such task set, task or session (for this key)",
-            400: "the body is not JSON, or the session cannot do this in its state", 410: "the session is gone (service restart, "
-            "idle timeout or infrastructure fault): start a new one", 413: "request body over the size cap",
-            429: "a quota is exhausted; see Retry-After", 503: "infrastructure fault or the service is full; retry"}
+    what = {
+        401: "missing, unknown or revoked API key",
+        404: "no such task set, task or session (for this key)",
+        400: "the body is not JSON, or the session cannot do this in its state",
+        410: "the session is gone (service restart, idle timeout or infrastructure fault): start a new one",
+        413: "request body over the size cap",
+        429: "a quota is exhausted; see Retry-After",
+        503: "infrastructure fault or the service is full; retry",
+    }
     out: dict[int | str, dict[str, Any]] = {c: {"model": m.ErrorResponse, "description": what[c]} for c in codes}
     if 429 in out:
         out[429]["headers"] = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}

@@ -15,13 +15,16 @@ from envforge.service.tenants import Tenant
 router = APIRouter(tags=["sessions"])
 
 
-@router.post("/sessions", response_model=m.SessionOut, status_code=201,
-             responses=responses(400, 401, 404, 413, 429, 503))
-async def create_session(body: m.CreateSession, t: Tenant = Depends(tenant),
-                         mgr: SessionManager = Depends(session_manager)) -> dict[str, Any]:
+@router.post(
+    "/sessions", response_model=m.SessionOut, status_code=201, responses=responses(400, 401, 404, 413, 429, 503)
+)
+async def create_session(
+    body: m.CreateSession, t: Tenant = Depends(tenant), mgr: SessionManager = Depends(session_manager)
+) -> dict[str, Any]:
     try:
-        _, out = await mgr.create(t, body.task_id, body.task_set, body.index, body.content_hash, body.seed,
-                                  body.max_turns)
+        _, out = await mgr.create(
+            t, body.task_id, body.task_set, body.index, body.content_hash, body.seed, body.max_turns
+        )
     except QuotaExceeded as exc:
         raise quota_rejected(mgr, t, exc) from None
     return out
@@ -33,15 +36,18 @@ async def list_sessions(t: Tenant = Depends(tenant), mgr: SessionManager = Depen
 
 
 @router.get("/sessions/{session_id}", response_model=m.SessionState, responses=responses(401, 404, 410))
-async def get_session(session_id: str, t: Tenant = Depends(tenant),
-                      mgr: SessionManager = Depends(session_manager)) -> dict[str, Any]:
+async def get_session(
+    session_id: str, t: Tenant = Depends(tenant), mgr: SessionManager = Depends(session_manager)
+) -> dict[str, Any]:
     return mgr.get(t, session_id).state()
 
 
-@router.post("/sessions/{session_id}/step", response_model=m.StepOut,
-             responses=responses(400, 401, 404, 410, 413, 429, 503))
-async def step(session_id: str, body: m.StepRequest, t: Tenant = Depends(tenant),
-               mgr: SessionManager = Depends(session_manager)) -> dict[str, Any]:
+@router.post(
+    "/sessions/{session_id}/step", response_model=m.StepOut, responses=responses(400, 401, 404, 410, 413, 429, 503)
+)
+async def step(
+    session_id: str, body: m.StepRequest, t: Tenant = Depends(tenant), mgr: SessionManager = Depends(session_manager)
+) -> dict[str, Any]:
     call = body.tool_call.model_dump() if body.tool_call is not None else None
     try:
         return await mgr.step(t, session_id, call, body.text)
@@ -50,8 +56,9 @@ async def step(session_id: str, body: m.StepRequest, t: Tenant = Depends(tenant)
 
 
 @router.post("/sessions/{session_id}/verify", response_model=m.VerifyOut, responses=responses(401, 404, 410, 429, 503))
-async def verify(session_id: str, t: Tenant = Depends(tenant),
-                 mgr: SessionManager = Depends(session_manager)) -> dict[str, Any]:
+async def verify(
+    session_id: str, t: Tenant = Depends(tenant), mgr: SessionManager = Depends(session_manager)
+) -> dict[str, Any]:
     try:
         return await mgr.verify(t, session_id)
     except QuotaExceeded as exc:
@@ -59,6 +66,7 @@ async def verify(session_id: str, t: Tenant = Depends(tenant),
 
 
 @router.delete("/sessions/{session_id}", response_model=m.SessionClosed, responses=responses(401, 404, 410))
-async def delete_session(session_id: str, t: Tenant = Depends(tenant),
-                         mgr: SessionManager = Depends(session_manager)) -> dict[str, Any]:
+async def delete_session(
+    session_id: str, t: Tenant = Depends(tenant), mgr: SessionManager = Depends(session_manager)
+) -> dict[str, Any]:
     return await mgr.delete(t, session_id)

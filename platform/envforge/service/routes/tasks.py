@@ -17,14 +17,17 @@ router = APIRouter(tags=["tasks"])
 
 
 @router.get("/task-sets", response_model=m.TaskSetList, responses=responses(401))
-async def list_task_sets(t: Tenant = Depends(tenant),
-                         mgr: SessionManager = Depends(session_manager)) -> dict[str, Any]:
+async def list_task_sets(t: Tenant = Depends(tenant), mgr: SessionManager = Depends(session_manager)) -> dict[str, Any]:
     infos = await asyncio.to_thread(mgr.directory.task_sets, t)
     return {"task_sets": [i.__dict__ for i in infos]}
 
 
 @router.get("/task-sets/{task_set}/tasks", response_model=m.TaskList, responses=responses(401, 404))
-async def list_tasks(task_set: str, t: Tenant = Depends(tenant), mgr: SessionManager = Depends(session_manager),
-                     prompt_and_tools: dict[str, Any] = Depends(instructions)) -> dict[str, Any]:
+async def list_tasks(
+    task_set: str,
+    t: Tenant = Depends(tenant),
+    mgr: SessionManager = Depends(session_manager),
+    prompt_and_tools: dict[str, Any] = Depends(instructions),
+) -> dict[str, Any]:
     info, tasks = await asyncio.to_thread(mgr.directory.tasks, t, task_set)
     return {"task_set": info.__dict__, **prompt_and_tools, "tasks": [task_summary(s) for s in tasks]}
