@@ -9,7 +9,6 @@ import inspect
 import json
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -73,59 +72,54 @@ class Stub:
         self.server.server_close()
 
 
-@pytest.fixture
-def stub() -> Iterator[type[Stub]]:
-    yield Stub
-
-
-def test_a_429_is_retried_after_its_retry_after(stub):
-    with stub([(429, {"Retry-After": "1"}), (200, {})]) as server, Client(server.url, "k", retries=FAST) as client:
+def test_a_429_is_retried_after_its_retry_after():
+    with Stub([(429, {"Retry-After": "1"}), (200, {})]) as server, Client(server.url, "k", retries=FAST) as client:
         assert client.health().boot_id == "0123abcd"
     assert len(server.requests) == 2
     waited = server.requests[1][4] - server.requests[0][4]
     assert 0.95 <= waited < 5, f"waited {waited:.2f}s: Retry-After says 1s (the backoff alone is 0.01s)"
 
 
-def test_the_async_client_retries_the_same_way(stub):
+def test_the_async_client_retries_the_same_way():
     async def main() -> str:
         async with AsyncClient(server.url, "k", retries=FAST) as client:
             return (await client.health()).boot_id
 
-    with stub([(503, {"Retry-After": "1"}), (429, {"Retry-After": "0"}), (200, {})]) as server:
+    with Stub([(503, {"Retry-After": "1"}), (429, {"Retry-After": "0"}), (200, {})]) as server:
         assert asyncio.run(main()) == "0123abcd"
     assert len(server.requests) == 3
     assert server.requests[1][4] - server.requests[0][4] >= 0.95
 
 
-def test_a_503_storm_gives_up_with_a_typed_error_after_the_attempts(stub):
-    with stub([(503, {})]) as server, Client(server.url, "k", retries=FAST) as client:
+def test_a_503_storm_gives_up_with_a_typed_error_after_the_attempts():
+    with Stub([(503, {})]) as server, Client(server.url, "k", retries=FAST) as client:
         with pytest.raises(ServiceUnavailable) as exc:
             client.health()
     assert exc.value.status == 503 and exc.value.code == "unavailable"
     assert len(server.requests) == FAST.attempts
 
 
-def test_a_retry_after_past_the_time_budget_is_raised_at_once(stub):
+def test_a_retry_after_past_the_time_budget_is_raised_at_once():
     policy = RetryPolicy(attempts=5, max_total_s=10)
-    with stub([(429, {"Retry-After": "120"}), (200, {})]) as server, Client(server.url, "k", retries=policy) as c:
+    with Stub([(429, {"Retry-After": "120"}), (200, {})]) as server, Client(server.url, "k", retries=policy) as c:
         started = time.monotonic()
         with pytest.raises(QuotaExceededError) as exc:
             c.health()
     assert exc.value.retry_after_s == 120 and len(server.requests) == 1 and time.monotonic() - started < 5
 
 
-def test_never_retries_once(stub):
-    with stub([(503, {}), (200, {})]) as server, Client(server.url, "k", retries=RetryPolicy.never()) as client:
+def test_never_retries_once():
+    with Stub([(503, {}), (200, {})]) as server, Client(server.url, "k", retries=RetryPolicy.never()) as client:
         with pytest.raises(ServiceUnavailable):
             client.health()
     assert len(server.requests) == 1
 
 
-def test_a_connection_broken_mid_request_repeats_only_what_is_harmless_to_repeat(stub):
-    with stub(["drop", (200, {})]) as server, Client(server.url, "k", retries=FAST) as client:
+def test_a_connection_broken_mid_request_repeats_only_what_is_harmless_to_repeat():
+    with Stub(["drop", (200, {})]) as server, Client(server.url, "k", retries=FAST) as client:
         assert client.health().status == "ok"  # GET: asked again
     assert len(server.requests) == 2
-    with stub(["drop", (200, {})]) as server, Client(server.url, "k", retries=FAST) as client:
+    with Stub(["drop", (200, {})]) as server, Client(server.url, "k", retries=FAST) as client:
         with pytest.raises(ServiceUnavailable) as exc:  # a step may have run: not repeated
             client._call("POST", "/sessions/s-1/step", {"text": "hi"})
     assert exc.value.may_have_run and "cannot reach the envforge service" in str(exc.value)
@@ -142,8 +136,8 @@ def test_an_unreachable_service_is_retried_then_raised():
     assert exc.value.status == 0 and not exc.value.may_have_run and time.monotonic() - started < 5
 
 
-def test_url_and_key_default_to_the_environment(stub, monkeypatch):
-    with stub([(200, {})]) as server:
+def test_url_and_key_default_to_the_environment(monkeypatch):
+    with Stub([(200, {})]) as server:
         monkeypatch.setenv("ENVFORGE_SERVICE_URL", server.url + "/")
         monkeypatch.setenv("ENVFORGE_API_KEY", "key-from-env")
         with Client() as client:
