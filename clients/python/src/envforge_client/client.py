@@ -103,7 +103,8 @@ class Client(_Base):
         except httpx.TransportError as exc:
             raise self._send_failed(method, exc) from None
         raise_for(resp)
-        return resp.json()
+        answer: dict[str, Any] = resp.json()
+        return answer
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         for attempt in self.retries.retrying():
@@ -209,7 +210,8 @@ class AsyncClient(_Base):
         except httpx.TransportError as exc:
             raise self._send_failed(method, exc) from None
         raise_for(resp)
-        return resp.json()
+        answer: dict[str, Any] = resp.json()
+        return answer
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         async for attempt in self.retries.async_retrying():
