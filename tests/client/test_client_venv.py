@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,7 +53,11 @@ def test_the_client_installs_beside_a_trainers_torch_and_changes_nothing(tmp_pat
     before = _freeze(python)
     assert before["torch"] == TRAINER_TORCH
 
-    client = _run([str(python), "-m", "pip", "install", "--quiet", str(CLIENT)])
+    # a copy: pip builds in the source tree (build/, *.egg-info), which should not be the checkout
+    source = shutil.copytree(
+        CLIENT, tmp_path / "client", ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".*_cache")
+    )
+    client = _run([str(python), "-m", "pip", "install", "--quiet", str(source)])
     assert client.returncode == 0, client.stderr[-3000:]
     after = _freeze(python)
 
