@@ -14,9 +14,9 @@ PYTEST_ARGS ?=
 setup: venv engine base-image
 
 venv: $(STAMP)
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml clients/python/pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,fleet]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e clients/python -e '.[dev,fleet]'
 	@touch $(STAMP)
 
 engine:
