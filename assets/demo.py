@@ -27,8 +27,12 @@ from typing import Any, Callable
 import os
 
 # The summary is the demo's output: keep library progress bars and tokenizer warnings off the terminal.
-for _var, _value in (("TRANSFORMERS_VERBOSITY", "error"), ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
-                     ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"), ("TQDM_DISABLE", "1")):
+for _var, _value in (
+    ("TRANSFORMERS_VERBOSITY", "error"),
+    ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+    ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"),
+    ("TQDM_DISABLE", "1"),
+):
     os.environ.setdefault(_var, _value)
 
 import dagster as dg  # noqa: E402
@@ -69,13 +73,16 @@ class DemoConfig:
         return _run_config({"rollout_batch": {"n_samples": self.rollout_samples}})
 
 
-def _run_config(ops: dict[str, dict[str, Any]], log_level: str = "INFO",
-                resources: dict[str, dict[str, Any]] | None = None) -> dict:
+def _run_config(
+    ops: dict[str, dict[str, Any]], log_level: str = "INFO", resources: dict[str, dict[str, Any]] | None = None
+) -> dict:
     def given(values: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in values.items() if v is not None}
 
-    doc: dict[str, Any] = {"ops": {op: {"config": given(c)} for op, c in ops.items() if given(c)},
-                           "loggers": {"console": {"config": {"log_level": log_level}}}}
+    doc: dict[str, Any] = {
+        "ops": {op: {"config": given(c)} for op, c in ops.items() if given(c)},
+        "loggers": {"console": {"config": {"log_level": log_level}}},
+    }
     chosen = {name: {"config": given(c)} for name, c in (resources or {}).items() if given(c)}
     if chosen:
         doc["resources"] = chosen
@@ -114,8 +121,9 @@ def ensure_instance(settings: Settings) -> dg.DagsterInstance:
     return dg.DagsterInstance.get()
 
 
-def run_demo(settings: Settings, config: DemoConfig, instance: dg.DagsterInstance,
-             step: Callable[[str], None] = lambda _: None) -> DemoRun:
+def run_demo(
+    settings: Settings, config: DemoConfig, instance: dg.DagsterInstance, step: Callable[[str], None] = lambda _: None
+) -> DemoRun:
     from assets.definitions import defs
     from assets.defs.sources.assets import register_source_partitions
 
@@ -136,16 +144,22 @@ def run_demo(settings: Settings, config: DemoConfig, instance: dg.DagsterInstanc
     quiet = _run_config({}, "WARNING")
     for i, (kind, key) in enumerate(keys, 1):
         execute(f"ingest_{kind}_sources", f"ingest {i}/{len(keys)}: {key}", partition_key=key, run_config=quiet)
-    main = execute("main_job", "main_job: candidates -> decontamination -> images -> gate -> tiers -> SFT -> "
-                               "GRPO -> evaluation -> report", run_config=config.main_run_config())
+    main = execute(
+        "main_job",
+        "main_job: candidates -> decontamination -> images -> gate -> tiers -> SFT -> GRPO -> evaluation -> report",
+        run_config=config.main_run_config(),
+    )
     if not main.success:
         return demo
     version_key = demo.last("tiered_task_set").get("partition_key")
     partition = dg.MultiPartitionKey({"task_set": version_key, "policy": config.rollout_policy})
     samples = config.rollout_samples or "the default number of"
-    execute("rollout_job", f"rollout_job: {samples} samples per task, policy {config.rollout_policy}, "
-                           f"task set {version_key}", partition_key=partition,
-            run_config=config.rollout_run_config())
+    execute(
+        "rollout_job",
+        f"rollout_job: {samples} samples per task, policy {config.rollout_policy}, task set {version_key}",
+        partition_key=partition,
+        run_config=config.rollout_run_config(),
+    )
     execute("report_job", "report_job: the HTML run report", run_config=quiet)
     return demo
 
@@ -155,15 +169,29 @@ def graph_status(instance: dg.DagsterInstance) -> dict[str, dict[str, str]]:
     from assets.definitions import defs
 
     graph = defs.resolve_asset_graph()
-    assets = {key.to_user_string(): "materialized" if instance.get_latest_materialization_event(key) else "missing"
-              for key in sorted(graph.get_all_asset_keys())}
+
+    def status(key: dg.AssetKey) -> str:
+        if instance.get_latest_materialization_event(key):
+            return "materialized"
+        partitions = defs.get_assets_def(key).partitions_def
+        if (
+            isinstance(partitions, dg.DynamicPartitionsDefinition)
+            and partitions.name
+            and not instance.get_dynamic_partitions(partitions.name)
+        ):
+            return "no sources"  # a source kind nothing under task_sources/ uses (e.g. history): nothing to do
+        return "missing"
+
+    assets = {key.to_user_string(): status(key) for key in sorted(graph.get_all_asset_keys())}
     check_keys = sorted(graph.asset_check_keys, key=lambda k: k.to_user_string())
     latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(check_keys)
     checks = {}
     for key in check_keys:
         record = latest.get(key)
-        status = record.status.value.lower() if record else "never run"  # planned | succeeded | failed | skipped
-        checks[key.to_user_string()] = "passed" if status == "succeeded" else status
+        state = record.status.value.lower() if record else "never run"  # planned | succeeded | failed | skipped
+        if not record and assets.get(key.asset_key.to_user_string()) == "no sources":
+            state = "no sources"
+        checks[key.to_user_string()] = "passed" if state == "succeeded" else state
     return {"assets": assets, "checks": checks}
 
 
@@ -182,26 +210,57 @@ def summary(demo: DemoRun, settings: Settings, instance: dg.DagsterInstance) -> 
         "runs": [{"job": j, "run_id": r, "success": s, "seconds": round(t, 1)} for j, r, s, t in demo.runs],
         "seconds": round(sum(t for *_, t in demo.runs), 1),
         "stages": {
-            "ingest": {"valid": (sources or {}).get("tasks", 0), "rejected": rejects.height,
-                       "rejects": [{"source": _relative(r["source"], settings.task_sources_dir), "field": r["field"],
-                                    "reason": r["reason"]}
-                                   for r in rejects.iter_rows(named=True)]},
-            "quality": {"in": quality.get("tasks", 0), "clean": quality.get("clean", 0),
-                        "contaminated": quality.get("contaminated", 0), "duplicates": quality.get("duplicates", 0)},
-            "gate": {"in": gate.get("tasks", 0), "accepted": gate.get("accepted", 0),
-                     "quarantined": gate.get("quarantined", 0),
-                     "flaky": sum(1 for r in flake if 0 < r.get("reference_passes", 0) < r.get("runs", 0)
-                                  or 0 < r.get("empty_fails", 0) < r.get("runs", 0)),
-                     "quarantine_reasons": {r["task_id"]: r.get("disagreements", [])[:2] for r in flake
-                                            if r.get("verdict") != "accepted"}},
-            "tiers": {"version": tiers.get("version", ""), "method": tiers.get("method", ""),
-                      "histogram": tiers.get("tiers", {}), "splits": tiers.get("splits", {})},
-            "rollouts": {"trajectories": rollout.get("trajectories", 0), "pass_at_1": rollout.get("pass_at_1"),
-                         "dropped_groups": len(rollout.get("dropped_groups") or []),
-                         "steps_per_s": rollout.get("steps_per_s")},
-            "training": {"sft_first_loss": sft.get("first_loss"), "sft_final_loss": sft.get("final_loss"),
-                         "rl_mean_reward_by_round": rl.get("rollout_mean_reward"),
-                         "eval_tasks": evaluation.get("eval_tasks"), "pass_at_1": evaluation.get("pass_at_1", {})},
+            "ingest": {
+                "valid": (sources or {}).get("tasks", 0),
+                "rejected": rejects.height,
+                "rejects": [
+                    {
+                        "source": _relative(r["source"], settings.task_sources_dir),
+                        "field": r["field"],
+                        "reason": r["reason"],
+                    }
+                    for r in rejects.iter_rows(named=True)
+                ],
+            },
+            "quality": {
+                "in": quality.get("tasks", 0),
+                "clean": quality.get("clean", 0),
+                "contaminated": quality.get("contaminated", 0),
+                "duplicates": quality.get("duplicates", 0),
+            },
+            "gate": {
+                "in": gate.get("tasks", 0),
+                "accepted": gate.get("accepted", 0),
+                "quarantined": gate.get("quarantined", 0),
+                "flaky": sum(
+                    1
+                    for r in flake
+                    if 0 < r.get("reference_passes", 0) < r.get("runs", 0)
+                    or 0 < r.get("empty_fails", 0) < r.get("runs", 0)
+                ),
+                "quarantine_reasons": {
+                    r["task_id"]: r.get("disagreements", [])[:2] for r in flake if r.get("verdict") != "accepted"
+                },
+            },
+            "tiers": {
+                "version": tiers.get("version", ""),
+                "method": tiers.get("method", ""),
+                "histogram": tiers.get("tiers", {}),
+                "splits": tiers.get("splits", {}),
+            },
+            "rollouts": {
+                "trajectories": rollout.get("trajectories", 0),
+                "pass_at_1": rollout.get("pass_at_1"),
+                "dropped_groups": len(rollout.get("dropped_groups") or []),
+                "steps_per_s": rollout.get("steps_per_s"),
+            },
+            "training": {
+                "sft_first_loss": sft.get("first_loss"),
+                "sft_final_loss": sft.get("final_loss"),
+                "rl_mean_reward_by_round": rl.get("rollout_mean_reward"),
+                "eval_tasks": evaluation.get("eval_tasks"),
+                "pass_at_1": evaluation.get("pass_at_1", {}),
+            },
         },
         "graph": graph_status(instance),
         "report": demo.last("run_report").get("path"),
@@ -212,7 +271,7 @@ def summary(demo: DemoRun, settings: Settings, instance: dg.DagsterInstance) -> 
 
 def _relative(source: str, root: Path) -> str:
     prefix = f"{root}/"
-    return source[len(prefix):] if source.startswith(prefix) else source
+    return source[len(prefix) :] if source.startswith(prefix) else source
 
 
 def print_summary(doc: dict[str, Any]) -> None:
@@ -221,26 +280,46 @@ def print_summary(doc: dict[str, Any]) -> None:
     for col in ("stage", "in", "out", "details"):
         table.add_column(col)
     ing, q, g = st["ingest"], st["quality"], st["gate"]
-    table.add_row("ingest", str(ing["valid"] + ing["rejected"]), str(ing["valid"]),
-                  f"{ing['rejected']} rejected (reasons below)")
-    table.add_row("decontamination", str(q["in"]), str(q["clean"]),
-                  f"{q['contaminated']} contaminated, {q['duplicates']} duplicates")
-    table.add_row("flakiness gate", str(g["in"]), str(g["accepted"]),
-                  f"{g['quarantined']} quarantined ({g['flaky']} flaky)")
+    table.add_row(
+        "ingest", str(ing["valid"] + ing["rejected"]), str(ing["valid"]), f"{ing['rejected']} rejected (reasons below)"
+    )
+    table.add_row(
+        "decontamination",
+        str(q["in"]),
+        str(q["clean"]),
+        f"{q['contaminated']} contaminated, {q['duplicates']} duplicates",
+    )
+    table.add_row(
+        "flakiness gate", str(g["in"]), str(g["accepted"]), f"{g['quarantined']} quarantined ({g['flaky']} flaky)"
+    )
     t = st["tiers"]
-    table.add_row("tiers", str(sum(t["histogram"].values())), str(t["splits"].get("train", 0)) + " train",
-                  f"{t['method']}; " + ", ".join(f"{k} {t['histogram'].get(k, 0)}" for k in TIERS)
-                  + f"; eval {t['splits'].get('eval', 0)}, audit {t['splits'].get('audit', 0)}")
+    table.add_row(
+        "tiers",
+        str(sum(t["histogram"].values())),
+        str(t["splits"].get("train", 0)) + " train",
+        f"{t['method']}; "
+        + ", ".join(f"{k} {t['histogram'].get(k, 0)}" for k in TIERS)
+        + f"; eval {t['splits'].get('eval', 0)}, audit {t['splits'].get('audit', 0)}",
+    )
     r = st["rollouts"]
-    table.add_row("rollouts", str(sum(t["histogram"].values())) + " tasks",
-                  str(r["trajectories"]) + " trajectories",
-                  f"pass@1 {r['pass_at_1']}, {r['dropped_groups']} dropped groups, {r['steps_per_s']} steps/s")
+    table.add_row(
+        "rollouts",
+        str(sum(t["histogram"].values())) + " tasks",
+        str(r["trajectories"]) + " trajectories",
+        f"pass@1 {r['pass_at_1']}, {r['dropped_groups']} dropped groups, {r['steps_per_s']} steps/s",
+    )
     tr = st["training"]
     p = tr["pass_at_1"]
-    table.add_row("training", "", str(tr["eval_tasks"]) + " eval tasks",
-                  f"SFT loss {tr['sft_first_loss']:.3g} -> {tr['sft_final_loss']:.3g}; GRPO reward by round "
-                  f"{tr['rl_mean_reward_by_round']}; eval pass@1 before {p.get('before')}, after SFT "
-                  f"{p.get('after SFT')}, after RL {p.get('after RL')}" if tr["sft_first_loss"] is not None else "-")
+    table.add_row(
+        "training",
+        "",
+        str(tr["eval_tasks"]) + " eval tasks",
+        f"SFT loss {tr['sft_first_loss']:.3g} -> {tr['sft_final_loss']:.3g}; GRPO reward by round "
+        f"{tr['rl_mean_reward_by_round']}; eval pass@1 before {p.get('before')}, after SFT "
+        f"{p.get('after SFT')}, after RL {p.get('after RL')}"
+        if tr["sft_first_loss"] is not None
+        else "-",
+    )
     out.print(table)
     out.print("[bold]Tier histogram[/bold]")
     for tier in TIERS:
@@ -252,20 +331,27 @@ def print_summary(doc: dict[str, Any]) -> None:
     for task, why in st["gate"]["quarantine_reasons"].items():
         out.print(f"[red]quarantined[/red] {escape(task)}: {escape('; '.join(why))}")
     assets, checks = doc["graph"]["assets"], doc["graph"]["checks"]
-    missing = [k for k, v in assets.items() if v != "materialized"]
-    failed = {k: v for k, v in checks.items() if v != "passed"}
-    out.print(f"\n{len(assets) - len(missing)}/{len(assets)} assets materialized"
-              + (f" (missing: {', '.join(missing)})" if missing else "")
-              + f"; {len(checks) - len(failed)}/{len(checks)} asset checks passing"
-              + (f" (not passing: {failed})" if failed else "")
-              + f"; {len(doc['runs'])} Dagster runs, {doc['wall_seconds']:.0f} s")
+    idle = [k for k, v in assets.items() if v == "no sources"]
+    missing = [k for k, v in assets.items() if v not in ("materialized", "no sources")]
+    failed = {k: v for k, v in checks.items() if v not in ("passed", "no sources")}
+    live, live_checks = len(assets) - len(idle), sum(1 for v in checks.values() if v != "no sources")
+    out.print(
+        f"\n{live - len(missing)}/{live} assets materialized"
+        + (f" (missing: {', '.join(missing)})" if missing else "")
+        + (f" ({', '.join(idle)}: no such source bundled)" if idle else "")
+        + f"; {live_checks - len(failed)}/{live_checks} asset checks passing"
+        + (f" (not passing: {failed})" if failed else "")
+        + f"; {len(doc['runs'])} Dagster runs, {doc['wall_seconds']:.0f} s"
+    )
     out.print("Where to look:")
     out.print(f"  Dagster UI:  make ui  -> http://127.0.0.1:3000 (instance {doc['dagster_home']})")
     out.print("  MLflow UI:   make mlflow-ui  -> http://127.0.0.1:5000")
     out.print(f"  HTML report: {doc['report']}")
     out.print(f"  catalog:     {doc['catalog']}")
-    out.print("A tiny CPU model does not learn the bundled code tasks in minutes; for a learning curve where it "
-              "does (SFT + GRPO on a task family a small model can learn), run `envforge train demo`.")
+    out.print(
+        "A tiny CPU model does not learn the bundled code tasks in minutes; for a learning curve where it "
+        "does (SFT + GRPO on a task family a small model can learn), run `envforge train demo`."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = run_demo(settings, config, instance, step)
     doc = summary(demo, settings, instance)
     doc["wall_seconds"] = round(time.perf_counter() - start, 1)
-    doc["ok"] = doc["ok"] and all(v == "materialized" for v in doc["graph"]["assets"].values())
+    doc["ok"] = doc["ok"] and all(v in ("materialized", "no sources") for v in doc["graph"]["assets"].values())
     (settings.data_dir / "demo_summary.json").write_text(json.dumps(doc, indent=2, default=str))
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2, default=str))
