@@ -23,7 +23,7 @@ def test_stage_logs_a_run_with_metrics_and_artifacts(settings):
     assert run.data.tags["envforge.stage"] == "ingest"
     assert run.data.metrics["tasks_valid"] == len(tracked.result.tasks)
     assert run.data.params["strict"] == "false"
-    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["rejects.json", "sources.json"]
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["rejects.json", "sources.json", "statements.json"]
     artifact_root = run.info.artifact_uri
     assert artifact_root.startswith(settings.mlflow_artifacts_dir.as_uri())
     assert (settings.data_dir / "mlflow.db").is_file()

@@ -442,7 +442,7 @@ def _task_dockerfile(parent: str, task: Task) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_workspace(task: Task, dest: Path, settings: Settings, repository_dir: RepositoryDir | None) -> None:
+def _write_workspace(task: Task, dest: Path, settings: Settings, repository_dir: RepositoryDir | None = None) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     src = task.workspace_path()
     if src is not None:
