@@ -2,17 +2,22 @@
 
 import dagster as dg
 
-from assets.defs.environments import assets as environments_assets, checks as environments_checks
+from assets.defs.environments import assets as environments_assets
+from assets.defs.environments import checks as environments_checks
 from assets.defs.logging import compact_console_logger
-from assets.defs.quality import assets as quality_assets, checks as quality_checks
+from assets.defs.quality import assets as quality_assets
+from assets.defs.quality import checks as quality_checks
 from assets.defs.reporting import assets as reporting_assets
 from assets.defs.resources import default_resources
-from assets.defs.rollouts import assets as rollouts_assets, checks as rollouts_checks
+from assets.defs.rollouts import assets as rollouts_assets
+from assets.defs.rollouts import checks as rollouts_checks
 from assets.defs.schedules import nightly_refresh, nightly_refresh_job
-from assets.defs.sources import assets as sources_assets, checks as sources_checks
+from assets.defs.sources import assets as sources_assets
+from assets.defs.sources import checks as sources_checks
 from assets.defs.sources.sensors import task_sources_sensor
 from assets.defs.training import assets as training_assets
-from assets.defs.verification import assets as verification_assets, checks as verification_checks
+from assets.defs.verification import assets as verification_assets
+from assets.defs.verification import checks as verification_checks
 
 main_job = dg.define_asset_job(
     "main_job", selection=dg.AssetSelection.assets(sources_assets.candidate_tasks).downstream()

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
-
-import os
 
 # The summary is the demo's output: keep library progress bars and tokenizer warnings off the terminal.
 for _var, _value in (

@@ -5,8 +5,14 @@ import pydantic
 
 from assets.defs.config import run_config, to_library
 from assets.defs.metadata import mlflow_run, png, stage_context, upstream
-from assets.defs.resources import (SANDBOX_POOL, CatalogResource, DockerResource, MlflowResource, PolicyResource,
-                                   settings_from)
+from assets.defs.resources import (
+    SANDBOX_POOL,
+    CatalogResource,
+    DockerResource,
+    MlflowResource,
+    PolicyResource,
+    settings_from,
+)
 from envforge.rollout.config import RolloutConfig
 from envforge.stages.configs import TaskSetConfig, TierConfig
 from envforge.stages.images import ImageSet
