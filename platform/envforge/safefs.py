@@ -185,7 +185,7 @@ def copy_tree(src: Path, dest: Path) -> None:
 
 
 @contextmanager
-def atomic_writer(path: Path | str) -> Iterator[IO[bytes]]:
+def atomic_writer(path: Path | str, durable: bool = True) -> Iterator[IO[bytes]]:
     """A binary file whose bytes become `path` whole when the block ends, or not at all when it raises.
 
     The bytes go to a temporary file next to `path` (a dot-file with a random name, so concurrent
@@ -194,7 +194,9 @@ def atomic_writer(path: Path | str) -> Iterator[IO[bytes]]:
     and the last writer to finish wins. The data reaches the disk before the rename, so a crash
     leaves the old content or the new, never an empty file; the directory is not synced, so a crash
     right after the rename may keep the old content. The file gets the usual permissions (0666
-    less the umask).
+    less the umask). `durable=False` skips the fsync (about 4.5 ms a file here): for files written
+    by the thousand that a resumed run redoes anyway (one rollout trajectory each), where the
+    rename alone keeps readers from ever seeing a partial file.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
@@ -203,16 +205,17 @@ def atomic_writer(path: Path | str) -> Iterator[IO[bytes]]:
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def write_atomic(path: Path | str, data: str | bytes, encoding: str = "utf-8") -> Path:
+def write_atomic(path: Path | str, data: str | bytes, encoding: str = "utf-8", durable: bool = True) -> Path:
     """Make `path` hold `data` (text is encoded), never visible half-written (see `atomic_writer`)."""
-    with atomic_writer(path) as fh:
+    with atomic_writer(path, durable) as fh:
         fh.write(data.encode(encoding) if isinstance(data, str) else data)
     return Path(path)
 
