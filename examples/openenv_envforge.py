@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 
-from envforge.service.adapters.openenv import EnvforgeAction, EnvforgeEnv
+from envforge_client.adapters.openenv import EnvforgeAction, EnvforgeEnv
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

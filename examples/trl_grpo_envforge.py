@@ -16,7 +16,7 @@ import json
 import os
 import tempfile
 
-from envforge.service.adapters.trl_grpo import EnvforgeRollout, envforge_reward, task_dataset
+from envforge_client.adapters.trl_grpo import EnvforgeRollout, envforge_reward, task_dataset
 from envforge.service.client import EnvforgeClient
 
 

@@ -19,6 +19,7 @@ from envforge_client import AsyncClient, Client, QuotaExceededError, RetryPolicy
 from envforge_client.client import DEFAULT_URL
 from pydantic import BaseModel
 
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "service-openapi.json"
 HEALTH = {"status": "ok", "boot_id": "0123abcd", "sessions_open": 0, "backend": {"backend": "stub"}}
 FAST = RetryPolicy(attempts=3, max_total_s=20, backoff_initial_s=0.01, backoff_max_s=0.05)
@@ -229,3 +230,35 @@ def test_every_client_model_matches_its_schema_in_the_spec():
 def test_the_drift_check_sees_a_changed_field():
     theirs = json.loads(SPEC.read_text())["components"]["schemas"]["Observation"]["properties"]["exit_code"]
     assert _shape(theirs) != _shape({"type": "string"})
+
+
+def test_prompts_are_the_ones_envforge_rolls_out_with():
+    """One copy: the rollout code, the service and the verl export use the client's prompts and tools."""
+    from envforge_client import prompts
+
+    from envforge.environment import WORKSPACE
+    from envforge.rollout import actions
+    from envforge.service.openenv_ws import PATH
+
+    assert actions.TOOLS is prompts.TOOLS and actions.SYSTEM_PROMPT is prompts.SYSTEM_PROMPT
+    assert prompts.WORKSPACE == WORKSPACE
+    names = {t["function"]["name"] for t in prompts.TOOLS}
+    assert names == {"run", "read_file", "write_file", "apply_patch", "submit"}
+    reply = 'thinking <tool_call>{"name": "run", "arguments": {"command": "ls"}}</tool_call> then <tool_call>{"name": "submit"}</tool_call>'
+    blocks = prompts.tool_call_blocks(reply)
+    assert [actions.parse_text(b).name for b in blocks] == ["run", "submit"]
+    assert prompts.user_message("  Fix it. ").startswith("Fix it.\n") and WORKSPACE in prompts.user_message("x")
+    openenv_source = (ROOT / "clients/python/src/envforge_client/adapters/openenv.py").read_text()
+    assert f'PATH = "{PATH}"' in openenv_source
+
+
+def test_the_client_package_imports_nothing_of_envforge():
+    """The adapters and the client run in a trainer's venv without the platform."""
+    package = ROOT / "clients/python/src/envforge_client"
+    offenders = [
+        f"{p.relative_to(package)}:{n}"
+        for p in package.rglob("*.py")
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if line.lstrip().startswith(("import envforge", "from envforge ", "from envforge.", "import envforge."))
+    ]
+    assert offenders == []

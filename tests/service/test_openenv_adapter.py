@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from openenv.core import GenericEnvClient
 
-from envforge.service.adapters.openenv import EnvforgeAction, EnvforgeEnv
+from envforge_client.adapters.openenv import EnvforgeAction, EnvforgeEnv
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openenv_envforge.py"

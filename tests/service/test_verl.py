@@ -58,7 +58,7 @@ def test_the_export_loads_like_verl_and_the_reward_function_grades_on_the_servic
     assert truth == {"task_id": task.id, "content_hash": task.content_hash,
                      "task_set_version": service_data.main_version}
 
-    from envforge.service.adapters.verl_reward import compute_score
+    from envforge_client.adapters.verl_reward import compute_score
 
     monkeypatch.setenv("ENVFORGE_API_KEY", service_data.keys["team-a"])
     call = json.dumps({"name": "apply_patch", "arguments": {"patch": task.reference_patch}})

@@ -22,13 +22,17 @@ observation, not a crash, and so is anything malformed, unknown or oversized.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
+# The prompt, the tool definitions and the text form of a call live in the client package (one copy, which
+# trainer adapters use without the platform); re-exported here for the rollout code.
+from envforge_client.prompts import SYSTEM_PROMPT as SYSTEM_PROMPT
+from envforge_client.prompts import TOOL_CALL as TOOL_CALL
+from envforge_client.prompts import TOOLS as TOOLS
+
 MAX_ACTION_BYTES = 256 * 1024
 MAX_PATH_CHARS = 4096
-TOOL_CALL = re.compile(r"<tool_call>\s*(?P<body>.*?)\s*</tool_call>", re.DOTALL)
 
 
 class ActionError(ValueError):
@@ -68,62 +72,6 @@ class Submit:
 
 Action = Union[Run, ReadFile, WriteFile, ApplyPatch, Submit]
 
-# What every policy is told first: the rollout scheduler, the verl export and the environment service use it.
-SYSTEM_PROMPT = (
-    "You are a software engineer working in a sandboxed repository. Use the tools to inspect and change "
-    "files and to run commands; call `submit` when the task is done."
-)
-
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "run",
-            "description": "Run a shell command in /workspace and see its exit code and output.",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}, "timeout_s": {"type": "number"}},
-                "required": ["command"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a text file (path relative to /workspace).",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "write_file",
-            "description": "Create or overwrite a file (path relative to /workspace).",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                "required": ["path", "content"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "apply_patch",
-            "description": "Apply a unified diff to /workspace.",
-            "parameters": {"type": "object", "properties": {"patch": {"type": "string"}}, "required": ["patch"]},
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "submit",
-            "description": "Finish: the current state of /workspace is graded.",
-            "parameters": {"type": "object", "properties": {}},
-        },
-    },
-]
 _FIELDS: dict[str, tuple[type, dict[str, type], dict[str, type]]] = {
     # name: (class, required {arg: type}, optional {arg: type})
     "run": (Run, {"command": str}, {"timeout_s": (int, float)}),

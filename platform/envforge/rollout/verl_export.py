@@ -14,7 +14,7 @@ once, with what the episode starts from and what grading needs:
 | `reward_model` | `{"style": "rule", "ground_truth": "<json: task_id, content_hash, task_set_version>"}` |
 | `extra_info` | `index`, `split`, the task id and content hash, `service_url` (where the reward function grades), `max_turns`, and the batch's `batch_id`, `batch_samples` and `batch_pass_rate` for filtering |
 
-The reward function is `envforge.service.adapters.verl_reward.compute_score`: it replays the
+The reward function is `envforge_client.adapters.verl_reward.compute_score`: it replays the
 response's tool calls in a fresh session of the exact task version and returns the verified reward.
 """
 
@@ -27,29 +27,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import polars as pl
+from envforge_client.prompts import TOOLS, system_message, user_message
 
 from envforge.objectstore import write_url
-from envforge.rollout.actions import SYSTEM_PROMPT, TOOLS
 from envforge.rollout.trajectory import Trajectory
-from envforge.task import WORKSPACE
 
 AGENT_NAME = "tool_agent"
 ABILITY = "agentic-coding"
-
-
-def system_message() -> str:
-    """The system prompt with the tools and the text form of a call (the Hermes/Qwen convention the
-    rollout tools parse), so prompts work for models and templates without native tool support."""
-    tools = "\n".join(json.dumps(t, sort_keys=True) for t in TOOLS)
-    return (
-        f"{SYSTEM_PROMPT}\n\n# Tools\n\nYou may call the following tools:\n<tools>\n{tools}\n</tools>\n\n"
-        'To act, answer with one JSON object between tags:\n<tool_call>{"name": <tool-name>, "arguments": '
-        "<args-json-object>}</tool_call>"
-    )
-
-
-def user_message(instruction: str) -> str:
-    return f"{instruction.strip()}\n\nThe repository is in {WORKSPACE}."
 
 
 def verl_rows(

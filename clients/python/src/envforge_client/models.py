@@ -31,8 +31,10 @@ class _Request(_Model):
 
 
 class ErrorDetail(_Model):
-    code: str = Field(description="machine-readable: unauthorized, not_found, session_lost, quota_exceeded, "
-                                  "request_too_large, invalid_request, infra_error, unavailable")
+    code: str = Field(
+        description="machine-readable: unauthorized, not_found, session_lost, quota_exceeded, "
+        "request_too_large, invalid_request, infra_error, unavailable"
+    )
     message: str = Field(description="what went wrong and what to do about it")
 
 
@@ -91,22 +93,31 @@ class TaskList(_Model):
 
 
 class CreateSession(_Request):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "anyOf": [{"required": ["task_id"]}, {"required": ["content_hash"]}, {"required": ["task_set", "index"]}],
-        "dependentRequired": {"index": ["task_set"]}})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [{"required": ["task_id"]}, {"required": ["content_hash"]}, {"required": ["task_set", "index"]}],
+            "dependentRequired": {"index": ["task_set"]},
+        },
+    )
 
     task_id: Union[Annotated[str, Field(max_length=200)], SkipJsonSchema[None]] = Field(
-        None, description="a task id (with task_set: in that set; alone: the newest task set this key may use "
-                          "that holds it)")
+        None,
+        description="a task id (with task_set: in that set; alone: the newest task set this key may use that holds it)",
+    )
     task_set: Union[Annotated[str, Field(max_length=200)], SkipJsonSchema[None]] = Field(
-        None, description="task-set name, version or unique version prefix")
+        None, description="task-set name, version or unique version prefix"
+    )
     index: Union[Annotated[int, Field(ge=0, le=1_000_000)], SkipJsonSchema[None]] = Field(
-        None, description="with task_set: the task at this position")
+        None, description="with task_set: the task at this position"
+    )
     content_hash: Union[Annotated[str, Field(pattern=SHA256)], SkipJsonSchema[None]] = Field(
-        None, description="pin the exact task version (what verl's reward looks up)")
+        None, description="pin the exact task version (what verl's reward looks up)"
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="recorded with the session")
     max_turns: Union[Annotated[int, Field(ge=1, le=10_000)], SkipJsonSchema[None]] = Field(
-        None, description="fewer turns than the task allows")
+        None, description="fewer turns than the task allows"
+    )
 
     @model_validator(mode="after")
     def _one_way_to_name_a_task(self) -> "CreateSession":
@@ -191,13 +202,16 @@ class ToolCall(_Model):
 
 
 class StepRequest(_Request):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "oneOf": [{"required": ["tool_call"]}, {"required": ["text"]}]})
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"oneOf": [{"required": ["tool_call"]}, {"required": ["text"]}]}
+    )
 
     tool_call: Union[ToolCall, SkipJsonSchema[None]] = Field(None, description="an OpenAI tool call")
     text: Union[str, SkipJsonSchema[None]] = Field(
-        None, description='a reply holding <tool_call>{"name": ..., "arguments": {...}}</tool_call> (models '
-                          "without native tool calls)")
+        None,
+        description='a reply holding <tool_call>{"name": ..., "arguments": {...}}</tool_call> (models '
+        "without native tool calls)",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "StepRequest":
@@ -229,5 +243,7 @@ class Health(_Model):
     status: Literal["ok"]
     boot_id: str = Field(description="changes when the service restarts; session ids carry it")
     sessions_open: int
-    backend: dict[str, Any] = Field(description="the sandbox backend serving sessions (`backend`: `local-pool`, or "
-                                    "`fleet` with its `nodes`, `in_use` and `idle_sandboxes`) and its statistics")
+    backend: dict[str, Any] = Field(
+        description="the sandbox backend serving sessions (`backend`: `local-pool`, or "
+        "`fleet` with its `nodes`, `in_use` and `idle_sandboxes`) and its statistics"
+    )

@@ -19,7 +19,7 @@ from openenv.core.client_types import StepResult
 from pydantic import BaseModel, Field
 from websockets.sync.client import connect as ws_connect
 
-from envforge.service.openenv_ws import PATH
+PATH = "/openenv/ws"  # the service's OpenEnv WebSocket route (envforge.service.openenv_ws; a test keeps them equal)
 
 
 class EnvforgeAction(BaseModel):

@@ -1,7 +1,7 @@
 """TRL's GRPOTrainer on envforge environments: a custom `rollout_func` that plays each prompt as a
 multi-turn episode on the environment service, and a reward function that returns the verified reward.
 
-    from envforge.service.adapters.trl_grpo import EnvforgeRollout, envforge_reward, task_dataset
+    from envforge_client.adapters.trl_grpo import EnvforgeRollout, envforge_reward, task_dataset
     with EnvforgeClient(url, key) as client:
         dataset, tasks = task_dataset(client, "main")
         rollout = EnvforgeRollout(client, tasks, max_turns=8, max_new_tokens=256)
@@ -22,9 +22,8 @@ from typing import Any
 
 import torch
 
-from envforge.rollout.actions import TOOLS
-from envforge.rollout.verl_export import system_message, user_message
-from envforge.service.client import EnvforgeClient
+from envforge_client.client import Client as EnvforgeClient
+from envforge_client.prompts import TOOLS, system_message, user_message
 
 _SENTINEL = "\u2063envforge-turn-end\u2063"
 

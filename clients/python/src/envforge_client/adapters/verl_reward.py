@@ -15,18 +15,16 @@ because a lost sandbox is not a model failure.
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
-from envforge.rollout.actions import TOOL_CALL
-from envforge.service.client import EnvforgeClient, ServiceUnavailable, SessionLost
+from envforge_client.client import KEY_VARIABLE
+from envforge_client.client import Client as EnvforgeClient
+from envforge_client.errors import ServiceUnavailable, SessionLost
+from envforge_client.prompts import tool_call_blocks
 
 INFRA_RETRIES = 3
-
-
-def tool_call_blocks(solution_str: str) -> list[str]:
-    """Every `<tool_call>...</tool_call>` block of the response, in order (each is one step)."""
-    return [m.group(0) for m in TOOL_CALL.finditer(solution_str or "")]
 
 
 def _grade_once(client: EnvforgeClient, truth: dict[str, Any], blocks: list[str]) -> dict[str, Any]:
@@ -52,16 +50,11 @@ def compute_score(
 ) -> dict[str, Any]:
     """verl's reward signature; returns {"score": reward, ...} (verl logs the other keys)."""
     truth = json.loads(ground_truth) if isinstance(ground_truth, str) else dict(ground_truth)
-    from envforge.settings import read_env
-
-    env = read_env()
-    url = (extra_info or {}).get("service_url") or env.service_url
-    key = env.api_key.get_secret_value() if env.api_key is not None else ""
-    if not key:
-        raise RuntimeError("ENVFORGE_API_KEY is not set: the reward function needs an envforge service key")
+    if not os.environ.get(KEY_VARIABLE):
+        raise RuntimeError(f"{KEY_VARIABLE} is not set: the reward function needs an envforge service key")
     blocks = tool_call_blocks(solution_str)
     last: Exception | None = None
-    with EnvforgeClient(url, key) as client:
+    with EnvforgeClient((extra_info or {}).get("service_url")) as client:  # else ENVFORGE_SERVICE_URL
         for attempt in range(INFRA_RETRIES):
             try:
                 return _grade_once(client, truth, blocks)
