@@ -206,3 +206,16 @@ def test_a_second_ingest_derives_only_the_commits_new_since_the_cursor(calc, tmp
     assert sorted(derived) == sorted(shas[k] for k in ("new", "linked", "follow_up", "characterization", "fix"))
     assert [t.content_hash for t in sorted(full.result.tasks, key=lambda t: t.id)] == \
         [t.content_hash for t in sorted(second.result.tasks, key=lambda t: t.id)]
+
+    def hashes(result):
+        return [t.content_hash for t in sorted(result.result.tasks, key=lambda t: t.id)]
+
+    # A verdict belongs to its policy: a load under another policy judges the carried tasks again from
+    # their original statements (no sandbox), exactly as a full load under that policy would.
+    derived.clear()
+    off = ingest(settings, IngestConfig(statements="off"), [cfg], client=docker_client)
+    assert derived == [] and len(off.result.tasks) == 4
+    assert all("statement" not in t.spec.metadata for t in off.result.tasks)
+    assert Catalog(settings.catalog_path).latest_load(loads["source_key"][0]).statements == "off"
+    back = ingest(settings, IngestConfig(statements="flag"), [cfg], client=docker_client)
+    assert derived == [] and hashes(back) == hashes(full)

@@ -163,6 +163,7 @@ class SourceLoadRow(_Table):
     n_rejects: int = pa.Field(ge=0)
     loaded_at: datetime
     cursor: str = pa.Field(nullable=True)  # a history source's branch head at this load (where the next one starts)
+    statements: str = pa.Field(nullable=True)  # the statement policy the load applied (strict | flag | off)
 
 
 class TrajectoryRow(_Table):

@@ -24,7 +24,7 @@ from __future__ import annotations
 from envforge.catalog.rollouts import RolloutStore
 from envforge.catalog.sessions import SessionStore
 from envforge.catalog.task_sets import TaskSetStore, UnknownTaskSetError
-from envforge.catalog.tasks import IngestSummary, SourceLoad, TaskStore, task_rows
+from envforge.catalog.tasks import IngestSummary, SourceLoad, StoredLoad, TaskStore, task_rows
 from envforge.catalog.verdicts import VerdictStore
 
 
@@ -39,6 +39,7 @@ __all__ = [
     "RolloutStore",
     "SessionStore",
     "SourceLoad",
+    "StoredLoad",
     "TaskSetStore",
     "TaskStore",
     "UnknownTaskSetError",

@@ -12,13 +12,22 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Iterable, NamedTuple, Protocol, Sequence
 
 import polars as pl
 
 from envforge.catalog.base import CatalogBase, frame, now
 from envforge.errors import BatchRejectedError, Problem
 from envforge.task import Task
+
+
+class StoredLoad(NamedTuple):
+    """A source's latest load as stored: its task versions, rejects, cursor and statement policy."""
+
+    tasks: list[Task]
+    rejects: list[Problem]
+    cursor: str | None
+    statements: str | None  # None: stored before loads recorded their policy
 
 
 class SourceLoad(Protocol):
@@ -76,6 +85,7 @@ class TaskStore(CatalogBase):
         source_key: str | None = None,
         fingerprint: str = "",
         cursor: str | None = None,
+        statements: str | None = None,
     ) -> IngestSummary:
         """Store a source's good tasks and its rejects in one transaction.
 
@@ -121,6 +131,7 @@ class TaskStore(CatalogBase):
                         "n_rejects": len(problems),
                         "loaded_at": at,
                         "cursor": cursor,
+                        "statements": statements,
                     }
                 ],
             )
@@ -201,11 +212,12 @@ class TaskStore(CatalogBase):
             "n_rejects, loaded_at, cursor FROM latest_source_loads ORDER BY source_kind, source_key"
         )
 
-    def latest_load(self, source_key: str) -> tuple[list[Task], list[Problem], str | None] | None:
-        """A source's latest load as it was stored: its task versions, its rejects and its cursor (None:
-        never loaded). What an incremental load of a history source carries over."""
+    def latest_load(self, source_key: str) -> StoredLoad | None:
+        """A source's latest load as it was stored (None: never loaded). What an incremental load of a
+        history source carries over."""
         load = self.query(
-            "SELECT batch_id, task_hashes, cursor FROM latest_source_loads WHERE source_key = ?", [source_key]
+            "SELECT batch_id, task_hashes, cursor, statements FROM latest_source_loads WHERE source_key = ?",
+            [source_key],
         )
         if load.height == 0:
             return None
@@ -214,10 +226,11 @@ class TaskStore(CatalogBase):
         rejects = self.query(
             "SELECT source, field, reason FROM rejects WHERE batch_id = ? ORDER BY source", [row["batch_id"]]
         )
-        return (
+        return StoredLoad(
             tasks,
             [Problem(r["source"], r["field"], r["reason"]) for r in rejects.iter_rows(named=True)],
             row["cursor"],
+            row["statements"],
         )
 
     def retire_missing_sources(self, present: set[str], root: Path, under: Iterable[Path] | None = None) -> list[str]:

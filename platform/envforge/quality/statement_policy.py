@@ -53,6 +53,20 @@ def with_statement(task: Task, check: StatementCheck, review: dict | None = None
     return updated.model_copy(update={"content_hash": updated.compute_content_hash()})
 
 
+def unchecked(task: Task) -> Task:
+    """The task as its source gave it: the original statement back and no verdict, so a policy other than
+    the one it was checked under can judge it afresh (an incremental load carrying tasks over)."""
+    record = task.spec.metadata.get("statement")
+    if record is None:
+        return task
+    metadata = {k: v for k, v in task.spec.metadata.items() if k != "statement"}
+    spec = task.spec.model_copy(
+        update={"instruction": record.get("original", task.spec.instruction), "metadata": metadata}
+    )
+    updated = task.model_copy(update={"spec": spec})
+    return updated.model_copy(update={"content_hash": updated.compute_content_hash()})
+
+
 def apply_statement_policy(
     tasks: list[Task],
     policy: StatementPolicy,
@@ -127,4 +141,4 @@ def statement_verdicts(tasks: list[Task]) -> dict[str, dict]:
     return out
 
 
-__all__ = ["StatementOutcome", "apply_statement_policy", "statement_verdicts", "with_statement"]
+__all__ = ["StatementOutcome", "apply_statement_policy", "statement_verdicts", "unchecked", "with_statement"]

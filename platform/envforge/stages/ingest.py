@@ -12,7 +12,7 @@ from envforge.catalog import Catalog, IngestSummary
 from envforge.config import Settings
 from envforge.errors import InfraError, Problem
 from envforge.progress import Progress, no_progress
-from envforge.quality.statement_policy import apply_statement_policy
+from envforge.quality.statement_policy import apply_statement_policy, unchecked
 from envforge.quality.statement_review import ReviewOutcome
 from envforge.quality.statements import StatementPolicy, StatementSummary
 from envforge.sandbox.provider import SandboxProvider, SandboxProviderError
@@ -21,6 +21,7 @@ from envforge.sources.funnel import Funnel
 from envforge.sources.guard import unexpected
 from envforge.stages.base import StageContext, StageResult, stage
 from envforge.stages.configs import IngestConfig
+from envforge.task import Task
 
 
 @dataclass
@@ -153,14 +154,21 @@ def ingest(
     statements, reviews = StatementSummary(), ReviewOutcome()
     for i, (ref, res) in enumerate(loaded, start=1):
         progress("ingest", ref.key(root), i, len(loaded))
-        carried = carry_over(catalog, ref.key(root), res) if ref.kind == "history" and config.incremental else None
+        carried = (
+            carry_over(catalog, ref.key(root), res, config.statements)
+            if ref.kind == "history" and config.incremental
+            else CarriedOver()
+        )
         derive_candidates(settings, res, client=client, progress=progress, sandboxes=context.sandboxes)
         checked = apply_statement_policy(
-            res.tasks, cast(StatementPolicy, config.statements), settings.data_dir, review=config.review
+            [*res.tasks, *carried.to_check],
+            cast(StatementPolicy, config.statements),
+            settings.data_dir,
+            review=config.review,
         )
-        res.tasks, res.rejects = checked.tasks, [*res.rejects, *checked.rejects]
-        if carried is not None:  # checked when they were first ingested: their verdicts stand
-            res.tasks, res.rejects = [*res.tasks, *carried.tasks], [*res.rejects, *carried.rejects]
+        # carried.tasks were checked under this same policy when first ingested: their verdicts stand
+        res.tasks = [*checked.tasks, *carried.tasks]
+        res.rejects = [*res.rejects, *checked.rejects, *carried.rejects]
         statements.merge(checked.summary)
         reviews.merge(checked.review)
         sources.append(SourceIngest(ref.key(root), ref.kind, fingerprint(ref), res, statements=checked.summary))
@@ -175,7 +183,12 @@ def ingest(
     summaries = [catalog.ingest(LoadResult(rejects=list(problems)), source_kind="path")] if problems else []
     for s in sources:
         s.summary = catalog.ingest(
-            s.result, source_kind=s.kind, source_key=s.key, fingerprint=s.fingerprint, cursor=s.result.cursor
+            s.result,
+            source_kind=s.kind,
+            source_key=s.key,
+            fingerprint=s.fingerprint,
+            cursor=s.result.cursor,
+            statements=config.statements,
         )
         summaries.append(s.summary)
     summary = IngestSummary(
@@ -187,27 +200,47 @@ def ingest(
     return IngestResult(list(paths), combined, summary, sources, discovery.skipped, statements, reviews)
 
 
-def carry_over(catalog: Catalog, source_key: str, result: LoadResult) -> LoadResult:
+@dataclass
+class CarriedOver:
+    """What an incremental load takes from the source's latest load instead of deriving it again."""
+
+    tasks: list[Task] = field(default_factory=list)  # kept as stored: checked under the current policy
+    to_check: list[Task] = field(default_factory=list)  # their original statements, for the current policy
+    rejects: list[Problem] = field(default_factory=list)
+
+
+def _statement_reject(problem: Problem) -> bool:
+    return problem.field == "instruction" and "(statements: strict" in problem.reason
+
+
+def carry_over(catalog: Catalog, source_key: str, result: LoadResult, statements: str = "flag") -> CarriedOver:
     """Take out of `result` the candidates (history commits) the source's latest load already processed,
     and return that load's outcome for them: its task, or its rejects (except infrastructure faults,
     which are tried again). Only commits new since the last load are then derived: the nightly
     refresh and the sensor cost what is new, not the whole range. Commits that left the range (a
-    `last: N` window moving on, a rewritten branch) are not carried: the load stays the range's."""
+    `last: N` window moving on, a rewritten branch) are not carried: the load stays the range's.
+
+    A statement verdict belongs to the policy it was reached under: when `statements` is not the
+    latest load's policy, carried tasks come back with their original statements to be checked again,
+    and commits that policy rejected (strict) are derived again, since their tasks were never stored."""
     previous = catalog.latest_load(source_key)
     if previous is None:
-        return LoadResult()
-    tasks, rejects, _cursor = previous
-    by_commit = {t.spec.metadata.get("fix_commit"): t for t in tasks}
+        return CarriedOver()
+    same_policy = previous.statements == statements
+    by_commit = {t.spec.metadata.get("fix_commit"): t for t in previous.tasks}
     rejected: dict[str, list[Problem]] = {}
-    for p in rejects:
+    for p in previous.rejects:
         sha12 = p.source.rsplit(":", 1)[-1]
-        if not p.reason.startswith("infra:"):
+        if not p.reason.startswith("infra:") and (same_policy or not _statement_reject(p)):
             rejected.setdefault(sha12, []).append(p)
-    carried, todo = LoadResult(), []
+    carried, todo = CarriedOver(), []
     for cand in result.candidates:
         sha = cand.metadata.get("fix_commit", "")
         if sha in by_commit:
-            carried.tasks.append(by_commit[sha])
+            if same_policy:
+                carried.tasks.append(by_commit[sha])
+            else:
+                carried.to_check.append(unchecked(by_commit[sha]))
         elif sha[:12] in rejected:
             carried.rejects.extend(rejected[sha[:12]])
         else:
