@@ -8,7 +8,7 @@ export ENVFORGE_DATA_DIR ?= $(CURDIR)/.envforge
 export DAGSTER_HOME ?= $(ENVFORGE_DATA_DIR)/dagster
 PYTEST_ARGS ?=
 
-.PHONY: setup venv engine base-image demo fleet-demo test lint bench-sandbox bench-dedup bench-rollout bench-observe bench-fleet bench-gate bench-strength ui mlflow-ui lock clean
+.PHONY: setup venv engine base-image demo fleet-demo test lint bench-sandbox bench-dedup bench-rollout bench-observe bench-fleet bench-gate bench-strength bench-client ui mlflow-ui lock clean
 
 ## setup: venv + package, host packages, Docker engine, sandbox base image (idempotent)
 setup: venv engine base-image
@@ -75,6 +75,11 @@ bench-dedup: venv
 ## per-sandbox footprint and the capacity model (JSON)
 bench-fleet: setup
 	$(BIN)/python bench/fleet.py
+
+## bench-client: what a trainer's venv pays: the envforge-client package (its own venv) vs the full
+## platform, install size of the dependency closure and import time (JSON)
+bench-client: venv
+	$(BIN)/python bench/client_footprint.py
 
 ## ui: the Dagster UI on http://127.0.0.1:3000
 ui: venv
