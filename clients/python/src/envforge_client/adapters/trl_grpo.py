@@ -231,9 +231,9 @@ class EnvforgeRollout:
             out = model.generate(
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),
-                generation_config=GenerationConfig(**kwargs, disable_compile=True),
-                output_scores=True,
-                return_dict_in_generate=True,
+                generation_config=GenerationConfig(
+                    **kwargs, output_scores=True, return_dict_in_generate=True, disable_compile=True
+                ),
             )
             scores = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
         new = out.sequences[:, ids.shape[1] :].tolist()
