@@ -13,7 +13,7 @@ import torch
 from envforge_client import models as m
 from envforge_client.adapters.trl_env import EnvforgeEnvironments, EnvforgeToolEnv, EpisodeFault
 from envforge_client.adapters.trl_grpo import EnvforgeRollout, TaskRef, cut_turn, generation_kwargs, left_pad
-from envforge_client.errors import SessionLost
+from envforge_client.errors import RequestTooLarge, SessionLost
 from envforge_client.prompts import TOOLS, system_message, user_message
 
 
@@ -116,6 +116,14 @@ def test_an_infrastructure_fault_is_never_scored():
     with pytest.raises(EpisodeFault, match="infrastructure fault"):  # ... and the step fails instead of a 0
         env.get_reward()
     assert client.sessions[0].closed == 1
+
+
+def test_a_request_the_model_made_too_large_is_its_answer_not_a_fault():
+    client = ScriptedClient(t1={"fault": RequestTooLarge(413, "request_too_large", "the body is over 1 MiB")})
+    env = EnvforgeEnvironments(client)()
+    env.reset(task_id="t1")
+    assert env.write_file(path="big", content="x") == "error: the body is over 1 MiB"
+    assert env.get_reward() == 0.0 and client.sessions[0].verifies == 1
 
 
 # -- rollout_func ---------------------------------------------------------------------------------------
@@ -227,3 +235,22 @@ def test_with_use_vllm_turns_go_through_trls_vllm_backend(tiny, tmp_path):
     model_tokens = [t for t, keep in zip(out["completion_ids"][0], out["env_mask"][0], strict=True) if keep]
     assert model_tokens == [11, 12, stop, 11, 12, stop]  # each turn cut at its stop token
     assert [lp for lp, keep in zip(out["logprobs"][0], out["env_mask"][0], strict=True) if keep] == [-0.5] * 6
+
+
+def test_an_episode_stops_when_its_observations_fill_the_completion_budget(tiny, tmp_path):
+    _, tokenizer = tiny
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    class FixedVLLM:
+        def generate(self, prompts, images, num_generations, profiler=None):
+            return prompts, [[11, 12, stop] for _ in prompts], [[[-0.5]] * 3 for _ in prompts], None
+
+    trainer = _trainer(tiny, tmp_path, max_completion_length=5)
+    trainer.args.use_vllm, trainer.vllm_generation = True, FixedVLLM()
+    client = ScriptedClient()
+    prompts = [_prompt("Fix the median.")]
+    rollout = EnvforgeRollout(client, {prompts[0][1]["content"]: TaskRef("a", "h", "v")}, max_turns=4)
+    out = rollout(prompts, trainer)
+    # The first observation already passes 5 tokens: no second turn, and the completion is cut to the budget.
+    assert rollout.generate_calls == [1] and len(client.sessions[0].steps) == 1
+    assert len(out["completion_ids"][0]) == 5 and out["env_mask"][0] == [1, 1, 1, 0, 0]

@@ -13,10 +13,12 @@ type hints and docstrings into the prompt's tool schema) and each is one step of
 is the verified reward (the submission's grade, else a verify of the workspace as the episode left it),
 after which the session is closed. No reward function is needed: TRL logs it as `rewards/EnvforgeToolEnv`.
 
-Infrastructure faults (the session lost, the service unreachable or refusing) are never scored: the tool
-call that met one re-raises it (TRL shows the model an error), and `get_reward` then raises `EpisodeFault`,
+Infrastructure faults (the session lost, the service unreachable, a quota or key refused) are never scored:
+the tool call that met one re-raises it (TRL shows the model an error), and `get_reward` then raises `EpisodeFault`,
 which stops the training step. TRL turns a reward of `None` into NaN and then sums rewards with nansum, so
-"no reward" would train as 0; failing loudly is the only honest answer it allows.
+"no reward" would train as 0; failing loudly is the only honest answer it allows. A request the model's
+own call made invalid (too large, refused as invalid) is not a fault: the model gets the error as the
+tool's answer, as it gets a malformed action's.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from envforge_client.client import Client, Session
-from envforge_client.errors import ServiceError
+from envforge_client.errors import RequestTooLarge, ServiceError
 from envforge_client.models import VerifyResult
 from envforge_client.prompts import SYSTEM_PROMPT
 
@@ -159,6 +161,8 @@ class EnvforgeToolEnv:
         try:
             out = session.step(name=name, arguments=arguments)
         except ServiceError as exc:
+            if isinstance(exc, RequestTooLarge) or exc.code == "invalid_request":
+                return f"error: {exc.message}"  # the request the model made: it sees why, and goes on
             self._fault = exc  # not the model's doing: get_reward refuses to score the episode
             raise
         self._turns = out.turn

@@ -310,6 +310,7 @@ class EnvforgeRollout:
                 e.completion += obs
                 e.logprobs += [0.0] * len(obs)
                 e.mask += [0] * len(obs)
+                e.running = len(e.completion) < budget  # an observation can fill what was left
 
     @staticmethod
     def _grade(episode: _Episode) -> None:
