@@ -4,6 +4,8 @@
     envforge service serve &                              # http://127.0.0.1:8080
     ENVFORGE_API_KEY=efk_... python examples/trl_grpo_envforge.py --task-set main --steps 1
 
+Sampling is the trainer's (GRPOConfig: temperature, top_p, ..., max_completion_length bounds an episode's
+completion), and each turn of a step is one batched generation over the episodes still running.
 The model is envforge's tiny test model (random weights, built in code: nothing is downloaded),
 so the rewards stay 0; swap in a real checkpoint (`--model DIR`) to learn. Every episode is a
 session on the service, graded there; the trainer sees the verified reward.
@@ -28,7 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--generations", type=int, default=2)
     parser.add_argument("--max-turns", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--max-new-tokens", type=int, default=24, help="a cap on one turn")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
         trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config, train_dataset=dataset,
                               reward_funcs=[envforge_reward], rollout_func=rollout)
         trainer.train()
-    summary = {"episodes": rollout.episodes, "log": trainer.state.log_history}
+    summary = {"episodes": rollout.episodes, "generate_calls": rollout.generate_calls, "log": trainer.state.log_history}
     print(json.dumps(summary, default=str))
     return summary
 

@@ -1,7 +1,9 @@
 """Adapters that plug the environment service into trainers teams already use:
 
-- `trl_grpo`: a `rollout_func` for TRL's `GRPOTrainer` (multi-turn episodes on the service, the
-  verified reward forwarded to a reward function);
+- `trl_env`: an `environment_factory` for TRL's `GRPOTrainer`, TRL's documented agentic route (the five
+  actions as tool methods on one session per episode, the verified reward as `get_reward`);
+- `trl_grpo`: a `rollout_func` for TRL's `GRPOTrainer` (multi-turn episodes on the service, generated
+  with the trainer's sampling settings in one batch per turn, the verified reward forwarded to a reward function);
 - `openenv`: the OpenEnv protocol (`openenv-core`'s `EnvClient`) served by envforge, and a typed client;
 - `verl_reward`: verl's `compute_score` grading a response on the service (data from
   `envforge rollout-export --format verl`).
