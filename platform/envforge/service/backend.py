@@ -21,6 +21,7 @@ from envforge.config import Settings
 from envforge.errors import ImageBuildError
 from envforge.rollout.env import RolloutEnv
 from envforge.sandbox.container import run_blocking
+from envforge.sandbox.engine import remove_orphans
 from envforge.sandbox.provider import SandboxProvider, or_local
 from envforge.stages.configs import ImagesConfig
 from envforge.stages.images import build_images
@@ -40,6 +41,8 @@ class EnvBackend(Protocol):
     def make_env(self, task: Task, image: str) -> RolloutEnv: ...
 
     def stats(self) -> dict[str, Any]: ...
+
+    def reap_orphans(self) -> int: ...
 
     def close(self) -> None: ...
 
@@ -84,6 +87,7 @@ class SandboxBackend:
         max_starting: int = 4,
     ):
         self.images = TaskImages(settings, client)
+        self.client = client
         # Starting a local pool removes containers whose owning process is dead: the sandboxes of a
         # service instance that was killed are cleaned up when the next one starts.
         self.lease = or_local(provider).lease(
@@ -116,6 +120,11 @@ class SandboxBackend:
     def stats(self) -> dict[str, Any]:
         idle = self.pool.idle_count()  # on the fleet, re-reads every node's warm pool first
         return {**self.lease.describe(), "idle_sandboxes": idle, **self.pool.stats.as_dict()}
+
+    def reap_orphans(self) -> int:
+        """Remove the sandboxes of dead processes on this process's engine (a killed replica's), as a
+        pool does when it starts; a fleet node's own are its agent's business."""
+        return remove_orphans(self.client)
 
     def close(self) -> None:
         # A shared pool (the fleet's dispatcher and node agents serve other drivers and the process's
