@@ -59,15 +59,18 @@ class TaskImages:
     def resolve(self, task: Task) -> str:
         if task.content_hash in self._images:
             return self._images[task.content_hash]
-        catalog = Catalog(self.settings.catalog_path)
-        image = catalog.latest_images().get(task.content_hash)
-        if image is None:
-            with self._build_lock:
+        # One lookup at a time: a burst of first sessions would otherwise open the catalog from many
+        # threads at once, and DuckDB refuses their concurrent schema statements (write-write conflict).
+        with self._build_lock:
+            if task.content_hash in self._images:
+                return self._images[task.content_hash]
+            image = Catalog(self.settings.catalog_path).latest_images().get(task.content_hash)
+            if image is None:
                 built = build_images(self.settings, ImagesConfig(), [task], client=self.client)
-            if built.failures:
-                raise ImageBuildError(str(built.failures[0]))
-            image = built.image_set.tags[task.content_hash]
-        self._images[task.content_hash] = image
+                if built.failures:
+                    raise ImageBuildError(str(built.failures[0]))
+                image = built.image_set.tags[task.content_hash]
+            self._images[task.content_hash] = image
         return image
 
 

@@ -74,8 +74,11 @@ def _worker_user() -> str:
 def nginx_config(listen: str, replicas: list[Replica], run_dir: Path, max_request_bytes: int) -> str:
     """The proxy in front of `replicas`: session routes to the session's replica, the rest round-robin."""
     servers = "\n".join(f"        server 127.0.0.1:{r.port} max_fails=1 fail_timeout=5s;" for r in replicas)
+    # Idle upstream connections are dropped before uvicorn's keep-alive (5 s) closes them: a request
+    # sent on a connection the replica is closing would fail for no fault of the replica's.
     one_each = "\n".join(
-        f"    upstream replica_{r.name} {{ server 127.0.0.1:{r.port}; keepalive 32; }}" for r in replicas
+        f"    upstream replica_{r.name} {{ server 127.0.0.1:{r.port}; keepalive 32; keepalive_timeout 3s; }}"
+        for r in replicas
     )
     routes = "\n".join(f"        ~^/sessions/{r.name}\\.  replica_{r.name};" for r in replicas)
     # nginx's own cap above the service's, so the replica answers 413 with its JSON error body.
@@ -114,6 +117,7 @@ http {{
     upstream replicas {{
 {servers}
         keepalive 64;
+        keepalive_timeout 3s;
     }}
 {one_each}
     map $uri $session_upstream {{
@@ -131,10 +135,11 @@ http {{
             proxy_pass http://replicas;
             proxy_next_upstream error timeout http_503 non_idempotent;
         }}
-        # A session's requests go to its replica only; a gone replica is a lost session.
+        # A session's requests go to its replica only; a gone replica is a lost session. (With one
+        # server, `error` retries only a request whose reused keep-alive connection failed, on a new one.)
         location ~ ^/sessions/(?<session_id>[A-Za-z0-9._-]+) {{
             proxy_pass http://$session_upstream;
-            proxy_next_upstream off;
+            proxy_next_upstream error non_idempotent;
             error_page 502 = @session_lost;
         }}
         location @session_lost {{
