@@ -19,8 +19,8 @@ import pytest
 
 from envforge.sandbox.engine import OWNER_LABEL
 from envforge.service.client import EnvforgeClient, QuotaExceededError, RetryPolicy, SessionLost
-from envforge.service.replicas import nginx_binary
 from envforge.service.config import TenantLimits
+from envforge.service.replicas import nginx_binary
 from envforge.service.tenants import TenantStore, tenants_path
 from tests.service.conftest import create_key, free_port
 

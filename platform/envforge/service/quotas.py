@@ -21,7 +21,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 
 from envforge.errors import EnvforgeError
-from envforge.service.shared_quotas import WINDOW_S, SharedQuotaState
+from envforge.service.shared_quotas import SharedQuotaState
 from envforge.service.tenants import Tenant, TenantStore, utc_day
 
 SESSION_RETRY_AFTER_S = 5

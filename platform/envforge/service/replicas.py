@@ -20,6 +20,7 @@ restarts).
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import logging
@@ -56,6 +57,15 @@ class Replica:
         return f"http://127.0.0.1:{self.port}"
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it dies (Linux), so a killed
+    `serve --replicas` leaves no replica or nginx running on its own."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def nginx_binary() -> str:
     found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
     if found is None:
@@ -83,7 +93,9 @@ def nginx_config(listen: str, replicas: list[Replica], run_dir: Path, max_reques
     routes = "\n".join(f"        ~^/sessions/{r.name}\\.  replica_{r.name};" for r in replicas)
     # nginx's own cap above the service's, so the replica answers 413 with its JSON error body.
     body_cap = 2 * max_request_bytes
-    temp = "\n".join(f"    {kind}_temp_path {run_dir / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    temp = "\n".join(
+        f"    {kind}_temp_path {run_dir / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
     lost = (
         '{"error": {"code": "session_lost", "message": "session $session_id was lost: the replica of the '
         'service that held it is gone (killed or stopped), and its sandbox with it; start a new session"}}'
@@ -185,7 +197,8 @@ class ReplicaSet:
                 [self.nginx, "-p", str(self.run_dir), "-c", str(conf), "-e", str(self.run_dir / "nginx-error.log")],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                start_new_session=True,
+                start_new_session=True,  # Ctrl-C reaches this process only: it stops the set in order
+                preexec_fn=_die_with_parent,
             )
             self._wait_healthy(self.url, None, deadline)
         except BaseException:
@@ -199,8 +212,14 @@ class ReplicaSet:
         if self.data_dir:
             cmd += ["--data-dir", str(self.data_dir)]
         r.log = open(self.run_dir / f"{r.name}.log", "ab")
-        env = {**os.environ, "ENVFORGE_SERVICE_REPLICA": r.name, "ENVFORGE_SERVICE_LEASE_TTL_S": str(self.config.lease_ttl_s)}
-        r.proc = subprocess.Popen(cmd, env=env, stdout=r.log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {
+            **os.environ,
+            "ENVFORGE_SERVICE_REPLICA": r.name,
+            "ENVFORGE_SERVICE_LEASE_TTL_S": str(self.config.lease_ttl_s),
+        }
+        r.proc = subprocess.Popen(
+            cmd, env=env, stdout=r.log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+        )
 
     def _wait_healthy(self, url: str, r: Replica | None, deadline: float) -> None:
         proc, what = (r.proc, f"replica {r.name}") if r else (self.proxy, "nginx")

@@ -73,8 +73,10 @@ class SharedQuotaState:
         rows = con.execute("SELECT boot_id, owner, heartbeat FROM replicas WHERE boot_id != ?", (self.boot_id,))
         dead = [b for b, owner, beat in rows.fetchall() if beat < now - self.ttl_s or not owner_alive(owner)]
         for boot in dead:
-            con.execute("DELETE FROM session_leases WHERE boot_id = ?", (boot,))
             con.execute("DELETE FROM replicas WHERE boot_id = ?", (boot,))
+        # Leases of replicas without a row: the dead ones just found, and any a replica took after a
+        # peer had declared it dead (its next heartbeat re-asserts those of its sessions).
+        con.execute("DELETE FROM session_leases WHERE boot_id NOT IN (SELECT boot_id FROM replicas)")
         self.peers_lost += len(dead)
 
     def open_session(self, tenant: str, session_id: str, limit: int, now: float | None = None) -> tuple[bool, int]:
@@ -86,21 +88,12 @@ class SharedQuotaState:
             (open_now,) = con.execute("SELECT count(*) FROM session_leases WHERE tenant = ?", (tenant,)).fetchone()
             if open_now >= limit:
                 return False, open_now
-            con.execute(
-                "INSERT INTO session_leases VALUES (?, ?, ?, ?)", (session_id, tenant, self.boot_id, now)
-            )
+            con.execute("INSERT INTO session_leases VALUES (?, ?, ?, ?)", (session_id, tenant, self.boot_id, now))
             return True, open_now
 
     def close_session(self, session_id: str) -> None:
         with self._write() as con:
             con.execute("DELETE FROM session_leases WHERE session_id = ?", (session_id,))
-
-    def open_sessions(self, tenant: str) -> int:
-        """The tenant's sessions open on every live replica."""
-        with self._write() as con:
-            self._free_dead(con, time.time())
-            (n,) = con.execute("SELECT count(*) FROM session_leases WHERE tenant = ?", (tenant,)).fetchone()
-            return int(n)
 
     def take_step(self, tenant: str, limit: int, now: float | None = None) -> tuple[bool, int, float]:
         """Count one step when the tenant made fewer than `limit` in the window on all replicas:
