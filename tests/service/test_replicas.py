@@ -45,6 +45,12 @@ def _set_limits(settings, tenant: str, **limits) -> None:
         store.close()
 
 
+def _listed(url: str, key: str) -> set[str]:
+    resp = httpx.get(url + "/sessions", headers={"X-API-Key": key}, timeout=30)
+    assert resp.status_code == 200, resp.text
+    return {s["session_id"] for s in resp.json()["sessions"]}
+
+
 def _replica(session_id: str) -> str:
     return session_id.split(".", 1)[0]
 
@@ -87,6 +93,8 @@ def test_two_replicas_share_quotas_and_survive_one_killed_mid_episode(replica_se
         first = client.create_session(task_set="main", index=1)
         second = client.create_session(task_set="main", index=1)
         assert {_replica(first.id), _replica(second.id)} == {"r0", "r1"}, (first.id, second.id)
+        for _ in range(2):  # whichever replica answers lists the tenant's sessions on both
+            assert _listed(url, key) == {first.id, second.id}
         # Each replica holds one session, yet the tenant's limit of 2 holds across both.
         with pytest.raises(QuotaExceededError) as over:
             client.create_session(task_set="main", index=1)
@@ -111,6 +119,7 @@ def test_two_replicas_share_quotas_and_survive_one_killed_mid_episode(replica_se
         assert lost.value.status == 410 and lost.value.code == "session_lost"
         assert "the replica of the service that held it is gone" in lost.value.message and first.id in lost.value.message
         assert httpx.get(f"{url}/sessions/{first.id}", headers={"X-API-Key": key}).status_code == 410
+        assert _listed(url, key) == {second.id}
 
         # Its lease is freed (the tenant may open a second session again), new sessions go to the live
         # replica, and the live replica's reaper removes the dead one's sandboxes.

@@ -126,7 +126,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings.ensure_dirs()
     store = TenantStore(tenants_path(settings))
     boot_id = app.state.boot_id or new_boot_id(config.replica)
-    quotas = QuotaTracker(store, SharedQuotaState(store.path, boot_id, config.lease_ttl_s))
+    url = f"http://{config.host}:{config.port}" if config.replica else ""  # where peers list its sessions
+    quotas = QuotaTracker(store, SharedQuotaState(store.path, boot_id, config.lease_ttl_s, url=url))
     used_backend = given or await asyncio.to_thread(backend_from_env, settings, config)
     manager = SessionManager(
         used_backend,

@@ -30,7 +30,8 @@ from envforge.sandbox.engine import owner_alive, owner_id
 WINDOW_S = 60.0
 
 _DDL = """
-CREATE TABLE IF NOT EXISTS replicas (boot_id TEXT PRIMARY KEY, owner TEXT NOT NULL, heartbeat REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS replicas (
+    boot_id TEXT PRIMARY KEY, owner TEXT NOT NULL, heartbeat REAL NOT NULL, url TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS session_leases (
     session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, boot_id TEXT NOT NULL, created_at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS session_leases_tenant ON session_leases (tenant);
@@ -42,8 +43,10 @@ CREATE TABLE IF NOT EXISTS step_seconds (
 class SharedQuotaState:
     """This replica's handle on the shared counters (one connection, serialized by a lock)."""
 
-    def __init__(self, path: Path, boot_id: str, ttl_s: float = 30.0, owner: str | None = None):
-        self.boot_id, self.ttl_s, self.owner = boot_id, ttl_s, owner or owner_id()
+    def __init__(self, path: Path, boot_id: str, ttl_s: float = 30.0, owner: str | None = None, url: str = ""):
+        """`url`: where peers reach this replica (a replica set's member lists its tenants' sessions
+        there for the others); empty for a process of its own."""
+        self.boot_id, self.ttl_s, self.owner, self.url = boot_id, ttl_s, owner or owner_id(), url
         self._lock = threading.Lock()
         self._con = sqlite3.connect(str(path), check_same_thread=False, timeout=30, isolation_level=None)
         self._con.execute("PRAGMA journal_mode=WAL")
@@ -120,13 +123,23 @@ class SharedQuotaState:
         with self._write() as con:
             beat = con.execute("UPDATE replicas SET heartbeat = ? WHERE boot_id = ?", (now, self.boot_id))
             if beat.rowcount == 0:
-                con.execute("INSERT INTO replicas VALUES (?, ?, ?)", (self.boot_id, self.owner, now))
+                con.execute("INSERT INTO replicas VALUES (?, ?, ?, ?)", (self.boot_id, self.owner, now, self.url))
                 con.executemany(
                     "INSERT OR IGNORE INTO session_leases VALUES (?, ?, ?, ?)",
                     [(sid, tenant, self.boot_id, now) for sid, tenant in sessions],
                 )
             self._free_dead(con, now)
             con.execute("DELETE FROM step_seconds WHERE second <= ?", (now - WINDOW_S,))
+
+    def peers_serving(self, tenant: str) -> list[str]:
+        """The URLs of the other live replicas that hold sessions of `tenant`."""
+        with self._lock:
+            rows = self._con.execute(
+                """SELECT DISTINCT r.url FROM replicas r JOIN session_leases l USING (boot_id)
+                   WHERE l.tenant = ? AND r.boot_id != ? AND r.url != '' AND r.heartbeat >= ?""",
+                (tenant, self.boot_id, time.time() - self.ttl_s),
+            ).fetchall()
+        return sorted(url for (url,) in rows)
 
     def retire(self) -> None:
         """A graceful stop: this replica's leases and row go (its sessions were closed)."""
