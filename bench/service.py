@@ -13,6 +13,11 @@ one JSON document:
   warm pool) doing S sessions in all, each: open a session on a task, 2 `run` steps, close
   (`episode`); and the same with a graded `submit` (`graded`). Sessions per second and the
   HTTP/in-process ratio. Bounded: at most S sessions per mode and T seconds per mode.
+- `replicas`: the same `episode` load (C workers, S sessions a round) against the service as one
+  replica and as two replicas, each behind nginx (`envforge.service.replicas.ReplicaSet`, what
+  `serve --replicas N` runs; both sets up at once, the warm pool split between a set's replicas),
+  rounds alternating between them (`--rounds R` each): each round's sessions/s, their medians and
+  the ratio two/one. `--replicas-only` runs just this part.
 All traffic stays on 127.0.0.1.
 """
 
@@ -43,7 +48,8 @@ from envforge.sandbox.engine import docker_client  # noqa: E402
 from envforge.sandbox.images import build_base_image, build_task_image  # noqa: E402
 from envforge.sandbox.pool import SandboxPool  # noqa: E402
 from envforge.service.client import AsyncEnvforgeClient, EnvforgeClient  # noqa: E402
-from envforge.service.config import TenantLimits  # noqa: E402
+from envforge.service.config import ServiceConfig, TenantLimits  # noqa: E402
+from envforge.service.replicas import ReplicaSet  # noqa: E402
 from envforge.service.tenants import TenantStore, tenants_path  # noqa: E402
 from envforge.sources.result import LoadResult  # noqa: E402
 from envforge.sources.specs import load_spec_file  # noqa: E402
@@ -188,19 +194,65 @@ async def throughput_inprocess(pool: SandboxPool, grader: Grader, task, image: s
     return {"sessions": done, "errors": 0, "wall_s": round(wall, 2), "sessions_per_s": round(done / wall, 3)}
 
 
+def start_replica_set(settings: Settings, count: int, concurrency: int) -> ReplicaSet:
+    """`count` replicas behind nginx on a free port, the warm pool split between them."""
+    os.environ.update({"ENVFORGE_SERVICE_MLFLOW": "false", "ENVFORGE_SERVICE_POOL_IDLE": str(-(-concurrency // count)),
+                       "ENVFORGE_SERVICE_MAX_SESSIONS": str(4 * concurrency)})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = ServiceConfig.from_env().with_overrides(host="127.0.0.1", port=port)
+    return ReplicaSet(config, count, settings.data_dir / "bench-replicas" / str(count), settings.data_dir).start()
+
+
+def compare_replicas(settings: Settings, key: str, concurrency: int, sessions: int, rounds: int,
+                     limit_s: float) -> dict:
+    """Sessions/s of one replica vs two, both behind nginx, in alternating rounds (same machine load)."""
+    sets = {}
+    try:
+        for count in (1, 2):
+            log(f"starting {count} replica(s) behind nginx")
+            sets[count] = start_replica_set(settings, count, concurrency)
+        runs: dict[int, list[dict]] = {1: [], 2: []}
+        for r in range(rounds):
+            for count, replica_set in sets.items():
+                log(f"round {r + 1}/{rounds}: {count} replica(s), {concurrency} concurrent, {sessions} sessions")
+                runs[count].append(asyncio.run(throughput_http(replica_set.url, key, concurrency, sessions, False,
+                                                               limit_s)))
+    finally:
+        for replica_set in sets.values():
+            replica_set.stop()
+    medians = {n: round(statistics.median(x["sessions_per_s"] for x in rs), 3) for n, rs in runs.items()}
+    return {"mode": "episode", "concurrency": concurrency, "sessions_per_round": sessions, "rounds": rounds,
+            **{name: {"sessions_per_s": [x["sessions_per_s"] for x in runs[n]], "median": medians[n],
+                      "errors": sum(x["errors"] for x in runs[n]),
+                      "first_errors": [e for x in runs[n] for e in x["first_errors"]][:3]}
+               for n, name in ((1, "one_replica"), (2, "two_replicas"))},
+            "ratio_two_vs_one": round(medians[2] / medians[1], 3) if medians[1] else None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--sessions", type=int, default=128)
     parser.add_argument("--time-limit", type=float, default=240.0, help="seconds per throughput mode, at most")
-    parser.add_argument("--latency-only", action="store_true", help="skip the throughput part")
+    parser.add_argument("--latency-only", action="store_true", help="skip the throughput and replica parts")
+    parser.add_argument("--replicas-only", action="store_true", help="only sessions/s with one vs two replicas")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per replica count")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
     client = docker_client(Settings.from_env())
     with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
         settings, images, key = prepare(Path(tmp) / "data", client)
+        if args.replicas_only:
+            doc = {"bench": "service", "task": "ops-service-config", "cpus": os.cpu_count(),
+                   "replicas": compare_replicas(settings, key, args.concurrency, args.sessions, args.rounds,
+                                                args.time_limit),
+                   "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
+            emit(doc, args.out)
+            return
         task, image = images["ops-service-config"]
         log("starting the service")
         proc, url = start_server(settings, args.concurrency)
@@ -227,12 +279,18 @@ def main() -> None:
             pool.close()
             proc.terminate()
             proc.wait(60)
+        replicas = None if args.latency_only else compare_replicas(settings, key, args.concurrency, args.sessions,
+                                                                   args.rounds, args.time_limit)
     doc = {"bench": "service", "task": "ops-service-config", "cpus": os.cpu_count(),
            "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "step_latency": lat,
-           "throughput": {"concurrency": args.concurrency, **throughput}}
+           "throughput": {"concurrency": args.concurrency, **throughput}, "replicas": replicas}
+    emit(doc, args.out)
+
+
+def emit(doc: dict, out: Path | None) -> None:
     text = json.dumps(doc, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
+    if out:
+        out.write_text(text + "\n")
     print(text)
 
 

@@ -579,6 +579,20 @@ class EnvSettings(BaseSettings):
         "service",
         "how long a reaped or lost session's id still answers 410 (then 404)",
     )
+    service_replica: str = _var(
+        "ENVFORGE_SERVICE_REPLICA",
+        "",
+        "service",
+        "this process's name in a set of replicas behind a proxy (r0, r1, ...; `serve --replicas` sets it): "
+        "it prefixes session ids so the proxy routes each session to its replica; empty for one process",
+    )
+    service_lease_ttl_s: float = _var(
+        "ENVFORGE_SERVICE_LEASE_TTL_S",
+        30.0,
+        "service",
+        "a replica silent this long counts as dead: its sessions stop counting against tenants' quotas "
+        "(a dead replica on the same host is found at once, by its pid)",
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -205,3 +205,44 @@ def test_the_service_picks_the_fleet_by_address_and_an_unreachable_one_fails_the
     with pytest.raises(FleetConfigError, match=r"ENVFORGE_RAY_ADDRESS=127.0.0.1:9: nothing answers"):
         with TestClient(create_app(settings, ServiceConfig(mlflow=False))):
             pass
+
+
+def test_shared_quotas_hold_across_replicas_and_free_a_dead_replicas_leases(store):
+    import socket
+    import subprocess
+
+    from envforge.service.shared_quotas import SharedQuotaState
+
+    t0 = time.time()
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs: a replica killed on this host
+    a = SharedQuotaState(store.path, "r0.aaaa0000", ttl_s=30)
+    b = SharedQuotaState(store.path, "r1.bbbb0000", ttl_s=30, owner=f"{socket.gethostname()}:{gone.pid}")
+    elsewhere = None
+    try:
+        assert b.open_session("t", "r1.bbbb0000-1", limit=3, now=t0) == (True, 0)
+        # b's process is gone: its lease is freed by the next count, and a learns that a peer died.
+        assert a.open_session("t", "r0.aaaa0000-1", limit=3, now=t0) == (True, 0)
+        assert a.take_peers_lost() == 1 and a.take_peers_lost() == 0
+        elsewhere = SharedQuotaState(store.path, "r2.cccc0000", ttl_s=30, owner="other-host:1")
+        assert elsewhere.open_session("t", "r2.cccc0000-1", limit=3, now=t0) == (True, 1)
+        assert a.open_session("t", "r0.aaaa0000-2", limit=3, now=t0) == (True, 2)
+        assert a.open_session("t", "r0.aaaa0000-3", limit=3, now=t0) == (False, 3)  # the limit holds across
+        # A replica on another host is dead once it has not heart-beaten for the TTL ...
+        a.heartbeat([("r0.aaaa0000-1", "t"), ("r0.aaaa0000-2", "t")], now=t0 + 100)
+        assert a.open_session("t", "r0.aaaa0000-3", limit=3, now=t0 + 100) == (True, 2)
+        # ... and one that was only stalled re-asserts its sessions' leases at its next heartbeat.
+        elsewhere.heartbeat([("r2.cccc0000-1", "t")], now=t0 + 101)
+        assert a.open_session("t", "r0.aaaa0000-4", limit=4, now=t0 + 101) == (False, 4)
+        # Steps: one window for every replica, per tenant, by wall-clock second.
+        assert a.take_step("t", 2, now=t0 + 200.2)[0] and elsewhere.take_step("t", 2, now=t0 + 201)[0]
+        assert elsewhere.take_step("t", 2, now=t0 + 202) == (False, 2, int(t0 + 200.2) + 60.0)
+        assert a.take_step("u", 2, now=t0 + 202)[0]  # another tenant's window
+        a.close_session("r0.aaaa0000-1")
+        a.retire()  # a graceful stop: its leases go
+        rows = elsewhere._con.execute("SELECT session_id FROM session_leases ORDER BY session_id").fetchall()
+        assert rows == [("r2.cccc0000-1",)]
+    finally:
+        for state in (a, b, elsewhere):
+            if state is not None:
+                state.close()

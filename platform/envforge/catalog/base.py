@@ -70,8 +70,11 @@ class CatalogBase:
             try:
                 con = duckdb.connect(str(self.path))
                 break
-            except duckdb.IOException as exc:  # another process holds the write lock
-                if "lock" not in str(exc).lower() or attempt == retries - 1:
+            except (duckdb.IOException, duckdb.BinderException) as exc:
+                # IOException: another process holds the write lock. BinderException "Unique file handle
+                # conflict": another thread of this process is attaching the file at this very moment.
+                message = str(exc).lower()
+                if ("lock" not in message and "file handle conflict" not in message) or attempt == retries - 1:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 1.5, 1.0)

@@ -47,6 +47,13 @@ def serve(
     host: Optional[str] = _setting("host"),
     port: Optional[int] = _setting("port"),
     idle_timeout_s: Optional[float] = _setting("idle_timeout_s"),
+    replicas: int = typer.Option(
+        1,
+        "--replicas",
+        min=1,
+        help="run this many service processes on loopback behind nginx on --host/--port, sessions routed "
+        "to their replica by id, quotas shared (docs/service.md#several-replicas-behind-nginx)",
+    ),
     data_dir: Optional[Path] = DataDir,
 ) -> None:
     """Serve the environment API (uvicorn) over the catalog's task sets, on the local sandbox pool (on the
@@ -64,6 +71,9 @@ def serve(
         config = ServiceConfig.from_env().with_overrides(host=host, port=port, idle_timeout_s=idle_timeout_s)
     except (DeploymentError, EnvforgeError) as exc:
         fail(exc)
+    if replicas > 1:
+        _serve_replicas(config, replicas, settings.data_dir, data_dir)
+        return
     from envforge.observe.discovery import targets_dir
     from envforge.observe.http import free_port, registered_target
 
@@ -81,6 +91,32 @@ def serve(
             timeout_graceful_shutdown=30,
             ws_max_size=config.max_request_bytes,
         )
+
+
+def _serve_replicas(config: ServiceConfig, count: int, data: Path, data_dir: Optional[Path]) -> None:
+    """`serve --replicas N`: the replica set in the foreground until SIGTERM/Ctrl-C or nothing can serve."""
+    import signal
+
+    from envforge.service.replicas import ReplicaSet
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    run_dir = data / "service" / "replicas"
+    try:
+        replica_set = ReplicaSet(config, count, run_dir, data_dir).start()
+    except EnvforgeError as exc:
+        fail(exc)
+    console.print(f"envforge service: {count} replicas behind nginx on {replica_set.url} (run dir {run_dir})")
+    for r in replica_set.describe()["replicas"]:
+        console.print(f"  replica {r['name']} on {r['url']} (pid {r['pid']})")
+    try:
+        replica_set.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        replica_set.stop()
 
 
 @app.command("openapi")

@@ -85,7 +85,9 @@ def owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _owner_alive(owner: str) -> bool:
+def owner_alive(owner: str) -> bool:
+    """Whether the process an `owner_id()` names still runs; another host's owner counts as alive
+    (not ours to judge)."""
     host, _, pid = owner.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return True  # another machine's container: not ours to judge
@@ -115,7 +117,7 @@ def remove_orphans(client: docker.DockerClient) -> int:
         return 0
     for c in listed:
         owner = (c.attrs.get("Labels") or {}).get(OWNER_LABEL, "")
-        if not owner or _owner_alive(owner):
+        if not owner or owner_alive(owner):
             continue
         try:
             c.remove(force=True, v=True)

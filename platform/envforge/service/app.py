@@ -36,7 +36,8 @@ from envforge.service.quotas import QuotaExceeded, QuotaTracker
 from envforge.service.recorder import SessionRecorder
 from envforge.service.routes import HTTP_ROUTERS, ROUTERS
 from envforge.service.routes.deps import AuthError
-from envforge.service.sessions import SessionError, SessionManager
+from envforge.service.sessions import SessionError, SessionManager, new_boot_id
+from envforge.service.shared_quotas import SharedQuotaState
 from envforge.service.tasks import NotFound, TaskDirectory
 from envforge.service.tenants import TenantStore, tenants_path
 
@@ -124,15 +125,18 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     given: EnvBackend | None = app.state.given_backend
     settings.ensure_dirs()
     store = TenantStore(tenants_path(settings))
+    boot_id = app.state.boot_id or new_boot_id(config.replica)
+    url = f"http://{config.host}:{config.port}" if config.replica else ""  # where peers list its sessions
+    quotas = QuotaTracker(store, SharedQuotaState(store.path, boot_id, config.lease_ttl_s, url=url))
     used_backend = given or await asyncio.to_thread(backend_from_env, settings, config)
     manager = SessionManager(
         used_backend,
         TaskDirectory(Catalog(settings.catalog_path)),
-        QuotaTracker(store),
+        quotas,
         SessionRecorder(settings, config.record_every_sessions, config.record_every_s, mlflow=config.mlflow),
         app.state.metrics,
         config,
-        app.state.boot_id,
+        boot_id,
     )
     manager.recorder.boot_id = manager.boot_id
     app.state.store, app.state.manager = store, manager
@@ -168,6 +172,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await manager.shutdown()
         if given is None:
             await asyncio.to_thread(used_backend.close)
+        quotas.close()
         store.close()
 
 

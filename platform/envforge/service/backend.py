@@ -21,6 +21,7 @@ from envforge.config import Settings
 from envforge.errors import ImageBuildError
 from envforge.rollout.env import RolloutEnv
 from envforge.sandbox.container import run_blocking
+from envforge.sandbox.engine import remove_orphans
 from envforge.sandbox.provider import SandboxProvider, or_local
 from envforge.stages.configs import ImagesConfig
 from envforge.stages.images import build_images
@@ -41,6 +42,8 @@ class EnvBackend(Protocol):
 
     def stats(self) -> dict[str, Any]: ...
 
+    def reap_orphans(self) -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -56,15 +59,18 @@ class TaskImages:
     def resolve(self, task: Task) -> str:
         if task.content_hash in self._images:
             return self._images[task.content_hash]
-        catalog = Catalog(self.settings.catalog_path)
-        image = catalog.latest_images().get(task.content_hash)
-        if image is None:
-            with self._build_lock:
+        # One lookup at a time: a burst of first sessions would otherwise open the catalog from many
+        # threads at once, and DuckDB refuses their concurrent schema statements (write-write conflict).
+        with self._build_lock:
+            if task.content_hash in self._images:
+                return self._images[task.content_hash]
+            image = Catalog(self.settings.catalog_path).latest_images().get(task.content_hash)
+            if image is None:
                 built = build_images(self.settings, ImagesConfig(), [task], client=self.client)
-            if built.failures:
-                raise ImageBuildError(str(built.failures[0]))
-            image = built.image_set.tags[task.content_hash]
-        self._images[task.content_hash] = image
+                if built.failures:
+                    raise ImageBuildError(str(built.failures[0]))
+                image = built.image_set.tags[task.content_hash]
+            self._images[task.content_hash] = image
         return image
 
 
@@ -84,6 +90,7 @@ class SandboxBackend:
         max_starting: int = 4,
     ):
         self.images = TaskImages(settings, client)
+        self.client = client
         # Starting a local pool removes containers whose owning process is dead: the sandboxes of a
         # service instance that was killed are cleaned up when the next one starts.
         self.lease = or_local(provider).lease(
@@ -116,6 +123,11 @@ class SandboxBackend:
     def stats(self) -> dict[str, Any]:
         idle = self.pool.idle_count()  # on the fleet, re-reads every node's warm pool first
         return {**self.lease.describe(), "idle_sandboxes": idle, **self.pool.stats.as_dict()}
+
+    def reap_orphans(self) -> int:
+        """Remove the sandboxes of dead processes on this process's engine (a killed replica's), as a
+        pool does when it starts; a fleet node's own are its agent's business."""
+        return remove_orphans(self.client)
 
     def close(self) -> None:
         # A shared pool (the fleet's dispatcher and node agents serve other drivers and the process's

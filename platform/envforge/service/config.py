@@ -7,11 +7,14 @@ from the setting envforge.settings declares (and reads for `ServiceConfig.from_e
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from envforge.errors import EnvforgeError
 from envforge.settings import EnvSettings, SettingsError, read_env
+
+_REPLICA = re.compile(r"^[a-z0-9]{1,16}$")
 
 
 def _f(setting: str) -> Any:
@@ -58,6 +61,8 @@ class ServiceConfig:
     record_every_s: float = _f("service_record_every_s")
     mlflow: bool = _f("service_mlflow")
     tombstone_s: float = _f("service_tombstone_s")
+    replica: str = _f("service_replica")
+    lease_ttl_s: float = _f("service_lease_ttl_s")
     default_limits: TenantLimits = field(
         default_factory=TenantLimits, metadata={"help": "limits of tenants created without explicit ones"}
     )
@@ -87,8 +92,13 @@ class ServiceConfig:
             "pool_max_starting",
             "record_every_sessions",
             "record_every_s",
+            "lease_ttl_s",
         ):
             if getattr(self, name) <= 0:
                 raise EnvforgeError(f"service configuration: {name} must be > 0, got {getattr(self, name)!r}")
+        if self.replica and not _REPLICA.match(self.replica):
+            raise EnvforgeError(
+                f"service configuration: replica {self.replica!r} must be 1-16 of a-z and 0-9 (it prefixes session ids)"
+            )
         if not 0 < self.port < 65536:
             raise EnvforgeError(f"service configuration: port {self.port} is not a TCP port")

@@ -2,24 +2,28 @@
 
 A request over a quota gets 429 with `Retry-After`: for the step rate, when the oldest step of
 the window leaves it; for sandbox time, at the next UTC midnight; for open sessions, a short
-back-off (a session closes when its client deletes it or it idles out). Steps are counted in a
-sliding 60-second window in memory. Sandbox time is charged from each session's open time, kept
-in memory between flushes and written to the tenants file by the reaper tick and when a session
-closes, so a restart loses at most one tick of accounting.
+back-off (a session closes when its client deletes it or it idles out). Open sessions and steps
+are counted in the store every replica of the service shares (`shared_quotas`: a lease per open
+session, a count per second of the last 60), so a limit holds for the tenant however many replicas
+serve it. Sandbox time is charged from each session's open time, kept in memory between flushes
+and written to the tenants file by the reaper tick and when a session closes; a check reads the
+file's figure (every replica's flushed time) plus this replica's unflushed and live time, so a
+restart loses at most one tick of accounting and replicas see each other's time within a tick.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import threading
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 
 from envforge.errors import EnvforgeError
+from envforge.service.shared_quotas import SharedQuotaState
 from envforge.service.tenants import Tenant, TenantStore, utc_day
 
-WINDOW_S = 60.0
 SESSION_RETRY_AFTER_S = 5
 
 
@@ -37,18 +41,23 @@ def seconds_to_utc_midnight(now: float | None = None) -> float:
 
 
 class QuotaTracker:
-    def __init__(self, store: TenantStore):
+    """One replica's quotas: `shared` holds the counters all replicas share (a private boot id
+    when none is given: a process of its own)."""
+
+    def __init__(self, store: TenantStore, shared: SharedQuotaState | None = None):
         self.store = store
+        self.shared = shared or SharedQuotaState(store.path, secrets.token_hex(4))
         self._lock = threading.Lock()
-        self._steps: dict[str, deque[float]] = defaultdict(deque)
         self._day = utc_day()
         self._unflushed: dict[str, float] = defaultdict(float)  # charged here, not yet in the store
-        self._stored: dict[str, float] = {}  # the store's figure for today, read once per tenant per day
 
     def _roll_day(self) -> None:
         today = utc_day()
         if today != self._day:
-            self._day, self._stored = today, {}
+            self._day = today
+
+    def close(self) -> None:
+        self.shared.close()
 
     def check_sessions(self, tenant: Tenant, open_now: int) -> None:
         if open_now >= tenant.limits.max_sessions:
@@ -59,21 +68,27 @@ class QuotaTracker:
                 SESSION_RETRY_AFTER_S,
             )
 
+    def open_session(self, tenant: Tenant, session_id: str) -> None:
+        """Lease a place for a new session under the tenant's limit (on all replicas), or raise."""
+        taken, open_now = self.shared.open_session(tenant.name, session_id, tenant.limits.max_sessions)
+        if not taken:
+            self.check_sessions(tenant, open_now)
+
+    def close_session(self, session_id: str) -> None:
+        self.shared.close_session(session_id)
+
     def take_step(self, tenant: Tenant, now: float | None = None) -> None:
-        """Count one step (or verify) against the tenant's rate, or raise when the window is full."""
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            window = self._steps[tenant.name]
-            while window and window[0] <= now - WINDOW_S:
-                window.popleft()
-            if len(window) >= tenant.limits.steps_per_minute:
-                raise QuotaExceeded(
-                    "steps_per_minute",
-                    f"tenant {tenant.name} made {len(window)} steps in the "
-                    f"last minute, its limit is {tenant.limits.steps_per_minute}",
-                    window[0] + WINDOW_S - now,
-                )
-            window.append(now)
+        """Count one step (or verify) against the tenant's rate, or raise when the window is full.
+        `now` is wall-clock time: replicas share the window."""
+        now = time.time() if now is None else now
+        taken, steps, frees_at = self.shared.take_step(tenant.name, tenant.limits.steps_per_minute, now)
+        if not taken:
+            raise QuotaExceeded(
+                "steps_per_minute",
+                f"tenant {tenant.name} made {steps} steps in the last minute, its limit is "
+                f"{tenant.limits.steps_per_minute}",
+                frees_at - now,
+            )
 
     def charge(self, tenant: str, seconds: float) -> None:
         if seconds > 0:
@@ -82,15 +97,11 @@ class QuotaTracker:
                 self._unflushed[tenant] += seconds
 
     def used_today(self, tenant: str, live_s: float = 0.0) -> float:
+        """Sandbox-seconds today: every replica's flushed time, this one's unflushed and `live_s`."""
         with self._lock:
             self._roll_day()
-            known = tenant in self._stored
-        if not known:
-            stored = self.store.usage(tenant, self._day)
-            with self._lock:
-                self._stored.setdefault(tenant, stored)
-        with self._lock:
-            return self._stored[tenant] + self._unflushed.get(tenant, 0.0) + live_s
+            day, unflushed = self._day, self._unflushed.get(tenant, 0.0)
+        return self.store.usage(tenant, day) + unflushed + live_s
 
     def check_sandbox_time(self, tenant: Tenant, live_s: float = 0.0) -> None:
         used = self.used_today(tenant.name, live_s)
@@ -107,9 +118,6 @@ class QuotaTracker:
         with self._lock:
             pending, self._unflushed = dict(self._unflushed), defaultdict(float)
             day = self._day
-            for tenant, seconds in pending.items():
-                if tenant in self._stored:
-                    self._stored[tenant] += seconds
         closed = sessions_closed or {}
         for tenant in set(pending) | set(closed):
             self.store.add_usage(tenant, pending.get(tenant, 0.0), closed.get(tenant, 0), day)

@@ -7,7 +7,9 @@ different tenants share nothing but the pool.
 
 Ids are `<boot id>-<random>`. The boot id changes with every start of the service, so a client
 whose session died with a restart gets 410 "session lost" instead of a confusing 404, and no
-lookup is needed to say so. A session reaped for idleness or lost to an infrastructure fault
+lookup is needed to say so. A replica of a replica set (`ServiceConfig.replica`, docs/service.md)
+has the boot id `<replica>.<random>`, so the proxy in front routes a session's requests to the
+replica that holds it by the id alone. A session reaped for idleness or lost to an infrastructure fault
 also answers 410 for a while (to its own tenant only); ids of other tenants always answer 404.
 When the episode ends it is graded at once and its sandbox goes back to the pool; the session
 keeps its result until it is deleted or reaped.
@@ -103,6 +105,12 @@ class Tombstone:
     until: float
 
 
+def new_boot_id(replica: str = "") -> str:
+    """A fresh boot id: 8 hex digits, after `<replica>.` for a replica of a set (session ids start with it)."""
+    token = secrets.token_hex(4)
+    return f"{replica}.{token}" if replica else token
+
+
 def _obs(o: Observation) -> dict[str, Any]:
     return {"text": o.text, "exit_code": o.exit_code, "error": o.error}
 
@@ -120,7 +128,7 @@ class SessionManager:
     ):
         self.backend, self.directory, self.quotas = backend, directory, quotas
         self.recorder, self.metrics, self.config = recorder, metrics, config
-        self.boot_id = boot_id or secrets.token_hex(4)
+        self.boot_id = boot_id or new_boot_id(config.replica)
         self._sessions: dict[str, Session] = {}
         self._tombstones: dict[str, Tombstone] = {}
         self._starting: dict[str, int] = {}  # sessions being created, per tenant (count against the limit)
@@ -172,9 +180,11 @@ class SessionManager:
                 f"the service has {self.open_count()} sessions open, its limit is "
                 f"{self.config.max_sessions_total}; retry shortly"
             )
-        self.quotas.check_sessions(tenant, self.open_count(tenant.name))
         self.quotas.check_sandbox_time(tenant, self._live_seconds(tenant.name))
+        session_id = f"{self.boot_id}-{secrets.token_urlsafe(12)}"
+        self.quotas.open_session(tenant, session_id)  # the tenant's place, counted on every replica
         self._starting[tenant.name] = self._starting.get(tenant.name, 0) + 1
+        started = False
         try:
             try:
                 image = await self.backend.image_for(served.task)
@@ -192,9 +202,12 @@ class SessionManager:
                 await env.close()
                 self.metrics.infra_errors.inc()
                 raise InfraFault(f"could not start a sandbox for {served.task.id}: {exc}; retry") from None
+            started = True
         finally:
             self._starting[tenant.name] -= 1
-        session = Session(f"{self.boot_id}-{secrets.token_urlsafe(12)}", tenant.name, info, served, seed, env, first)
+            if not started:
+                self.quotas.close_session(session_id)
+        session = Session(session_id, tenant.name, info, served, seed, env, first)
         self._sessions[session.id] = session
         self.metrics.sessions_started.labels(tenant.name).inc()
         self.metrics.sessions_open.labels(tenant.name).inc()
@@ -320,6 +333,7 @@ class SessionManager:
         except Exception as exc:  # the pool destroys what it cannot reset; never fail a close
             log.warning("closing session %s: %s", session.id, exc)
         self._sessions.pop(session.id, None)
+        self.quotas.close_session(session.id)
         if tombstone:
             self._tombstones[session.id] = Tombstone(
                 session.tenant, tombstone, time.monotonic() + self.config.tombstone_s
@@ -368,6 +382,10 @@ class SessionManager:
         self._tombstones = {k: t for k, t in self._tombstones.items() if t.until > now}
         closed, self._closed_counts = self._closed_counts, {}
         await asyncio.to_thread(self.quotas.flush, closed)
+        await asyncio.to_thread(self.quotas.shared.heartbeat, [(s.id, s.tenant) for s in self._sessions.values()])
+        if self.quotas.shared.take_peers_lost():  # a replica died: its sandboxes have no owner now
+            removed = await asyncio.to_thread(self.backend.reap_orphans)
+            log.warning("a replica of the service died; removed %d of its sandboxes", removed)
         if self.recorder.due():
             await asyncio.to_thread(self.recorder.flush)
         return len(idle)
@@ -377,4 +395,5 @@ class SessionManager:
             await self._close(s, "shutdown")
         closed, self._closed_counts = self._closed_counts, {}
         await asyncio.to_thread(self.quotas.flush, closed)
+        await asyncio.to_thread(self.quotas.shared.retire)
         await asyncio.to_thread(self.recorder.flush)

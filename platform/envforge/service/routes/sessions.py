@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Depends
+import httpx
+from fastapi import APIRouter, Depends, Request
 
 from envforge.service import models as m
 from envforge.service.quotas import QuotaExceeded
@@ -13,6 +15,7 @@ from envforge.service.sessions import SessionManager
 from envforge.service.tenants import Tenant
 
 router = APIRouter(tags=["sessions"])
+LOCAL_ONLY = "x-envforge-replica-local"  # GET /sessions from a peer replica: this replica's sessions only
 
 
 @router.post(
@@ -31,8 +34,21 @@ async def create_session(
 
 
 @router.get("/sessions", response_model=m.SessionList, responses=responses(401))
-async def list_sessions(t: Tenant = Depends(tenant), mgr: SessionManager = Depends(session_manager)) -> dict[str, Any]:
-    return {"sessions": [s.state() for s in mgr.sessions_of(t)]}
+async def list_sessions(
+    request: Request, t: Tenant = Depends(tenant), mgr: SessionManager = Depends(session_manager)
+) -> dict[str, Any]:
+    sessions = [s.state() for s in mgr.sessions_of(t)]
+    if request.headers.get(LOCAL_ONLY):  # a peer replica asking for this one's part
+        return {"sessions": sessions}
+    peers = await asyncio.to_thread(mgr.quotas.shared.peers_serving, t.name)
+    if peers:  # a replica set: the tenant's sessions on the other replicas, asked with the caller's key
+        headers = {k: v for k, v in request.headers.items() if k in ("authorization", "x-api-key")}
+        async with httpx.AsyncClient(timeout=10, headers={**headers, LOCAL_ONLY: "1"}) as http:
+            answers = await asyncio.gather(*(http.get(url + "/sessions") for url in peers), return_exceptions=True)
+        for answer in answers:  # a replica that died meanwhile has no sessions to list
+            if isinstance(answer, httpx.Response) and answer.status_code == 200:
+                sessions += answer.json()["sessions"]
+    return {"sessions": sessions}
 
 
 @router.get("/sessions/{session_id}", response_model=m.SessionState, responses=responses(401, 404, 410))
