@@ -268,7 +268,7 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
         if not on_changed and (fn is None or id(fn) not in touched):
             continue
         edits = list(_edits(node, src, fn, in_class))
-        if on_changed and node.lineno in lines:
+        if on_changed and getattr(node, "lineno", 0) in lines:
             edits += value_edits(node, src.segment, fn)
         for operator, target, text, description in edits:
             mutated = src.replaced(target, text)
@@ -286,9 +286,10 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
                 and not target.keywords
                 and len(target.args) == 2
             )
+            changed_here = on_changed and target.lineno in lines
             out.append(
                 (
-                    1 if on_changed and target.lineno in lines else 2,
+                    1 if changed_here else 2,
                     Mutant(
                         f"{operator}:{change.path}:{target.lineno}",
                         operator,
@@ -297,7 +298,7 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
                         mutated,
                         description,
                         commutative or same_ast(mutated, change.after),
-                        on_changed and target.lineno in lines,
+                        changed_here,
                     ),
                 )
             )

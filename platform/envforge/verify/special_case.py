@@ -22,8 +22,9 @@ from typing import Callable
 
 from envforge.verify.mutants import file_diff
 
-__all__ = ["LiteralCase", "literal_cases", "prepend_to_functions", "special_case_diff", "split_test_id"]
+__all__ = ["Function", "LiteralCase", "literal_cases", "prepend_to_functions", "special_case_diff", "split_test_id"]
 
+Function = ast.FunctionDef | ast.AsyncFunctionDef
 _EQUAL_ASSERTS = {"assertEqual", "assertEquals", "assertIs"}
 _TRUTH_ASSERTS = {"assertTrue": "True", "assertFalse": "False", "assertIsNone": "None"}
 
@@ -141,7 +142,7 @@ def literal_cases(test_source: str, test_names: list[str]) -> list[LiteralCase]:
     return out
 
 
-def _guard(case: LiteralCase, fn: ast.FunctionDef, method: bool) -> str | None:
+def _guard(case: LiteralCase, fn: Function, method: bool) -> str | None:
     """`if <params equal the literals>: return <expected>`, or None when the arguments do not bind."""
     params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
     if method and params and params[0] in ("self", "cls"):
@@ -169,7 +170,7 @@ def _module_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def prepend_to_functions(source: str, lines_for: Callable[[ast.AST, bool, set[str]], list[str]]) -> tuple[str, int]:
+def prepend_to_functions(source: str, lines_for: Callable[[Function, bool, set[str]], list[str]]) -> tuple[str, int]:
     """The source with `lines_for(function, is_method, names the module binds)` inserted at the top of each
     function's body (after its docstring, indented as the body); (new source, functions changed)."""
     try:
@@ -209,7 +210,7 @@ def _with_guards(source: str, cases: list[LiteralCase]) -> tuple[str, int]:
     """The source with guards inserted into the functions the cases call; (new source, cases used)."""
     used = 0
 
-    def guards(fn: ast.AST, method: bool, bound: set[str]) -> list[str]:
+    def guards(fn: Function, method: bool, bound: set[str]) -> list[str]:
         nonlocal used
         out = []
         for case in cases:

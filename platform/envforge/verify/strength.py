@@ -194,7 +194,8 @@ def _special_case(task: Task, changes: list[SourceChange], tests: dict[str, str]
 
 def _f2p_pass(task: Task, result: VerificationResult) -> bool:
     """Whether every FAIL_TO_PASS test passed in the grading (what the other required tests did aside)."""
-    return all(result.tests.get(t) == "passed" for t in task.spec.verification.tests.fail_to_pass)
+    check = task.spec.verification.tests
+    return check is not None and all(result.tests.get(t) == "passed" for t in check.fail_to_pass)
 
 
 def _with_test_timeout(task: Task, timeout_s: float | None) -> Task:

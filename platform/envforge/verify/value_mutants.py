@@ -112,15 +112,15 @@ def _display_edits(node: ast.AST, segment: Callable[[ast.AST], str]) -> Iterator
         replaced.elts = [*node.elts[:-1], node.elts[0]]
         candidates += [("drop_element", dropped), ("replace_element", replaced)]
     elif isinstance(node, ast.Dict) and len(node.keys) >= 2:
-        dropped = copy.copy(node)
-        dropped.keys, dropped.values = node.keys[:-1], node.values[:-1]
-        candidates.append(("drop_element", dropped))
+        shorter = copy.copy(node)
+        shorter.keys, shorter.values = node.keys[:-1], node.values[:-1]
+        candidates.append(("drop_element", shorter))
         keyed = [i for i, k in enumerate(node.keys) if k is not None]
         if len(keyed) >= 2:
-            replaced = copy.copy(node)
-            replaced.values = list(node.values)
-            replaced.values[keyed[-1]] = node.values[keyed[0]]
-            candidates.append(("replace_element", replaced))
+            other_value = copy.copy(node)
+            other_value.values = list(node.values)
+            other_value.values[keyed[-1]] = node.values[keyed[0]]
+            candidates.append(("replace_element", other_value))
         if None in node.keys:  # a merge: which side wins is the point
             swapped = copy.copy(node)
             swapped.keys = [node.keys[-1], *node.keys[1:-1], node.keys[0]]
@@ -164,7 +164,9 @@ def value_edits(node: ast.AST, segment: Callable[[ast.AST], str], fn: ast.AST | 
     if isinstance(value, ast.Name) and fn is not None:
         kinds = _locals_by_kind(fn)
         mine = {k for line, name, k in kinds if name == value.id}
-        others = [name for line, name, k in kinds if k in mine and name != value.id and line < node.lineno]
+        others = [
+            name for line, name, k in kinds if k in mine and name != value.id and line < getattr(node, "lineno", 0)
+        ]
         if len(mine) == 1 and others:
             yield "swap_value", value, others[-1], f"{value.id} -> {others[-1]}"
     numeric_call = isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in _NUMERIC_CALLS

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from envforge.verify.mutants import SourceChange, changed_lines
-from envforge.verify.special_case import prepend_to_functions
+from envforge.verify.special_case import Function, prepend_to_functions
 
 __all__ = ["WeakForm", "weak_form_sources", "weak_forms", "weak_value"]
 
@@ -266,7 +266,7 @@ def weak_value(form: WeakForm) -> str | None:
         parts = [ast.literal_eval(m) for m in form.members]  # substrings the result must hold
         if not all(type(p) is type(nul) for p in parts):
             return None
-        text = nul[:0].join(parts)  # type: ignore[arg-type]
+        text = nul[:0].join(parts)
         pad = form.length - len(text) if form.length is not None else 1
         return repr(text + nul * pad) if pad >= 1 else None  # type: ignore[operator]
     n = form.length if form.length is not None else len(form.members) + 1
@@ -284,12 +284,14 @@ def weak_value(form: WeakForm) -> str | None:
     return "[" + ", ".join(items) + "]"
 
 
-def _answerer(values: dict[str, str], lines: set[int], answered: set[str]) -> Callable[..., list[str]]:
+def _answerer(
+    values: dict[str, str], lines: set[int], answered: set[str]
+) -> Callable[[Function, bool, set[str]], list[str]]:
     """prepend_to_functions' callback: a `return <wrong value>` for each answered function that encloses a
     changed line (generators are left alone: a return in front does not give their caller that value)."""
 
-    def answer(fn: ast.AST, method: bool, bound: set[str]) -> list[str]:
-        if fn.name not in values or not any(fn.lineno <= n <= fn.end_lineno for n in lines):
+    def answer(fn: Function, method: bool, bound: set[str]) -> list[str]:
+        if fn.name not in values or not any(fn.lineno <= n <= (fn.end_lineno or fn.lineno) for n in lines):
             return []
         if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(fn)):
             return []
