@@ -9,11 +9,13 @@ import subprocess
 import pytest
 
 from envforge.catalog import Catalog
+from envforge.cli.gate import _strength_text
 from envforge.rollout.tiers import TierRow, stratified_split
 from envforge.verify.config import GateConfig
 from envforge.verify.gate import GateReport, strength_findings
 from envforge.verify.mutants import SourceChange, changed_lines, file_diff, generate_mutants, same_ast
 from envforge.verify.special_case import LiteralCase, literal_cases, special_case_diff, split_test_id
+from envforge.stages.gate import _strength_row
 from envforge.verify.strength import StrengthReport, strength_text
 from envforge.verify.weak_form import WeakForm, weak_form_sources, weak_forms, weak_value
 
@@ -286,3 +288,7 @@ def test_the_fail_to_pass_score_and_the_weak_form_probe_in_the_text_and_the_poli
         "weak_verifier:weak_form_probe passes the FAIL_TO_PASS tests with a wrong value (merge_by_id: len(...) == 1)"]
     assert strength_findings(StrengthReport(strength=0.67, strength_upper=0.67, weak_form_passes=False), 0.5) == []
     assert StrengthReport.from_json(weak.as_json()) == weak
+    # `envforge validate`'s line for a flake-report row
+    weak.f2p_strength, weak.mutants = 0.33, 9
+    row = _strength_row(GateReport("t", "a" * 64, False, strength=weak))
+    assert _strength_text(row) == ", strength 0.67, F2P 0.33 (9 mutants, 0 survive, weak FAIL_TO_PASS asserts)"
