@@ -39,6 +39,7 @@ def _tiered_task_set(settings) -> tuple[str, list[dict]]:
                source_key="tickets/evil.yaml")
     tasks = cat.load_tasks()
     weak = StrengthReport(strength=0.3, strength_upper=0.3, mutants=10, killed=3, survived=7, overfittable=True,
+                          f2p_strength=0.2, f2p_strength_upper=0.2, weak_form_passes=True,
                           survivors=[{"mutant": "boundary:stats.py:4", "operator": "boundary", "path": "stats.py",
                                       "line": 4, "change": "n < 2 -> n <= 2"}])
     cat.record_validations([GateReport(t.id, t.content_hash, True, runs=3, reference_passes=3, empty_fails=3,
@@ -106,7 +107,8 @@ def test_report_of_a_tiered_task_set(settings):
         assert f"<b>{sum(r['split'] == split for r in rows)}</b><span>{split} split</span>" in html
     # verifier strength: in the card (the weak task only in the audit split) and in the gates
     assert [r["split"] for r in rows if r["task_id"] == Catalog(settings.catalog_path).load_tasks()[0].id] == ["audit"]
-    assert '<td class="n">0.30 (overfittable, audit only)</td>' in html
+    assert '<td class="n">0.30; F2P 0.20 (overfittable, weak FAIL_TO_PASS asserts, audit only)</td>' in html
+    assert "<b>1</b><span>FAIL_TO_PASS tests that accept a wrong value (weak-form probe)</span>" in html
     assert "<b>1</b><span>tasks measured</span>" in html and "stats.py:4 n &lt; 2 -&gt; n &lt;= 2" in html
     # gates and rollouts
     assert "tickets/evil.yaml" in html and "batch-1" in html and "0.750" in html

@@ -17,6 +17,7 @@ from envforge.verify.config import GateConfig
 from envforge.verify.gate import validate_task
 from envforge.verify.mutants import file_diff
 from envforge.verify.strength import measure_strength
+from tests.test_strength_units import MERGE_BUGGY, MERGE_FIXED, STRONG_MERGE_TEST, WEAK_MERGE_TEST
 
 pytestmark = pytest.mark.docker
 
@@ -84,7 +85,11 @@ def test_a_verifier_that_checks_only_the_type_scores_low_and_is_quarantined(make
     report = validate_task(grader, task, image, GateConfig(**GATE, mutation_early_stop=False))
     s = report.strength
     assert not report.accepted and report.reference_passes == 1 and report.empty_fails == 1
-    assert [d.split(" ", 1)[0] for d in report.disagreements] == ["weak_verifier:strength"], report.disagreements
+    assert [d.split(" ", 1)[0] for d in report.disagreements] == [
+        "weak_verifier:strength", "weak_verifier:weak_form_probe"], report.disagreements
+    # the weak-form probe answers `isinstance(..., float)` with NaN above the reference's code
+    assert s.weak_form_passes is True and s.weak_form["forms"] == ["average_speed: isinstance(..., float)"]
+    assert '+    return float("nan")  # envforge weak-form probe\n' in s.weak_form["diff"]
     assert s.strength < 0.5 and s.survived >= 4, s
     # the wrong fixes it rewards are listed: a wrong unit, a wrong rounding, the identity
     changes = {v["change"] for v in s.survivors}
@@ -118,6 +123,7 @@ def test_proper_asserts_score_high_and_equivalent_mutants_are_set_aside(make_tas
     assert s.killed + s.equivalent == s.mutants
     # the probe answers the two literal asserts, but the loop over inputs rejects it
     assert s.overfittable is False and s.special_case["cases"] == 2
+    assert s.weak_form_passes is None and "skipped" in s.weak_form  # every assert reads the value
     assert "if distance_km == 10.0 and minutes == 30.0:" in s.special_case["diff"]
 
 
@@ -135,3 +141,33 @@ def test_a_hanging_mutant_is_a_timeout_outcome_not_an_infrastructure_fault(make_
                             timeout_s=6)
     s = measure_strength(grader, task, image, task.reference_patch, max_mutants=40, early_stop=False)
     assert s.timeouts >= 2 and s.survived == 0 and s.strength == 1.0, s
+
+
+# A test of the same function that passes before and after the fix (distinct ids: nothing to merge).
+MERGE_P2P = ('\n\ndef test_distinct_ids_are_kept():\n'
+             '    assert merge_by_id([{"id": 1}, {"id": 2, "b": 1}]) == [{"id": 1}, {"id": 2, "b": 1}]\n')
+
+
+def test_twin_tasks_one_checking_the_merged_values_the_other_only_the_length_now_separate(make_task, grader):
+    """Issue #30 item 7: the same fix, one FAIL_TO_PASS test checking the merged values, the other only
+    `len(result) == 1`. Before, both scored alike and were accepted; the value mutants, the FAIL_TO_PASS tests'
+    own score and the weak-form probe tell them apart."""
+    twins = {name: make_task("records", MERGE_BUGGY, MERGE_FIXED, tests + MERGE_P2P, ["test_merge"],
+                             ["test_distinct_ids_are_kept"])
+             for name, tests in (("strong", STRONG_MERGE_TEST), ("weak", WEAK_MERGE_TEST))}
+    exact = {name: measure_strength(grader, task, image, task.reference_patch, early_stop=False)
+             for name, (task, image) in twins.items()}
+    strong, weak = exact["strong"], exact["weak"]
+    assert strong.mutants == weak.mutants and strong.f2p_mutants == weak.f2p_mutants  # the same fix, the same mutants
+    assert strong.strength == strong.f2p_strength == 1.0 and strong.survived == 0, strong
+    # the wrong merges keep len == 1: the weak FAIL_TO_PASS test lets them through; the other test kills two of
+    # them (the keys for the values, a side dropped), so the suite's score hides what the F2P score shows
+    assert weak.f2p_strength <= 0.7 and weak.f2p_strength < weak.strength < 1.0, weak
+    assert {v["operator"] for v in weak.survivors} == {"swap_merge"}, weak.survivors
+    assert weak.weak_form_passes is True and weak.weak_form["forms"] == ["merge_by_id: len(...) == 1"]
+    assert strong.weak_form_passes is None and "skipped" in strong.weak_form
+    # the gate (early stop on, as by default) accepts the strong one and quarantines the weak one
+    verdicts = {name: validate_task(grader, task, image, GateConfig(**GATE)) for name, (task, image) in twins.items()}
+    assert verdicts["strong"].accepted, verdicts["strong"].disagreements
+    assert not verdicts["weak"].accepted
+    assert [d.split(" ", 1)[0] for d in verdicts["weak"].disagreements] == ["weak_verifier:weak_form_probe"]

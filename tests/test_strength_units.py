@@ -9,12 +9,15 @@ import subprocess
 import pytest
 
 from envforge.catalog import Catalog
+from envforge.cli.gate import _strength_text
 from envforge.rollout.tiers import TierRow, stratified_split
 from envforge.verify.config import GateConfig
 from envforge.verify.gate import GateReport, strength_findings
 from envforge.verify.mutants import SourceChange, changed_lines, file_diff, generate_mutants, same_ast
 from envforge.verify.special_case import LiteralCase, literal_cases, special_case_diff, split_test_id
-from envforge.verify.strength import StrengthReport
+from envforge.stages.gate import _strength_row
+from envforge.verify.strength import StrengthReport, strength_text
+from envforge.verify.weak_form import WeakForm, weak_form_sources, weak_forms, weak_value
 
 BUGGY = "def clamp(value, low, high):\n    if value < low:\n        return low\n    return value\n"
 FIXED = ("def clamp(value, low, high):\n    if value < low:\n        return low\n    if value > high:\n"
@@ -173,3 +176,119 @@ def test_constructors_of_literals_are_answered_only_where_the_module_binds_them(
     diff, used = special_case_diff({"dates.py": "from datetime import date\n\n\n" + body}, [case])
     assert used == 1 and "+    if d == date(2024, 1, 31) and months == 1:\n+        return date(2024, 2, 29)\n" in diff
     assert special_case_diff({"dates.py": body}, [case]) == ("", 0)  # `date` unbound there: not answered
+
+
+# Twin tasks (issue #30 item 7): the same fix, one FAIL_TO_PASS test checking the merged values, the other only
+# the length. Shared with tests/test_strength.py, which grades both on the real engine.
+MERGE_BUGGY = ('"""Customer records."""\n\n\ndef merge_by_id(records):\n'
+               '    """Records with the same id merged into one, later fields winning."""\n    merged = []\n'
+               "    for record in records:\n        merged.append(dict(record))\n    return merged\n")
+MERGE_FIXED = MERGE_BUGGY.replace("    merged = []\n    for record in records:\n        merged.append(dict(record))\n"
+                                  "    return merged\n",
+                                  "    merged = {}\n    for record in records:\n        key = record[\"id\"]\n"
+                                  "        merged[key] = {**merged.get(key, {}), **record}\n"
+                                  "    return list(merged.values())\n")
+MERGE_CALL = 'merge_by_id([{"id": 1, "a": 1, "c": 5}, {"id": 1, "a": 3, "b": 2}])'
+STRONG_MERGE_TEST = (f"from records import merge_by_id\n\n\ndef test_merge():\n    result = {MERGE_CALL}\n"
+                     '    assert result == [{"id": 1, "a": 3, "c": 5, "b": 2}]\n')
+WEAK_MERGE_TEST = (f"from records import merge_by_id\n\n\ndef test_merge():\n    result = {MERGE_CALL}\n"
+                   "    assert len(result) == 1\n")
+
+
+def test_value_operators_get_what_the_changed_lines_compute_wrong_and_keep_its_shape():
+    ops = _by_operator(generate_mutants([SourceChange("records.py", MERGE_BUGGY, MERGE_FIXED)], cap=100)[0])
+    # a merge whose other side wins, one side dropped, the keys returned for the values: each keeps len == 1
+    assert {m.description for m in ops["swap_merge"]} == {
+        "{**merged.get(key, {}), **record} -> {**record, **merged.get(key, {})}"}
+    assert {m.description for m in ops["drop_element"]} == {"{**merged.get(key, {}), **record} -> {**merged.get(key, {})}"}
+    assert {m.description for m in ops["swap_view"]} == {"merged.values() -> merged.keys()"}
+    fixed = ("def stats(xs):\n    seen = []\n    doubled = [x * 2 for x in xs]\n    total = len(xs) + 1\n"
+             "    pair = (min(xs), max(xs))\n    names = {k: str(k) for k in xs}\n    return seen\n")
+    ops = _by_operator(generate_mutants([SourceChange("s.py", "def stats(xs):\n    return None\n", fixed)], 100)[0])
+    assert {m.description for m in ops["comprehension_element"]} == {"x * 2 -> x", "str(k) -> k"}
+    assert {m.description for m in ops["replace_element"]} == {"(min(xs), max(xs)) -> (min(xs), min(xs))"}
+    assert {m.description for m in ops["off_by_one"]} == {"len(xs) + 1 -> (len(xs) + 1) + 1"}
+    assert {m.description for m in ops["swap_value"]} == {"seen -> doubled"}  # another list bound before the return
+    for group in ops.values():
+        for m in group:
+            compile(m.after, m.path, "exec")
+            assert not m.equivalent and m.on_changed
+    # a display whose first and last elements are the same text: replacing one by the other is no mutant
+    same = generate_mutants([SourceChange("s.py", "def f(a):\n    return 0\n", "def f(a):\n    return [a, a]\n")], 100)
+    assert "replace_element" not in _by_operator(same[0])
+
+
+def test_value_operators_stay_on_the_changed_lines_and_the_rest_is_marked_off_them():
+    mutants, _ = generate_mutants([SourceChange("clamp.py", BUGGY, FIXED)], cap=100)
+    assert {m.on_changed for m in mutants if m.line in (4, 5)} == {True}
+    assert {m.on_changed for m in mutants if m.line == 2} == {False}  # the enclosing function's unchanged `if`
+    untouched = "def pair(a, b):\n    out = [a, b]\n    return out\n"
+    mutants, _ = generate_mutants([SourceChange("p.py", untouched + "X = 1\n", untouched + "X = 2\n")], cap=100)
+    assert not {"drop_element", "replace_element"} & {m.operator for m in mutants}
+
+
+def test_weak_forms_are_read_only_where_every_assert_on_a_result_is_one():
+    tests = (WEAK_MERGE_TEST + "\n\ndef test_type():\n    assert isinstance(speed(10.0, 30.0), float)\n"
+             "\n\ndef test_mixed():\n    r = parse('x')\n    assert r is not None and 'x' in r\n    assert all(v for v in r)\n"
+             "\n\ndef test_polarity():\n    assert count(3)\n    assert not empty([])\n"
+             "\n\ndef test_raises():\n    assert check(1)\n    with pytest.raises(ValueError):\n        check(2)\n"
+             "\n\nclass TestUnit:\n    def test_u(self):\n        out = lookup(1)\n        self.assertEqual(len(out), 2)\n"
+             "        self.assertIn('k', out)\n        self.assertIsInstance(out, dict)\n")
+    forms, skipped = weak_forms(tests, ["test_merge", "test_type", "test_mixed", "test_polarity", "test_raises",
+                                        "test_u"])
+    assert {n: f.describe() for n, f in forms.items()} == {
+        "merge_by_id": "merge_by_id: len(...) == 1", "speed": "speed: isinstance(..., float)",
+        "all": "all: truthy", "count": "count: truthy", "empty": "empty: falsy",
+        "lookup": "lookup: len(...) == 2, isinstance(..., dict), 'k' in ..."}
+    # read in a loop / under pytest.raises as well: not only weak forms
+    assert skipped == {"parse": "the tests also read its result in other ways",
+                       "check": "the tests also read its result in other ways"}
+    assert weak_forms(STRONG_MERGE_TEST, ["test_merge"]) == ({}, {})  # no weak form at all
+    both = STRONG_MERGE_TEST + "    assert len(result) == 1\n"
+    assert weak_forms(both, ["test_merge"]) == ({}, {"merge_by_id": "the tests also read its result in other ways"})
+    two = "def test_a():\n    assert len(f(1)) == 1\n    assert len(f(2)) == 2\n"
+    assert weak_forms(two, ["test_a"]) == ({}, {"f": "the tests assert conflicting forms of its result"})
+    # the values: the form's shape, content that is wrong for sure; none where no such value exists
+    values = {n: weak_value(f) for n, f in forms.items()}
+    assert values == {"merge_by_id": "[object()]", "speed": 'float("nan")', "all": "object()", "count": "object()",
+                      "empty": None, "lookup": "{'k': None, object(): None}"}
+    assert weak_value(WeakForm("f", length=3, type_name="str", members=("'ab'",))) == "'ab\\x00'"
+    assert weak_value(WeakForm("f", length=1, members=("'a'",))) is None  # only the test's own literal
+    assert weak_value(WeakForm("f", type_name="bool", truth=True)) is None
+    assert weak_value(WeakForm("f", type_name="Money")) is None
+
+
+def test_the_weak_form_probe_answers_at_the_changed_function_and_keeps_the_reference():
+    forms, _ = weak_forms(WEAK_MERGE_TEST, ["test_merge"])
+    helper = "\n\ndef merge_by_id_legacy(records):\n    return records\n"
+    change = SourceChange("records.py", MERGE_BUGGY + helper, MERGE_FIXED + helper)
+    texts, answered = weak_form_sources([change], forms)
+    assert answered == ["merge_by_id: len(...) == 1"]
+    new = texts["records.py"]
+    assert ('    """Records with the same id merged into one, later fields winning."""\n'
+            "    return [object()]  # envforge weak-form probe\n    merged = {}\n") in new
+    namespace: dict = {}
+    exec(compile(new, "records.py", "exec"), namespace)
+    assert len(namespace["merge_by_id"]([{"id": 1}])) == 1  # the weak test's form holds, the value is wrong
+    # a function the reference does not change is not answered, nor is a generator
+    assert weak_form_sources([SourceChange("records.py", MERGE_BUGGY, MERGE_BUGGY + "\nX = 1\n")], forms) == ({}, [])
+    gen = "def merge_by_id(records):\n    yield from records\n"
+    assert weak_form_sources([SourceChange("records.py", None, gen)], forms) == ({}, [])
+
+
+def test_the_fail_to_pass_score_and_the_weak_form_probe_in_the_text_and_the_policy():
+    assert strength_text({"strength": 0.6, "strength_upper": 0.6}) == "0.60"  # records from before: as they were
+    assert strength_text({"strength": 0.5, "strength_upper": 0.9, "f2p_strength": 0.2, "f2p_strength_upper": 0.7}) \
+        == ">= 0.50 (<= 0.90); F2P >= 0.20 (<= 0.70)"
+    assert strength_text({"strength": 1.0, "strength_upper": 1.0, "f2p_strength": 1.0, "f2p_strength_upper": 1.0}) \
+        == "1.00"
+    weak = StrengthReport(strength=0.67, strength_upper=0.67, killed=6, survived=3, weak_form_passes=True,
+                          weak_form={"forms": ["merge_by_id: len(...) == 1"]})
+    assert strength_findings(weak, 0.5) == [
+        "weak_verifier:weak_form_probe passes the FAIL_TO_PASS tests with a wrong value (merge_by_id: len(...) == 1)"]
+    assert strength_findings(StrengthReport(strength=0.67, strength_upper=0.67, weak_form_passes=False), 0.5) == []
+    assert StrengthReport.from_json(weak.as_json()) == weak
+    # `envforge validate`'s line for a flake-report row
+    weak.f2p_strength, weak.mutants = 0.33, 9
+    row = _strength_row(GateReport("t", "a" * 64, False, strength=weak))
+    assert _strength_text(row) == ", strength 0.67, F2P 0.33 (9 mutants, 0 survive, weak FAIL_TO_PASS asserts)"

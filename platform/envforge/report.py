@@ -315,7 +315,15 @@ def _strength_cell(row: dict) -> str:
         return "-"
     from envforge.verify.strength import strength_text
 
-    flags = [f for f, on in (("overfittable", s.get("overfittable")), ("audit only", row.get("admission"))) if on]
+    flags = [
+        f
+        for f, on in (
+            ("overfittable", s.get("overfittable")),
+            ("weak FAIL_TO_PASS asserts", s.get("weak_form_passes")),
+            ("audit only", row.get("admission")),
+        )
+        if on
+    ]
     return strength_text(s) + (f" ({', '.join(flags)})" if flags else "")
 
 
@@ -340,6 +348,7 @@ def _strength_summary(rows: list[dict], charts: _Charts) -> dict:
         "median": scores[len(scores) // 2],
         "mutants": sum(s["mutants"] for _, s in measured),
         "overfittable": sum(bool(s.get("overfittable")) for _, s in measured),
+        "weak_form": sum(bool(s.get("weak_form_passes")) for _, s in measured),
         "audit": sum(r.get("admission") == "audit" for r, _ in measured),
         "bounds": sum(1 for _, s in measured if (s.get("strength_upper") or s["strength"]) > s["strength"]),
         "weakest": [

@@ -157,10 +157,19 @@ def validate(
 
 
 def _strength_text(row: dict) -> str:
-    """`, strength 0.83 (24 mutants, 4 survive)` for a flake-report row whose strength was measured."""
+    """`, strength 0.83 (24 mutants, 4 survive)` for a flake-report row whose strength was measured (with the
+    FAIL_TO_PASS tests' own score on the changed code where it differs: `, F2P 0.40`)."""
     if row.get("strength") is None:
         return ""
     flags = "".join(
-        f", {f}" for f, on in (("overfittable", row["overfittable"]), ("audit split only", row["admission"])) if on
+        f", {f}"
+        for f, on in (
+            ("overfittable", row["overfittable"]),
+            ("weak FAIL_TO_PASS asserts", row.get("weak_form")),
+            ("audit split only", row["admission"]),
+        )
+        if on
     )
-    return f", strength {row['strength']:.2f} ({row['mutants']} mutants, {row['survivors']} survive{flags})"
+    f2p = row.get("f2p_strength")
+    f2p_text = f", F2P {f2p:.2f}" if f2p is not None and f2p != row["strength"] else ""
+    return f", strength {row['strength']:.2f}{f2p_text} ({row['mutants']} mutants, {row['survivors']} survive{flags})"

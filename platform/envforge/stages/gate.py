@@ -119,6 +119,7 @@ class GateResult(StageResult):
             "mutants_median": statistics.median(s.mutants for s in measured),
             "strength_seconds_median": statistics.median(s.seconds for s in measured),
             "overfittable": sum(bool(s.overfittable) for s in measured),
+            "weak_form": sum(bool(s.weak_form_passes) for s in measured),
             "audit_only": sum(r.admission == "audit" for r in self.reports),
         }
 
@@ -143,9 +144,11 @@ def _strength_row(r: GateReport) -> dict:
     s = r.strength
     return {
         "strength": s.strength if s else None,
+        "f2p_strength": s.f2p_strength if s else None,
         "mutants": s.mutants if s else None,
         "survivors": len(s.survivors) if s else None,
         "overfittable": s.overfittable if s else None,
+        "weak_form": s.weak_form_passes if s else None,
         "admission": r.admission or None,
     }
 

@@ -296,6 +296,9 @@ def strength_findings(strength: StrengthReport, min_strength: float, block_overf
             f"weak_verifier:strength {strength.strength:.2f} < {min_strength:g} "
             f"({strength.survived} of {strength.killed + strength.survived} mutants survive)"
         )
+    if strength.weak_form_passes:
+        forms = "; ".join(strength.weak_form.get("forms", []))
+        out.append(f"weak_verifier:weak_form_probe passes the FAIL_TO_PASS tests with a wrong value ({forms})")
     if strength.overfittable and block_overfittable:
         out.append(f"overfittable:special_case_probe answers {strength.special_case.get('cases', 0)} literal case(s)")
     return out

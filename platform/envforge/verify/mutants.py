@@ -15,7 +15,13 @@ reference's own and each mutant's diff is as small as a policy's would be:
   first argument (the identity "fix");
 - delete_statement: an assignment, call, raise, `if` block (a new guard clause) replaced by `pass`;
 - swap_args: a call's first two positional arguments swapped;
-- revert_hunk: one hunk of the reference's diff undone, the others kept (a partial fix).
+- revert_hunk: one hunk of the reference's diff undone, the others kept (a partial fix);
+- value operators, on the changed lines only (value_mutants.py): what the changed code computes
+  or returns replaced by a wrong value of the same shape (an element dropped or replaced, a
+  merge's order swapped, a comprehension's element, another same-kind local, a number off by
+  one, `.keys()`/`.values()` swapped), so that "takes the branch but produces the wrong value"
+  fixes exist: the other operators' mutants are killed by any test that notices the changed
+  branch is taken.
 
 Only Python files are mutated (hunk reverts included: fix commits carry README, CI and data
 hunks whose revert is no wrong fix), and a module-level `__version__ = ...` is left alone.
@@ -41,6 +47,9 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from envforge.verify.value_mutants import Edit, value_edits
+from envforge.verify.value_mutants import short as _short
+
 __all__ = ["SourceChange", "Mutant", "changed_lines", "file_diff", "generate_mutants", "same_ast"]
 
 
@@ -63,6 +72,7 @@ class Mutant:
     after: str  # the whole mutated file
     description: str
     equivalent: bool  # same AST as the reference's file (likely equivalent)
+    on_changed: bool = True  # on the reference's changed lines (or a hunk undone), not elsewhere in their functions
 
 
 _NEGATED = {
@@ -156,14 +166,6 @@ def _first_argument(fn: ast.AST | None, in_class: bool) -> str | None:
     if in_class and params and params[0] in ("self", "cls"):
         params = params[1:]
     return params[0] if params else None
-
-
-def _short(text: str, limit: int = 60) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-Edit = tuple[str, ast.AST, str, str]  # operator, node replaced, replacement text, description
 
 
 def _edits(node: ast.AST, src: _Source, fn: ast.AST | None, in_class: bool) -> Iterator[Edit]:
@@ -265,7 +267,10 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
         on_changed = bool(lines & set(range(node.lineno, node.end_lineno + 1)))
         if not on_changed and (fn is None or id(fn) not in touched):
             continue
-        for operator, target, text, description in _edits(node, src, fn, in_class):
+        edits = list(_edits(node, src, fn, in_class))
+        if on_changed and getattr(node, "lineno", 0) in lines:
+            edits += value_edits(node, src.segment, fn)
+        for operator, target, text, description in edits:
             mutated = src.replaced(target, text)
             if mutated in seen:
                 continue
@@ -281,9 +286,10 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
                 and not target.keywords
                 and len(target.args) == 2
             )
+            changed_here = on_changed and target.lineno in lines
             out.append(
                 (
-                    1 if on_changed and target.lineno in lines else 2,
+                    1 if changed_here else 2,
                     Mutant(
                         f"{operator}:{change.path}:{target.lineno}",
                         operator,
@@ -292,6 +298,7 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
                         mutated,
                         description,
                         commutative or same_ast(mutated, change.after),
+                        changed_here,
                     ),
                 )
             )
@@ -364,7 +371,9 @@ def generate_mutants(
                 priority,
                 m
                 if n == 0
-                else Mutant(f"{m.name}#{n + 1}", m.operator, m.path, m.line, m.after, m.description, m.equivalent),
+                else Mutant(
+                    f"{m.name}#{n + 1}", m.operator, m.path, m.line, m.after, m.description, m.equivalent, m.on_changed
+                ),
             )
         )
     chosen: list[Mutant] = []

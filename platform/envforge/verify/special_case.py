@@ -18,11 +18,13 @@ from __future__ import annotations
 import ast
 import builtins
 from dataclasses import dataclass
+from typing import Callable
 
 from envforge.verify.mutants import file_diff
 
-__all__ = ["LiteralCase", "literal_cases", "special_case_diff", "split_test_id"]
+__all__ = ["Function", "LiteralCase", "literal_cases", "prepend_to_functions", "special_case_diff", "split_test_id"]
 
+Function = ast.FunctionDef | ast.AsyncFunctionDef
 _EQUAL_ASSERTS = {"assertEqual", "assertEquals", "assertIs"}
 _TRUTH_ASSERTS = {"assertTrue": "True", "assertFalse": "False", "assertIsNone": "None"}
 
@@ -140,7 +142,7 @@ def literal_cases(test_source: str, test_names: list[str]) -> list[LiteralCase]:
     return out
 
 
-def _guard(case: LiteralCase, fn: ast.FunctionDef, method: bool) -> str | None:
+def _guard(case: LiteralCase, fn: Function, method: bool) -> str | None:
     """`if <params equal the literals>: return <expected>`, or None when the arguments do not bind."""
     params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
     if method and params and params[0] in ("self", "cls"):
@@ -168,8 +170,9 @@ def _module_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def _with_guards(source: str, cases: list[LiteralCase]) -> tuple[str, int]:
-    """The source with guards inserted into the functions the cases call; (new source, cases used)."""
+def prepend_to_functions(source: str, lines_for: Callable[[Function, bool, set[str]], list[str]]) -> tuple[str, int]:
+    """The source with `lines_for(function, is_method, names the module binds)` inserted at the top of each
+    function's body (after its docstring, indented as the body); (new source, functions changed)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -178,7 +181,7 @@ def _with_guards(source: str, cases: list[LiteralCase]) -> tuple[str, int]:
     methods = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body}
     lines = source.splitlines(keepends=True)
     inserts: dict[int, list[str]] = {}
-    used = 0
+    changed = 0
     for fn in ast.walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
@@ -193,17 +196,34 @@ def _with_guards(source: str, cases: list[LiteralCase]) -> tuple[str, int]:
         )
         if first.lineno == fn.lineno:
             continue  # a one-line `def f(): return x`: no line to insert before
-        indent = lines[first.lineno - 1][: len(lines[first.lineno - 1]) - len(lines[first.lineno - 1].lstrip())]
+        added = lines_for(fn, id(fn) in methods, bound)
+        if added:
+            indent = lines[first.lineno - 1][: len(lines[first.lineno - 1]) - len(lines[first.lineno - 1].lstrip())]
+            inserts.setdefault(first.lineno - 1, []).extend(indent + line + "\n" for line in added)
+            changed += 1
+    for index in sorted(inserts, reverse=True):
+        lines[index:index] = inserts[index]
+    return "".join(lines), changed
+
+
+def _with_guards(source: str, cases: list[LiteralCase]) -> tuple[str, int]:
+    """The source with guards inserted into the functions the cases call; (new source, cases used)."""
+    used = 0
+
+    def guards(fn: Function, method: bool, bound: set[str]) -> list[str]:
+        nonlocal used
+        out = []
         for case in cases:
             if case.function != fn.name or not set(case.needs) <= bound:
                 continue
-            guard = _guard(case, fn, id(fn) in methods)
+            guard = _guard(case, fn, method)
             if guard is not None:
-                inserts.setdefault(first.lineno - 1, []).extend(indent + line + "\n" for line in guard.splitlines())
+                out += guard.splitlines()
                 used += 1
-    for index in sorted(inserts, reverse=True):
-        lines[index:index] = inserts[index]
-    return "".join(lines), used
+        return out
+
+    new, _ = prepend_to_functions(source, guards)
+    return new, used
 
 
 def special_case_diff(sources: dict[str, str], cases: list[LiteralCase]) -> tuple[str, int]:

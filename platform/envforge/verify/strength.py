@@ -14,6 +14,12 @@ reference's file) are graded last and set aside when they survive (no test outco
 and the code is the same program); one that is killed counts as non-equivalent. With
 `early_stop`, grading stops as soon as the score is on one side of the threshold whatever the
 remaining mutants do; `strength` is then the lower bound and `strength_upper` the upper one.
+
+The same gradings give the FAIL_TO_PASS tests' own strength on the changed code
+(`f2p_strength`: of the mutants on the reference's changed lines and its hunks undone, those
+that make a FAIL_TO_PASS test fail), since a suite's other tests can hide a FAIL_TO_PASS test
+that checks only a value's form. The weak-form probe (weak_form.py) answers those forms with a
+wrong value: when the FAIL_TO_PASS tests pass with it, they do not check what the fix computes.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ from envforge.verify.protect import DiffSection, split_diff
 from envforge.verify.result import VerificationResult
 from envforge.verify.selection import TARGETED
 from envforge.verify.special_case import literal_cases, special_case_diff, split_test_id
+from envforge.verify.weak_form import WeakForm, weak_form_sources, weak_forms
 
 __all__ = ["StrengthReport", "measure_strength", "not_applicable", "strength_text"]
 
 SPECIAL_CASE = "special_case"
+WEAK_FORM = "weak_form"
 MAX_FILE_BYTES = 1 << 20  # a changed file larger than this is not mutated (generated code, data)
 
 
@@ -54,6 +62,13 @@ class StrengthReport:
     equivalents: list[str] = field(default_factory=list)
     overfittable: bool | None = None  # None: the special-case probe does not apply
     special_case: dict = field(default_factory=dict)  # {"diff", "cases", "reward", "reasons"} or {"skipped"}
+    # the FAIL_TO_PASS tests alone, on the mutants of the changed lines and hunks: killed / non-equivalent
+    f2p_strength: float | None = None
+    f2p_strength_upper: float | None = None
+    f2p_mutants: int = 0  # mutants on the changed code counted (graded, or left out by the early stop)
+    f2p_killed: int = 0
+    weak_form_passes: bool | None = None  # the FAIL_TO_PASS tests pass with a wrong value; None: does not apply
+    weak_form: dict = field(default_factory=dict)  # {"forms", "diff", "reward", "reasons"} or {"skipped"}
     skipped: str = ""  # why the task was not analysed at all
     gradings: int = 0
     seconds: float = 0.0
@@ -66,15 +81,23 @@ class StrengthReport:
         return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
 
 
-def strength_text(doc: dict) -> str:
-    """A strength for people: the score, or `>= lower (<= upper)` when grading stopped early, since
-    the score is then a bound, not the task's value ("-": not measured)."""
-    lower, upper = doc.get("strength"), doc.get("strength_upper")
+def _bounds_text(lower: float | None, upper: float | None) -> str:
     if lower is None:
         return "-"
     if upper is not None and upper > lower:
         return f">= {lower:.2f} (<= {upper:.2f})"
     return f"{lower:.2f}"
+
+
+def strength_text(doc: dict) -> str:
+    """A strength for people: the score, or `>= lower (<= upper)` when grading stopped early, since
+    the score is then a bound, not the task's value ("-": not measured); then the FAIL_TO_PASS tests'
+    own score on the changed code, when it was measured and differs (`; F2P 0.40`)."""
+    text = _bounds_text(doc.get("strength"), doc.get("strength_upper"))
+    f2p = (doc.get("f2p_strength"), doc.get("f2p_strength_upper"))
+    if text != "-" and f2p[0] is not None and f2p != (doc.get("strength"), doc.get("strength_upper")):
+        text += f"; F2P {_bounds_text(*f2p)}"
+    return text
 
 
 def not_applicable(task: Task) -> str | None:
@@ -112,23 +135,54 @@ def _workspace_texts(
     return [SourceChange(p, before[p], after[p]) for p in paths if after[p] is not None], tests
 
 
+def _replaced_diff(sections: list[DiffSection], changes: dict[str, SourceChange], after: dict[str, str]) -> str:
+    """The reference's diff with the sections of the files in `after` replaced by diffs to those texts (renames,
+    deletions and binary sections kept as they are)."""
+    kept = "".join(s.text for s in sections if not (len(s.paths) == 1 and s.paths[0] in after))
+    return kept + "".join(file_diff(p, changes[p].before, text) for p, text in sorted(after.items()))
+
+
 def _mutant_diff(sections: list[DiffSection], change: SourceChange, mutant: Mutant) -> str:
-    """The reference's diff with the mutated file's section replaced by the mutant's (renames, deletions and
-    binary sections kept as they are)."""
-    return "".join(s.text for s in sections if s.paths != [mutant.path]) + file_diff(
-        mutant.path, change.before, mutant.after
-    )
+    """The reference's diff with the mutated file's section replaced by the mutant's."""
+    return _replaced_diff(sections, {change.path: change}, {mutant.path: mutant.after})
 
 
-def _special_case(task: Task, changes: list[SourceChange], tests: dict[str, str]) -> tuple[str, int, str]:
-    """(probe diff, cases answered, why it does not apply)."""
+def _f2p_tests(task: Task, tests: dict[str, str]) -> dict[str, list[str]]:
+    """{test file: the FAIL_TO_PASS test functions in it} for the files read."""
     check = task.spec.verification.tests
     names: dict[str, list[str]] = {}
     for test_id in check.fail_to_pass:
         split = split_test_id(test_id, check.framework)
-        if split:
+        if split and split[0] in tests:
             names.setdefault(split[0], []).append(split[1])
-    cases = [c for path, wanted in names.items() if path in tests for c in literal_cases(tests[path], wanted)]
+    return names
+
+
+def _weak_form(
+    task: Task, changes: list[SourceChange], tests: dict[str, str], sections: list[DiffSection]
+) -> tuple[str, list[str], str]:
+    """(probe diff, the forms it answers, why it does not apply)."""
+    forms: dict[str, WeakForm] = {}
+    why: dict[str, str] = {}
+    for path, names in _f2p_tests(task, tests).items():
+        found, skipped = weak_forms(tests[path], names)
+        why.update(skipped)
+        for name, form in found.items():
+            if name in forms and forms[name] != form:
+                why[name] = "the test files assert different forms of its result"
+            forms[name] = form
+    forms = {n: f for n, f in forms.items() if n not in why}
+    if not forms:
+        return "", [], "no FAIL_TO_PASS test asserts only a form (len, isinstance, truthiness, membership) of a result"
+    texts, answered = weak_form_sources(changes, forms)
+    if not answered:
+        return "", [], "no wrong value fits the asserted forms at a function the reference changes"
+    return _replaced_diff(sections, {c.path: c for c in changes}, texts), answered, ""
+
+
+def _special_case(task: Task, changes: list[SourceChange], tests: dict[str, str]) -> tuple[str, int, str]:
+    """(probe diff, cases answered, why it does not apply)."""
+    cases = [c for path, wanted in _f2p_tests(task, tests).items() for c in literal_cases(tests[path], wanted)]
     if not cases:
         return "", 0, "no FAIL_TO_PASS test asserts a literal result for literal arguments"
     buggy = {c.path: c.before for c in changes if c.before is not None and c.path.endswith(".py")}
@@ -136,6 +190,12 @@ def _special_case(task: Task, changes: list[SourceChange], tests: dict[str, str]
     if not used:
         return "", 0, "the functions the literal asserts call are not in the files the reference changes"
     return diff, used, ""
+
+
+def _f2p_pass(task: Task, result: VerificationResult) -> bool:
+    """Whether every FAIL_TO_PASS test passed in the grading (what the other required tests did aside)."""
+    check = task.spec.verification.tests
+    return check is not None and all(result.tests.get(t) == "passed" for t in check.fail_to_pass)
 
 
 def _with_test_timeout(task: Task, timeout_s: float | None) -> Task:
@@ -161,7 +221,7 @@ def measure_strength(
     workers: int = 2,
     timeout_s: float | None = None,
 ) -> StrengthReport:
-    """Grade mutants of the reference and the special-case probe; see the module docstring.
+    """Grade mutants of the reference, the special-case and the weak-form probes; see the module docstring.
 
     `timeout_s` lowers the test checkpoint's timeout for these gradings (the gate passes a multiple of
     the reference's own grading time): a mutant that hangs is killed either way, and should not cost
@@ -190,11 +250,16 @@ def measure_strength(
     probe_diff, n_cases, probe_skipped = _special_case(task, changes, tests)
     if probe_skipped:
         report.special_case = {"skipped": probe_skipped}
+    weak_diff, forms, weak_skipped = _weak_form(task, changes, tests, sections)
+    if weak_skipped:
+        report.weak_form = {"skipped": weak_skipped}
     ordered = [m for m in mutants if not m.equivalent] + [m for m in mutants if m.equivalent]
     named = {f"mutant:{m.name}": m for m in ordered}
-    plan = ([Grading(SPECIAL_CASE, probe_diff, TARGETED)] if probe_diff else []) + [
-        Grading(name, _mutant_diff(sections, by_path[m.path], m), TARGETED) for name, m in named.items()
-    ]
+    plan = (
+        ([Grading(SPECIAL_CASE, probe_diff, TARGETED)] if probe_diff else [])
+        + ([Grading(WEAK_FORM, weak_diff, TARGETED)] if weak_diff else [])
+        + [Grading(name, _mutant_diff(sections, by_path[m.path], m), TARGETED) for name, m in named.items()]
+    )
     candidates = sum(not m.equivalent for m in mutants)
     tally = {"killed": 0, "survived": 0}
 
@@ -208,7 +273,17 @@ def measure_strength(
         return tally["killed"] / candidates >= threshold or (candidates - tally["survived"]) / candidates < threshold
 
     outcome = grade_batch(grader, task, image, plan, workers=workers, stop=decided)
+    f2p = {"killed": 0, "survived": 0}
     for name, result in outcome.results.items():
+        if name == WEAK_FORM:
+            report.weak_form_passes = _f2p_pass(task, result)
+            report.weak_form = {
+                "forms": forms,
+                "reward": result.reward,
+                "reasons": result.reasons[:6],
+                "diff": weak_diff,
+            }
+            continue
         if name == SPECIAL_CASE:
             report.overfittable = result.resolved
             report.special_case = {
@@ -219,6 +294,8 @@ def measure_strength(
             }
             continue
         m = named[name]
+        if m.on_changed and not (m.equivalent and result.resolved):
+            f2p["survived" if _f2p_pass(task, result) else "killed"] += 1
         if not result.resolved:
             report.killed += 1
             report.timeouts += int("timeout" in result.reasons)
@@ -230,8 +307,13 @@ def measure_strength(
             report.survivors.append(
                 {"mutant": m.name, "operator": m.operator, "path": m.path, "line": m.line, "change": m.description}
             )
-    report.not_run = len([n for n in outcome.not_run if n != SPECIAL_CASE])
+    report.not_run = len([n for n in outcome.not_run if n in named])
     unrun_candidates = sum(not named[n].equivalent for n in outcome.not_run if n in named)
+    unrun_changed = sum(not named[n].equivalent and named[n].on_changed for n in outcome.not_run if n in named)
+    report.f2p_killed, report.f2p_mutants = f2p["killed"], f2p["killed"] + f2p["survived"] + unrun_changed
+    if report.f2p_mutants:
+        report.f2p_strength = round(report.f2p_killed / report.f2p_mutants, 4)
+        report.f2p_strength_upper = round((report.f2p_killed + unrun_changed) / report.f2p_mutants, 4)
     graded = report.killed + report.survived
     if graded + unrun_candidates:
         total = graded + unrun_candidates
