@@ -18,6 +18,7 @@ import pytest
 from envforge.rollout.store import TrajectoryStore
 from envforge.rollout.trajectory import Trajectory
 from envforge.rollout.actions import TOOLS
+from tests.service.conftest import LiveServer
 from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained_dir
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -96,11 +97,12 @@ def verl_python() -> Path:
     return (venv if venv.is_absolute() else REPO / venv) / "bin" / "python"
 
 
-def _rollout(verl_python: Path, data: Path, model: Path, key: str, *mode: str) -> dict:
+def _rollout(verl_python: Path, server: LiveServer, data: Path, model: Path, key: str, *mode: str) -> dict:
     done = subprocess.run([str(verl_python), str(REPO / "tests" / "service" / "verl_rollout.py"), str(data),
                            str(model), *mode], capture_output=True, text=True, timeout=900,
                           env={**_VERL_ENV, "ENVFORGE_API_KEY": key}, check=False)
-    assert done.returncode == 0, done.stderr[-6000:]
+    if done.returncode != 0:
+        pytest.fail(f"verl's rollout failed:\n{done.stderr[-6000:]}\nthe service's log:\n{server.stop()[-6000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -110,7 +112,15 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return save_pretrained_dir(model, tok, tmp_path_factory.mktemp("ckpt") / "tiny")
 
 
-def test_verl_runs_the_envforge_agent_loop_multi_turn_on_the_service(tmp_path, live_server, service_data,
+@pytest.fixture()
+def own_server(service_data):
+    """A service of this test's own, so a failure can show the service's log."""
+    server = LiveServer(service_data).start()
+    yield server
+    server.stop()
+
+
+def test_verl_runs_the_envforge_agent_loop_multi_turn_on_the_service(tmp_path, own_server, service_data,
                                                                      verl_python, tiny_checkpoint):
     """verl's AgentLoopWorker runs the exported rows through the envforge_agent loop (one session per
     trajectory); the batch reward manager scores them from the sessions' results. The model's replies
@@ -118,7 +128,7 @@ def test_verl_runs_the_envforge_agent_loop_multi_turn_on_the_service(tmp_path, l
     submit), the other answers without a call."""
     store = _batch(tmp_path, service_data)
     data = tmp_path / "train.parquet"
-    store.export_verl(data, live_server.url)
+    store.export_verl(data, own_server.url)
     solved, unsolved = (service_data.tasks[t] for t in ("inventory-median-even", "ops-service-config"))
     call = lambda name, **arguments: f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"  # noqa: E731
     script = {solved.spec.instruction.strip()[:60]: ["Let me look." + call("run", command="ls"),
@@ -128,7 +138,7 @@ def test_verl_runs_the_envforge_agent_loop_multi_turn_on_the_service(tmp_path, l
     replies = tmp_path / "replies.json"
     replies.write_text(json.dumps(script))
 
-    out = _rollout(verl_python, data, tiny_checkpoint, service_data.keys["team-a"], "--replies", str(replies))
+    out = _rollout(verl_python, own_server, data, tiny_checkpoint, service_data.keys["team-a"], "--replies", str(replies))
     rows = {r["task_id"]: r for r in out["rows"]}
     win, loss = rows[solved.id], rows[unsolved.id]
     assert win["agent_name"] == loss["agent_name"] == "envforge_agent"
@@ -143,4 +153,7 @@ def test_verl_runs_the_envforge_agent_loop_multi_turn_on_the_service(tmp_path, l
     assert loss["num_turns"] == 2 and loss["session"]["steps"] == 0 and loss["session"]["end_reason"] == "unfinished"
     assert not loss["session"]["submitted"] and loss["observation_text"] == ""
     assert loss["reward"] == 0.0 and "checkpoint_failed:service-healthy" in loss["session"]["reasons"]
-    assert sorted(out["reward_extra_info"]["resolved"]) == ["False", "True"]  # verl's manager logged the results
+    # verl's reward loop scored each trajectory with compute_score (rm_scores) and logged the results; its
+    # batch reward manager gets the same from compute_score_batch
+    assert sorted(out["reward_extra_info"]["resolved"]) == ["False", "True"]
+    assert sorted(s["score"] for s in out["batch_scores"]) == [0.0, 1.0]

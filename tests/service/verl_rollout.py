@@ -6,8 +6,10 @@ composed by Hydra from verl's own `ppo_trainer.yaml` (with the documented overri
 read by verl's `RLHFDataset` and `collate_fn`, the generation batch cut by
 `RayPPOTrainer._get_gen_batch`, an `AgentLoopWorker` (the class `AgentLoopManager` runs as a Ray
 actor) built from that config and calling `generate_sequences`, which instantiates the
-`envforge_agent` loop from `verl_agent_loop.yaml` per trajectory, and verl's `batch` reward manager
-calling `compute_score_batch`. The one piece replaced is the inference server behind
+`envforge_agent` loop from `verl_agent_loop.yaml` per trajectory and scores each finished trajectory
+with a `RewardLoopWorker` (verl's default naive reward manager over `compute_score`), and verl's
+`batch` reward manager calling `compute_score_batch` on the same output. Ray actor handles are
+replaced by the objects themselves in this process. The one piece replaced is the inference server behind
 `LLMServerClient` (vLLM/SGLang need a GPU): a client answering from `envforge policy serve`'s
 `/v1/completions` (token ids in, token ids and logprobs out, as vLLM's server does), or from a
 script of replies per task.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ import httpx
 import numpy as np
 from hydra import compose, initialize_config_module
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
@@ -35,9 +39,20 @@ from verl.workers.reward_manager.batch import BatchRewardManager
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
-from envforge_client.adapters.verl_reward import compute_score_batch
+import envforge_client.adapters.verl_reward as verl_reward
 
 LOOP_CONFIG = Path(adapters.__file__).parent / "verl_agent_loop.yaml"
+
+
+class InProcessActor:
+    """A Ray actor handle's `.method.remote(...)` for an object in this process (awaitable, like an ObjectRef)."""
+
+    def __init__(self, target: Any):
+        self.target = target
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.target, name)
+        return type("RemoteMethod", (), {"remote": staticmethod(method)})()
 
 
 class CompletionsServer(LLMServerClient):
@@ -100,8 +115,8 @@ def trainer_config(data: str, model: str, response_length: int) -> Any:
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=6",
         "actor_rollout_ref.rollout.multi_turn.format=hermes",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={LOOP_CONFIG}",
-        "reward_model.reward_manager=batch",
-        "custom_reward_function.name=compute_score_batch",
+        f"reward.custom_reward_function.path={verl_reward.__file__}",
+        "reward.custom_reward_function.name=compute_score",
     ]
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         return compose(config_name="ppo_trainer", overrides=overrides)
@@ -113,7 +128,10 @@ async def rollout(args: argparse.Namespace) -> dict[str, Any]:
         client: LLMServerClient = CompletionsServer(config, args.server, args.max_tokens)
     else:
         client = ScriptedServer(config, None, json.loads(Path(args.replies).read_text()))
-    worker = AgentLoopWorker(config, llm_client=client)
+    # verl's default scoring: each trajectory scored as it finishes by a reward-loop worker (a Ray actor
+    # in the trainer) running the naive reward manager over custom_reward_function (compute_score)
+    scorer = InProcessActor(RewardLoopWorker(config))
+    worker = AgentLoopWorker(config, llm_client=client, reward_loop_worker_handles=[scorer])
     if isinstance(client, ScriptedServer):
         client.tokenizer = worker.tokenizer  # the worker's, loaded from its model config
 
@@ -122,10 +140,14 @@ async def rollout(args: argparse.Namespace) -> dict[str, Any]:
     batch.non_tensor_batch["uid"] = np.array([str(i) for i in range(len(batch))], dtype=object)
     gen_batch = RayPPOTrainer._get_gen_batch(None, batch)  # type: ignore[arg-type]  # uses no trainer state
     gen_batch.meta_info = {"global_steps": 1, "validate": False}
+    started = time.perf_counter()
     output = await worker.generate_sequences(gen_batch)
+    generate_s = round(time.perf_counter() - started, 2)
 
-    scored = BatchRewardManager(worker.tokenizer, 0, compute_score_batch)(output, return_dict=True)
-    rewards = scored["reward_tensor"].sum(dim=-1).tolist()
+    output = batch.union(output)  # as the trainer does: the rows' own fields beside what was generated
+    rewards = output.batch["rm_scores"].sum(dim=-1).tolist()
+    # the `batch` reward manager's call of compute_score_batch, on the same rollout
+    batch_scores = BatchRewardManager(worker.tokenizer, 0, verl_reward.compute_score_batch).verify(output)
     tok = worker.tokenizer
     rows = []
     for i in range(len(output)):
@@ -137,7 +159,7 @@ async def rollout(args: argparse.Namespace) -> dict[str, Any]:
         env_ids = [t for t, m in zip(response[:n], mask[:n]) if not m]
         rows.append({
             "task_id": output.non_tensor_batch["extra_info"][i]["task_id"],
-            "agent_name": output.non_tensor_batch["agent_name"][i],
+            "agent_name": gen_batch.non_tensor_batch["agent_name"][i],
             "num_turns": int(output.non_tensor_batch["__num_turns__"][i]),
             "reward": rewards[i],
             "session": output.non_tensor_batch["reward_scores"][i]["envforge"],
@@ -145,7 +167,8 @@ async def rollout(args: argparse.Namespace) -> dict[str, Any]:
             "observation_text": tok.decode(env_ids),
             "has_logprobs": "rollout_log_probs" in output.batch.keys(),
         })
-    return {"rows": rows, "reward_extra_info": {k: list(map(str, v)) for k, v in scored["reward_extra_info"].items()}}
+    logged = {k: [str(x) for x in output.non_tensor_batch[k]] for k in output.meta_info["reward_extra_keys"]}
+    return {"rows": rows, "reward_extra_info": logged, "batch_scores": batch_scores, "generate_s": generate_s}
 
 
 def main() -> None:
