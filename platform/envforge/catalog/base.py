@@ -9,6 +9,7 @@ rollouts, sessions) reads and writes through this class and nothing else.
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -54,6 +55,11 @@ def frame(table: str, rows: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=dtypes)
 
 
+# DuckDB's per-process instance cache races when two threads open the same file at once ("Unique file
+# handle conflict: ... already attached"), e.g. the service resolving tasks for concurrent session creates.
+_CONNECT_LOCK = threading.Lock()
+
+
 class CatalogBase:
     """Handle on the catalog file. Cheap to create; opens a connection per operation."""
 
@@ -68,7 +74,8 @@ class CatalogBase:
         delay = 0.05
         for attempt in range(retries):
             try:
-                con = duckdb.connect(str(self.path))
+                with _CONNECT_LOCK:
+                    con = duckdb.connect(str(self.path))
                 break
             except duckdb.IOException as exc:  # another process holds the write lock
                 if "lock" not in str(exc).lower() or attempt == retries - 1:
@@ -78,7 +85,8 @@ class CatalogBase:
         try:
             yield con
         finally:
-            con.close()
+            with _CONNECT_LOCK:  # closing the last connection detaches the file: not while another opens it
+                con.close()
 
     @staticmethod
     def validate(table: str, frame: pl.DataFrame) -> list[Problem]:
