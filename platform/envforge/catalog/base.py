@@ -58,6 +58,7 @@ def frame(table: str, rows: list[dict]) -> pl.DataFrame:
 # DuckDB's per-process instance cache races when two threads open the same file at once ("Unique file
 # handle conflict: ... already attached"), e.g. the service resolving tasks for concurrent session creates.
 _CONNECT_LOCK = threading.Lock()
+_SCHEMA_LOCK = threading.Lock()
 
 
 class CatalogBase:
@@ -66,7 +67,7 @@ class CatalogBase:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as con:
+        with _SCHEMA_LOCK, self._connect() as con:  # two threads replacing the views at once conflict
             con.execute(SCHEMA_SQL)
 
     @contextmanager
