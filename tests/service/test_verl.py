@@ -10,15 +10,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import datasets
+import httpx
 import pytest
 
 from envforge.rollout.store import TrajectoryStore
 from envforge.rollout.trajectory import Trajectory
 from envforge.rollout.actions import TOOLS
-from tests.service.conftest import LiveServer
+from tests.service.conftest import LiveServer, free_port
 from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained_dir
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -157,3 +159,45 @@ def test_verl_runs_the_envforge_agent_loop_multi_turn_on_the_service(tmp_path, o
     # batch reward manager gets the same from compute_score_batch
     assert sorted(out["reward_extra_info"]["resolved"]) == ["False", "True"]
     assert sorted(s["score"] for s in out["batch_scores"]) == [0.0, 1.0]
+    print(f"verl generate_sequences, 2 trajectories: {out['generate_s']} s")
+
+
+@pytest.fixture()
+def policy_server(tiny_checkpoint, tmp_path):
+    """`envforge policy serve` on the tiny checkpoint: an OpenAI-compatible server taking token-id prompts."""
+    port = free_port()
+    log = tmp_path / "policy.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "envforge"), "policy", "serve", str(tiny_checkpoint),
+                                 "--port", str(port), "--threads", "1"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.25)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_verl_runs_the_envforge_agent_loop_with_a_served_model(tmp_path, own_server, service_data, verl_python,
+                                                              tiny_checkpoint, policy_server):
+    """The same rollout with the tiny model generating on `envforge policy serve` (token ids in, token ids
+    and logprobs out, as verl asks vLLM): whatever it writes, each trajectory gets a verified session
+    whose score is the reward verl records."""
+    store = _batch(tmp_path, service_data)
+    data = tmp_path / "train.parquet"
+    store.export_verl(data, own_server.url)
+    out = _rollout(verl_python, own_server, data, tiny_checkpoint, service_data.keys["team-a"],
+                   "--server", policy_server, "--max-tokens", "24")
+    assert len(out["rows"]) == 2
+    for row in out["rows"]:
+        assert row["agent_name"] == "envforge_agent" and row["has_logprobs"] and row["model_text"]
+        assert row["num_turns"] >= 2 and row["session"]["session_id"] and row["session"]["reasons"]
+        assert row["reward"] == row["session"]["score"] == 0.0  # a random model solves nothing
+    assert [s["score"] for s in out["batch_scores"]] == [0.0, 0.0]

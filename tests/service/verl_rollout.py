@@ -66,7 +66,7 @@ class CompletionsServer(LLMServerClient):
                        **kwargs: Any) -> TokenOutput:
         body = {"model": "tiny", "prompt": list(prompt_ids), "max_tokens": self.max_tokens,
                 "temperature": sampling_params["temperature"], "top_p": sampling_params["top_p"], "logprobs": 1,
-                "seed": 0}
+                "return_token_ids": True, "seed": 0}
         if sampling_params.get("stop_token_ids"):
             body["stop_token_ids"] = list(sampling_params["stop_token_ids"])
         async with httpx.AsyncClient(timeout=300) as http:
