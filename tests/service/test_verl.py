@@ -17,11 +17,11 @@ import datasets
 import httpx
 import pytest
 
+from envforge.rollout.actions import TOOLS
+from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained_dir
 from envforge.rollout.store import TrajectoryStore
 from envforge.rollout.trajectory import Trajectory
-from envforge.rollout.actions import TOOLS
 from tests.service.conftest import LiveServer, free_port
-from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model, build_tokenizer, save_pretrained_dir
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -52,6 +52,8 @@ def test_the_export_loads_like_verl_and_the_reward_function_grades_on_the_servic
     assert set(frame.column_names) >= {"data_source", "prompt", "ability", "reward_model", "extra_info", "agent_name"}
     row = frame[0]
     assert row["data_source"] == "envforge/spec" and row["agent_name"] == "envforge_agent"
+    loop_source = (REPO / "clients/python/src/envforge_client/adapters/verl_agent_loop.py").read_text()
+    assert 'AGENT_NAME = "envforge_agent"' in loop_source  # the name the loop registers (it imports verl)
     assert [m["role"] for m in row["prompt"]] == ["system", "user"]
     assert "<tool_call>" in row["prompt"][0]["content"] and '"apply_patch"' in row["prompt"][0]["content"]
     assert row["prompt"][1]["content"].startswith("The reorder report")

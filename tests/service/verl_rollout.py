@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import envforge_client.adapters as adapters
+import envforge_client.adapters.verl_reward as verl_reward
 import httpx
 import numpy as np
 from hydra import compose, initialize_config_module
@@ -38,8 +39,6 @@ from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 from verl.workers.reward_manager.batch import BatchRewardManager
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
-
-import envforge_client.adapters.verl_reward as verl_reward
 
 LOOP_CONFIG = Path(adapters.__file__).parent / "verl_agent_loop.yaml"
 
@@ -62,19 +61,28 @@ class CompletionsServer(LLMServerClient):
         super().__init__(config, load_balancer_handle=None)
         self.url, self.max_tokens = url, max_tokens
 
-    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
-                       **kwargs: Any) -> TokenOutput:
-        body = {"model": "tiny", "prompt": list(prompt_ids), "max_tokens": self.max_tokens,
-                "temperature": sampling_params["temperature"], "top_p": sampling_params["top_p"], "logprobs": 1,
-                "return_token_ids": True, "seed": 0}
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
+    ) -> TokenOutput:
+        body = {
+            "model": "tiny",
+            "prompt": list(prompt_ids),
+            "max_tokens": self.max_tokens,
+            "temperature": sampling_params["temperature"],
+            "top_p": sampling_params["top_p"],
+            "logprobs": 1,
+            "return_token_ids": True,
+            "seed": 0,
+        }
         if sampling_params.get("stop_token_ids"):
             body["stop_token_ids"] = list(sampling_params["stop_token_ids"])
         async with httpx.AsyncClient(timeout=300) as http:
             resp = await http.post(f"{self.url}/completions", json=body)
         resp.raise_for_status()
         choice = resp.json()["choices"][0]
-        return TokenOutput(token_ids=choice["token_ids"], log_probs=choice["logprobs"]["token_logprobs"],
-                           stop_reason="completed")
+        return TokenOutput(
+            token_ids=choice["token_ids"], log_probs=choice["logprobs"]["token_logprobs"], stop_reason="completed"
+        )
 
 
 class ScriptedServer(LLMServerClient):
@@ -86,8 +94,9 @@ class ScriptedServer(LLMServerClient):
         self.turns: dict[str, int] = {}
         self.replies: dict[str, list[str]] = {}
 
-    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
-                       **kwargs: Any) -> TokenOutput:
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
+    ) -> TokenOutput:
         if request_id not in self.replies:  # verl keeps one request id per trajectory (sticky sessions)
             prompt = self.tokenizer.decode(prompt_ids)
             self.replies[request_id] = next(r for marker, r in self.script.items() if marker in prompt)
@@ -152,21 +161,23 @@ async def rollout(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for i in range(len(output)):
         mask = output.batch["response_mask"][i].tolist()
-        attention = output.batch["attention_mask"][i][output.batch["prompts"].shape[1]:].tolist()
+        attention = output.batch["attention_mask"][i][output.batch["prompts"].shape[1] :].tolist()
         response = output.batch["responses"][i].tolist()
         n = int(sum(attention))
         model_ids = [t for t, m in zip(response[:n], mask[:n]) if m]
         env_ids = [t for t, m in zip(response[:n], mask[:n]) if not m]
-        rows.append({
-            "task_id": output.non_tensor_batch["extra_info"][i]["task_id"],
-            "agent_name": gen_batch.non_tensor_batch["agent_name"][i],
-            "num_turns": int(output.non_tensor_batch["__num_turns__"][i]),
-            "reward": rewards[i],
-            "session": output.non_tensor_batch["reward_scores"][i]["envforge"],
-            "model_text": tok.decode(model_ids),
-            "observation_text": tok.decode(env_ids),
-            "has_logprobs": "rollout_log_probs" in output.batch.keys(),
-        })
+        rows.append(
+            {
+                "task_id": output.non_tensor_batch["extra_info"][i]["task_id"],
+                "agent_name": gen_batch.non_tensor_batch["agent_name"][i],
+                "num_turns": int(output.non_tensor_batch["__num_turns__"][i]),
+                "reward": rewards[i],
+                "session": output.non_tensor_batch["reward_scores"][i]["envforge"],
+                "model_text": tok.decode(model_ids),
+                "observation_text": tok.decode(env_ids),
+                "has_logprobs": "rollout_log_probs" in output.batch.keys(),
+            }
+        )
     logged = {k: [str(x) for x in output.non_tensor_batch[k]] for k in output.meta_info["reward_extra_keys"]}
     return {"rows": rows, "reward_extra_info": logged, "batch_scores": batch_scores, "generate_s": generate_s}
 
