@@ -91,6 +91,10 @@ mlflow-ui: venv
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(ENVFORGE_DATA_DIR)/mlflow.db \
 	  --default-artifact-root file://$(ENVFORGE_DATA_DIR)/mlartifacts --host 127.0.0.1 --port 5000
 
+## verl-venv: verl 0.9.1 in its own venv (.venv-verl, its own pins in tools/verl/), built once; test_verl.py uses it
+verl-venv:
+	PYTHON=$(PYTHON) tools/verl_venv.sh
+
 ## lock: refresh constraints.txt from the current venv
 lock: venv
 	$(BIN)/pip freeze --exclude-editable | sed 's/+cpu$$//' > constraints.txt

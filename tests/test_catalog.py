@@ -140,3 +140,26 @@ def test_each_table_is_defined_once_by_its_pandera_model(catalog):
     finally:
         con.close()
     assert primary_key("task_set_members") == ["version", "task_id"] and primary_key("tasks") == ["content_hash"]
+
+
+def test_threads_of_one_process_open_and_close_the_catalog_at_once(catalog):
+    """DuckDB's per-process instance cache fails a connect that races another thread's closing of the last
+    connection ("Unique file handle conflict"), and two handles created at once replace the schema's views
+    at once ("write-write conflict"); the service resolves tasks in threads, one per new session."""
+    import threading
+
+    errors: list[str] = []
+
+    def work() -> None:
+        for n in range(300):
+            try:
+                catalog.query("SELECT 1") if n % 10 else Catalog(catalog.path)
+            except duckdb.Error as exc:
+                errors.append(str(exc)[:200])
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

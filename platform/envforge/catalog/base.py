@@ -9,6 +9,7 @@ rollouts, sessions) reads and writes through this class and nothing else.
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -54,13 +55,19 @@ def frame(table: str, rows: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=dtypes)
 
 
+# DuckDB's per-process instance cache races when two threads open the same file at once ("Unique file
+# handle conflict: ... already attached"), e.g. the service resolving tasks for concurrent session creates.
+_CONNECT_LOCK = threading.Lock()
+_SCHEMA_LOCK = threading.Lock()
+
+
 class CatalogBase:
     """Handle on the catalog file. Cheap to create; opens a connection per operation."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as con:
+        with _SCHEMA_LOCK, self._connect() as con:  # two threads replacing the views at once conflict
             con.execute(SCHEMA_SQL)
 
     @contextmanager
@@ -68,7 +75,8 @@ class CatalogBase:
         delay = 0.05
         for attempt in range(retries):
             try:
-                con = duckdb.connect(str(self.path))
+                with _CONNECT_LOCK:
+                    con = duckdb.connect(str(self.path))
                 break
             except (duckdb.IOException, duckdb.BinderException) as exc:
                 # IOException: another process holds the write lock. BinderException "Unique file handle
@@ -81,7 +89,8 @@ class CatalogBase:
         try:
             yield con
         finally:
-            con.close()
+            with _CONNECT_LOCK:  # closing the last connection detaches the file: not while another opens it
+                con.close()
 
     @staticmethod
     def validate(table: str, frame: pl.DataFrame) -> list[Problem]:

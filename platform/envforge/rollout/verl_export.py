@@ -7,15 +7,17 @@ once, with what the episode starts from and what grading needs:
 | column | |
 |---|---|
 | `data_source` | `envforge/<source kind>` (verl picks the reward function by it) |
-| `agent_name` | `tool_agent`: verl's multi-turn tool loop |
+| `agent_name` | `envforge_agent`: envforge's verl agent loop (`envforge_client.adapters.verl_agent_loop`, one service session per trajectory) |
 | `prompt` | the messages: envforge's system prompt with the tool definitions and the `<tool_call>` format, then the task's instruction, as the service's first observation starts |
 | `tools` | the OpenAI tool definitions, as JSON text (for a verl tool config or a chat template's `tools=`) |
 | `ability` | `agentic-coding` |
 | `reward_model` | `{"style": "rule", "ground_truth": "<json: task_id, content_hash, task_set_version>"}` |
 | `extra_info` | `index`, `split`, the task id and content hash, `service_url` (where the reward function grades), `max_turns`, and the batch's `batch_id`, `batch_samples` and `batch_pass_rate` for filtering |
 
-The reward function is `envforge_client.adapters.verl_reward.compute_score`: it replays the
-response's tool calls in a fresh session of the exact task version and returns the verified reward.
+The agent loop steps each tool call in a session of the exact task version (task id and content hash
+from `extra_info`), returns the observations to the model and verifies at the end; the reward function
+`envforge_client.adapters.verl_reward.compute_score` (or `compute_score_batch`) reads that session's
+result. `tools_kwargs` stays empty: the loop, not verl's per-call tool instances, holds the session.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from envforge_client.prompts import TOOLS, system_message, user_message
 from envforge.objectstore import write_url
 from envforge.rollout.trajectory import Trajectory
 
-AGENT_NAME = "tool_agent"
+AGENT_NAME = "envforge_agent"  # registered by envforge_client.adapters.verl_agent_loop
 ABILITY = "agentic-coding"
 
 

@@ -5,6 +5,7 @@
 - `trl_grpo`: a `rollout_func` for TRL's `GRPOTrainer` (multi-turn episodes on the service, generated
   with the trainer's sampling settings in one batch per turn, the verified reward forwarded to a reward function);
 - `openenv`: the OpenEnv protocol (`openenv-core`'s `EnvClient`) served by envforge, and a typed client;
-- `verl_reward`: verl's `compute_score` grading a response on the service (data from
-  `envforge rollout-export --format verl`).
+- `verl_agent_loop` (+ `verl_agent_loop.yaml`): verl's `envforge_agent` loop, one session per
+  trajectory, observations back to the model, verified at the end (data from
+  `envforge rollout-export --format verl`); `verl_reward`: the reward functions reading its results.
 """

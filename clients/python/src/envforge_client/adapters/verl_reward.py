@@ -1,15 +1,23 @@
-"""verl's reward function for envforge tasks: grade a response on the environment service.
+"""verl's reward functions for envforge tasks.
 
-Point verl at it (``custom_reward_function.path=<this file>``, ``custom_reward_function.name=
-compute_score``) with data from ``envforge rollout-export --format verl``. For each response it
-opens a session on the exact task version (content hash from the row's ground truth), replays the
-response's ``<tool_call>`` blocks in order, grades the final state on a pristine copy, and closes
-the session. The episode is deterministic, so replaying the actions grades what the model did.
+Multi-turn rows (`agent_name: envforge_agent`, what `envforge rollout-export --format verl` writes) are
+graded during the rollout: the `envforge_agent` loop (`verl_agent_loop`) steps one session per
+trajectory, verifies it and records the result in the output's `reward_scores`, which verl passes to
+the reward function as `extra_info["rollout_reward_scores"]`. `compute_score` (verl's per-sample
+signature, for its default reward loop) and `compute_score_batch` (the `batch` reward manager's
+signature) only read that result: nothing is replayed and no sandbox is opened.
 
-The service URL comes from the row (``extra_info.service_url``) or ``ENVFORGE_SERVICE_URL``; the
-API key only from ``ENVFORGE_API_KEY`` (keys never travel in data files). An infrastructure fault is
-retried on a fresh session; when the retries run out it raises rather than score the response 0.0,
-because a lost sandbox is not a model failure.
+    reward.custom_reward_function.path=<this file> reward.custom_reward_function.name=compute_score
+    # or, with reward_manager=batch: ...name=compute_score_batch
+
+`compute_score_by_replay` is for single-turn data (verl's `single_turn_agent`, where one response
+holds every `<tool_call>`): it opens a session on the exact task version (content hash from the
+row's ground truth), replays the response's `<tool_call>` blocks in order, grades the final state on
+a pristine copy, and closes the session. The episode is deterministic, so replaying the actions grades
+what the model did. Its service URL comes from the row (`extra_info.service_url`) or
+`ENVFORGE_SERVICE_URL`; the API key only from `ENVFORGE_API_KEY` (keys never travel in data files).
+An infrastructure fault is retried on a fresh session; when the retries run out it raises rather than
+score the response 0.0, because a lost sandbox is not a model failure.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from envforge_client.errors import ServiceUnavailable, SessionLost
 from envforge_client.prompts import tool_call_blocks
 
 INFRA_RETRIES = 3
+RESULT_KEY = "envforge"  # the envforge_agent loop's entry in extra_info["rollout_reward_scores"]
 
 
 def _grade_once(client: EnvforgeClient, truth: dict[str, Any], blocks: list[str]) -> dict[str, Any]:
@@ -45,10 +54,10 @@ def _grade_once(client: EnvforgeClient, truth: dict[str, Any], blocks: list[str]
     }
 
 
-def compute_score(
+def compute_score_by_replay(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None, **kwargs: Any
 ) -> dict[str, Any]:
-    """verl's reward signature; returns {"score": reward, ...} (verl logs the other keys)."""
+    """verl's reward signature for single-turn data; returns {"score": reward, ...} (verl logs the other keys)."""
     truth = json.loads(ground_truth) if isinstance(ground_truth, str) else dict(ground_truth)
     if not os.environ.get(KEY_VARIABLE):
         raise RuntimeError(f"{KEY_VARIABLE} is not set: the reward function needs an envforge service key")
@@ -65,3 +74,41 @@ def compute_score(
         f"envforge could not grade {truth.get('task_id')} after {INFRA_RETRIES} attempts "
         f"(infrastructure, not the model): {last}"
     )
+
+
+def _session_result(extra_info: dict[str, Any] | None) -> dict[str, Any]:
+    """The result the envforge_agent loop recorded for this response."""
+    info = extra_info or {}
+    # verl hands the loop's `reward_scores` over as `rollout_reward_scores` when it scores the batch after
+    # the rollout, and inside the loop's own extra fields (merged into extra_info) when it scores each
+    # trajectory as it finishes (its reward-loop workers).
+    recorded = (info.get("rollout_reward_scores") or {}).get(RESULT_KEY) or (info.get("reward_scores") or {}).get(
+        RESULT_KEY
+    )
+    if not recorded:
+        raise ValueError(
+            f"row {info.get('index')!r} ({info.get('task_id')}): extra_info has no {RESULT_KEY!r} session result "
+            "in rollout_reward_scores or reward_scores; "
+            "roll it out with agent_name envforge_agent "
+            "(verl_agent_loop.yaml as agent.agent_loop_config_path), or grade single-turn responses "
+            "with compute_score_by_replay"
+        )
+    return {k: recorded[k] for k in ("score", "resolved", "steps", "submitted", "reasons")}
+
+
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None, **kwargs: Any
+) -> dict[str, Any]:
+    """verl's per-sample reward signature: the verified result of the response's session."""
+    return _session_result(extra_info)
+
+
+def compute_score_batch(
+    data_sources: list[str],
+    solution_strs: list[str],
+    ground_truths: list[str],
+    extra_infos: list[dict[str, Any] | None],
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    """verl's `batch` reward manager signature: one result per response, from the sessions' results."""
+    return [_session_result(info) for info in extra_infos]
