@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Query
+from fastapi import APIRouter, Body, Depends, Query, Request
 
 from envforge.service import models as m
 from envforge.service import openenv_protocol as protocol
@@ -75,15 +75,13 @@ async def health() -> dict[str, Any]:
 
 
 @router.get("/metadata", response_model=m.OpenEnvMetadata)
-async def metadata() -> dict[str, Any]:
-    from envforge.service.app import API_VERSION
-
+async def metadata(request: Request) -> dict[str, Any]:
     return {
         "name": "envforge",
         "description": "envforge's verified software-engineering tasks: reset on a task (task_id, task_set + "
         "index or content_hash), act with its tools (run, apply_patch, submit, ...), get the verified reward "
         "on the terminal step",
-        "version": API_VERSION,
+        "version": request.app.version,  # the service API's
         "documentation_url": "docs/service.md#openenv",
     }
 
