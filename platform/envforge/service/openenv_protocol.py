@@ -66,8 +66,8 @@ async def step(mgr: SessionManager, tenant: Tenant, session_id: str | None, data
     action = m.OpenEnvAction.model_validate(data)
     if action.type == "list_tools":
         return {"observation": {"tools": mcp_tools()}, "reward": None, "done": False}
-    if session_id is None:
-        raise SessionError("no episode: reset first")
+    if session_id is None:  # 404 as for any session this key cannot name
+        raise SessionNotFound("no episode: reset first (over HTTP: send the session_id /openenv/reset returned)")
     call, text = _step_args(action)
     out = await mgr.step(tenant, session_id, call, text)
     reward = out["result"]["reward"] if out["result"] else None

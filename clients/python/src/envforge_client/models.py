@@ -252,17 +252,44 @@ class Health(_Model):
 # -- OpenEnv 0.3 under /openenv (envforge.service.routes.openenv, the WebSocket at /openenv/ws) --------
 
 
-class OpenEnvAction(_Model):
+_NO_MCP_FIELDS = {"not": {"anyOf": [{"required": ["type"]}, {"required": ["tool_name"]}]}}
+_NO_FORMS = {"anyOf": [{"required": ["name"]}, {"required": ["tool_call"]}, {"required": ["text"]}]}
+
+
+class OpenEnvAction(_Request):
     """One action in any form an OpenEnv client sends: exactly one of `name` (+ `arguments`),
     `tool_call` or `text`; or OpenEnv's MCP actions, `type: call_tool` with `tool_name` (+
     `arguments`), or `type: list_tools` alone."""
 
-    type: Optional[Literal["call_tool", "list_tools"]] = Field(None, description="OpenEnv's MCP actions")
-    tool_name: Optional[str] = Field(None, max_length=200, description="with type call_tool: the tool")
-    name: Optional[str] = Field(None, max_length=200, description="one of envforge's tools")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["name"], **_NO_MCP_FIELDS},
+                {"required": ["tool_call"], **_NO_MCP_FIELDS},
+                {"required": ["text"], **_NO_MCP_FIELDS},
+                {"required": ["type", "tool_name"], "properties": {"type": {"const": "call_tool"}}, "not": _NO_FORMS},
+                {
+                    "required": ["type"],
+                    "properties": {"type": {"const": "list_tools"}},
+                    "not": {"anyOf": [*_NO_FORMS["anyOf"], {"required": ["tool_name"]}]},
+                },
+            ]
+        },
+    )
+
+    type: Union[Literal["call_tool", "list_tools"], SkipJsonSchema[None]] = Field(
+        None, description="OpenEnv's MCP actions"
+    )
+    tool_name: Union[Annotated[str, Field(max_length=200)], SkipJsonSchema[None]] = Field(
+        None, description="with type call_tool: the tool"
+    )
+    name: Union[Annotated[str, Field(max_length=200)], SkipJsonSchema[None]] = Field(
+        None, description="one of envforge's tools"
+    )
     arguments: dict[str, Any] = Field(default_factory=dict, description="the tool's arguments")
-    tool_call: Optional[ToolCall] = Field(None, description="an OpenAI tool call")
-    text: Optional[str] = Field(None, description="a model's reply holding a <tool_call> block")
+    tool_call: Union[ToolCall, SkipJsonSchema[None]] = Field(None, description="an OpenAI tool call")
+    text: Union[str, SkipJsonSchema[None]] = Field(None, description="a model's reply holding a <tool_call> block")
 
     @model_validator(mode="after")
     def _one_form(self) -> "OpenEnvAction":
