@@ -1,16 +1,18 @@
 """The OpenEnv protocol on the service: `openenv-core`'s `EnvClient` talks to `/openenv/ws`.
 
-OpenEnv clients hold one WebSocket per episode and send `{"type": "reset"|"step"|"state"|"close",
-"data": {...}}`; every answer is `{"type": "observation"|"state"|"error", "data": {...}}` with
+OpenEnv clients hold one WebSocket per episode and send `{"type": "reset"|"step"|"state"|"mcp"|"close",
+"data": {...}}`; every answer is `{"type": "observation"|"state"|"mcp"|"error", "data": {...}}` with
 `{"observation": {...}, "reward": ..., "done": ...}` for observations. Here a connection is a
 session of the service: `reset` opens one (data: task_id / task_set + index / content_hash, seed,
-max_turns), `step` sends an action (`{"tool_call": ...}`, `{"text": ...}` or `{"name", "arguments"}`),
-and the terminal step carries the verified reward. Closing the connection deletes the session.
+max_turns, OpenEnv's episode_id), `step` sends an action in any form `openenv_protocol` takes
+(envforge's `{"name", "arguments"}`, `{"tool_call"}`, `{"text"}`, OpenEnv's MCP `call_tool` /
+`list_tools`), `mcp` carries MCP JSON-RPC (`tools/list`, `tools/call` = a step of this episode), and
+the terminal step carries the verified reward. Closing the connection deletes the session.
 
 The key goes in the handshake (`Authorization: Bearer`, what `EnvforgeEnv` sends) or, for clients
-that cannot set headers (`GenericEnvClient`), as `api_key` in the first reset's data. Nothing but
-a reset is accepted before a key checks out. Same tenants, scopes, quotas and records as HTTP:
-the session manager and the tenant store are the app's (`app.state`).
+that cannot set headers (`GenericEnvClient`, `MCPToolClient`), as `api_key` in the first reset's
+data. Nothing but a reset is accepted before a key checks out. Same tenants, scopes, quotas and
+records as HTTP: the session manager and the tenant store are the app's (`app.state`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
-from envforge.service import models as m
+from envforge.service import openenv_protocol as protocol
 from envforge.service.quotas import QuotaExceeded
 from envforge.service.sessions import SessionError, SessionManager
 from envforge.service.tasks import NotFound
@@ -36,10 +38,6 @@ def _error(code: str, message: str, **extra: Any) -> str:
     return json.dumps({"type": "error", "data": {"message": message, "code": code, **extra}})
 
 
-def _observation(obs: dict[str, Any], reward: float | None, done: bool) -> str:
-    return json.dumps({"type": "observation", "data": {"observation": obs, "reward": reward, "done": done}})
-
-
 @router.websocket(PATH)
 async def openenv(ws: WebSocket) -> None:
     await ws.accept()
@@ -48,6 +46,7 @@ async def openenv(ws: WebSocket) -> None:
     authenticate = ws.app.state.store.authenticate
     tenant = authenticate(key) if key else None
     session_id: str | None = None
+    episode_id: str | None = None
     mgr: SessionManager = ws.app.state.manager
     try:
         while True:
@@ -72,38 +71,18 @@ async def openenv(ws: WebSocket) -> None:
                     if session_id is not None:
                         await mgr.delete(tenant, session_id)
                         session_id = None
-                    req = m.CreateSession.model_validate(data)
-                    session, out = await mgr.create(
-                        tenant, req.task_id, req.task_set, req.index, req.content_hash, req.seed, req.max_turns
-                    )
-                    session_id = session.id
-                    obs = {**out.pop("observation"), **out}
-                    await ws.send_text(_observation(obs, None, False))
+                    episode_id = data.get("episode_id")
+                    session_id, result = await protocol.reset(mgr, tenant, data)
+                    await ws.send_text(json.dumps({"type": "observation", "data": result}))
                 elif kind == "step":
-                    if session_id is None:
-                        raise SessionError("reset first: no episode on this connection")
-                    if "name" in data:
-                        data = {
-                            "tool_call": {
-                                "type": "function",
-                                "function": {"name": data["name"], "arguments": data.get("arguments", {})},
-                            }
-                        }
-                    req = m.StepRequest.model_validate(data)
-                    call = req.tool_call.model_dump() if req.tool_call is not None else None
-                    out = await mgr.step(tenant, session_id, call, req.text)
-                    obs = {
-                        **out["observation"],
-                        "session_id": session_id,
-                        "turn": out["turn"],
-                        "end_reason": out["end_reason"],
-                        "result": out["result"],
-                    }
-                    reward = out["result"]["reward"] if out["result"] else None
-                    await ws.send_text(_observation(obs, reward, out["done"]))
+                    result = await protocol.step(mgr, tenant, session_id, data)
+                    await ws.send_text(json.dumps({"type": "observation", "data": result}))
                 elif kind == "state":
-                    state = mgr.get(tenant, session_id).state() if session_id else {}
+                    state = protocol.state_of(mgr, tenant, session_id, episode_id) if session_id else {}
                     await ws.send_text(json.dumps({"type": "state", "data": state}))
+                elif kind == "mcp":
+                    answer = await protocol.mcp(mgr, tenant, data, session_id, over_http=False)
+                    await ws.send_text(json.dumps({"type": "mcp", "data": answer}))
                 elif kind == "close":
                     break
                 else:

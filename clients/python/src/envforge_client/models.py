@@ -247,3 +247,148 @@ class Health(_Model):
         description="the sandbox backend serving sessions (`backend`: `local-pool`, or "
         "`fleet` with its `nodes`, `in_use` and `idle_sandboxes`) and its statistics"
     )
+
+
+# -- OpenEnv 0.3 under /openenv (envforge.service.routes.openenv, the WebSocket at /openenv/ws) --------
+
+
+_NO_MCP_FIELDS = {"not": {"anyOf": [{"required": ["type"]}, {"required": ["tool_name"]}]}}
+_NO_FORMS = {"anyOf": [{"required": ["name"]}, {"required": ["tool_call"]}, {"required": ["text"]}]}
+
+
+class OpenEnvAction(_Request):
+    """One action in any form an OpenEnv client sends: exactly one of `name` (+ `arguments`),
+    `tool_call` or `text`; or OpenEnv's MCP actions, `type: call_tool` with `tool_name` (+
+    `arguments`), or `type: list_tools` alone."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["name"], **_NO_MCP_FIELDS},
+                {"required": ["tool_call"], **_NO_MCP_FIELDS},
+                {"required": ["text"], **_NO_MCP_FIELDS},
+                {"required": ["type", "tool_name"], "properties": {"type": {"const": "call_tool"}}, "not": _NO_FORMS},
+                {
+                    "required": ["type"],
+                    "properties": {"type": {"const": "list_tools"}},
+                    "not": {"anyOf": [*_NO_FORMS["anyOf"], {"required": ["tool_name"]}]},
+                },
+            ]
+        },
+    )
+
+    type: Union[Literal["call_tool", "list_tools"], SkipJsonSchema[None]] = Field(
+        None, description="OpenEnv's MCP actions"
+    )
+    tool_name: Union[Annotated[str, Field(max_length=200)], SkipJsonSchema[None]] = Field(
+        None, description="with type call_tool: the tool"
+    )
+    name: Union[Annotated[str, Field(max_length=200)], SkipJsonSchema[None]] = Field(
+        None, description="one of envforge's tools"
+    )
+    arguments: dict[str, Any] = Field(default_factory=dict, description="the tool's arguments")
+    tool_call: Union[ToolCall, SkipJsonSchema[None]] = Field(None, description="an OpenAI tool call")
+    text: Union[str, SkipJsonSchema[None]] = Field(None, description="a model's reply holding a <tool_call> block")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "OpenEnvAction":
+        forms = [f for f in ("name", "tool_call", "text") if getattr(self, f) is not None]
+        if self.type == "call_tool" and (self.tool_name is None or forms):
+            raise ValueError("a call_tool action names its tool in tool_name (and sets nothing else but arguments)")
+        if self.type == "list_tools" and (forms or self.tool_name is not None):
+            raise ValueError("a list_tools action carries nothing else")
+        if self.type is None and (len(forms) != 1 or self.tool_name is not None):
+            raise ValueError("an action sets exactly one of name (+ arguments), tool_call or text")
+        return self
+
+
+class OpenEnvObservation(_Model):
+    """An observation's fields: those of the action's form and the turn (reset: the session and the
+    task; a step: the tool's output; list_tools: `tools`; call_tool: `tool_name`, `result`, `metadata`)."""
+
+    text: Optional[str] = Field(None, description="the tool's output; on reset the task statement")
+    exit_code: Optional[int] = None
+    error: Optional[Any] = Field(None, description="why the action was refused; for call_tool: OpenEnv's ToolError")
+    session_id: Optional[str] = Field(None, description="the episode: what HTTP steps and states name")
+    episode_id: Optional[str] = Field(None, description="on reset: the episode_id the reset named")
+    task_id: Optional[str] = None
+    content_hash: Optional[str] = None
+    task_set_version: Optional[str] = None
+    seed: Optional[int] = None
+    done: Optional[bool] = None
+    turn: Optional[int] = None
+    max_turns: Optional[int] = None
+    end_reason: Optional[str] = None
+    idle_timeout_s: Optional[float] = None
+    system_prompt: Optional[str] = Field(None, description="on reset")
+    tools: Optional[list[dict[str, Any]]] = Field(
+        None, description="on reset: OpenAI function tools; for list_tools: MCP tools (name, description, inputSchema)"
+    )
+    result: Optional[dict[str, Any]] = Field(
+        None, description="the verification result on the terminal step; for call_tool: MCP's CallToolResult"
+    )
+    tool_name: Optional[str] = Field(None, description="for call_tool")
+    metadata: Optional[dict[str, Any]] = Field(None, description="for call_tool: session_id, turn, end_reason")
+
+
+class OpenEnvResult(_Model):
+    """OpenEnv's ResetResponse / StepResponse: the terminal step carries the verified reward."""
+
+    observation: OpenEnvObservation
+    reward: Optional[float] = None
+    done: bool = False
+
+
+class OpenEnvState(SessionState):
+    """OpenEnv's State (episode_id, step_count = turns) with the session's state."""
+
+    episode_id: str
+    step_count: int
+
+
+class OpenEnvResetRequest(CreateSession):
+    episode_id: Union[Annotated[str, Field(max_length=255)], SkipJsonSchema[None]] = Field(
+        None, description="OpenEnv's episode id, echoed in the reset's observation"
+    )
+
+
+class OpenEnvStepRequest(_Model):
+    action: OpenEnvAction
+    session_id: Optional[str] = Field(
+        None, max_length=200, description="the episode (from /reset's observation); not needed for list_tools"
+    )
+
+
+class OpenEnvHealth(_Model):
+    status: Literal["healthy"]
+
+
+class OpenEnvMetadata(_Model):
+    name: str
+    description: str
+    readme_content: Optional[str] = None
+    version: Optional[str] = None
+    author: Optional[str] = None
+    documentation_url: Optional[str] = None
+
+
+class OpenEnvSchema(_Model):
+    action: dict[str, Any]
+    observation: dict[str, Any]
+    state: dict[str, Any]
+
+
+class OpenEnvJsonRpcError(_Model):
+    code: int = Field(
+        description="JSON-RPC's: -32700 parse, -32600 request, -32601 method, -32602 params, -32000 server"
+    )
+    message: str
+    data: Optional[Any] = Field(None, description="for server errors: envforge's error code (quota_exceeded, ...)")
+
+
+class OpenEnvJsonRpcResponse(_Model):
+    jsonrpc: Literal["2.0"]
+    id: Optional[Union[int, str]] = None
+    result: Optional[Any] = None
+    error: Optional[OpenEnvJsonRpcError] = None
