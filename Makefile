@@ -86,6 +86,11 @@ mlflow-ui: venv
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(ENVFORGE_DATA_DIR)/mlflow.db \
 	  --default-artifact-root file://$(ENVFORGE_DATA_DIR)/mlartifacts --host 127.0.0.1 --port 5000
 
+## verifiers-venv: verifiers 0.4 + envforge-client[verifiers] in .venv-verifiers/ (their own pins; built once,
+## rebuilt when its requirements change; tests/service/test_verifiers_adapter.py builds it too)
+verifiers-venv: venv
+	$(BIN)/python tools/verifiers_venv.py
+
 ## lock: refresh constraints.txt from the current venv
 lock: venv
 	$(BIN)/pip freeze --exclude-editable | sed 's/+cpu$$//' > constraints.txt

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import verifiers.v1 as vf
@@ -32,7 +33,6 @@ from envforge_client.client import AsyncClient, AsyncSession, Client
 from envforge_client.models import VerifyResult
 from envforge_client.prompts import system_message, tool_call_blocks, user_message
 
-REWARD = "envforge_reward"  # the trace's reward name (the task's one @vf.reward)
 INFO = "envforge"  # trace.info key holding the session's id and verification result
 
 
@@ -49,7 +49,7 @@ class EnvforgeTasksetConfig(vf.TasksetConfig):
     split: str | None = None
     """Only tasks of this split (train / eval / audit) when the task set was tiered."""
     max_turns: int | None = None
-    """Session turn cap (None = each task's own)."""
+    """Session turn cap (None = `--env.agent.max-turns` when set, else each task's own)."""
 
 
 class EnvforgeData(vf.TaskData):
@@ -60,11 +60,58 @@ class EnvforgeData(vf.TaskData):
     max_turns: int | None = None
 
 
+@dataclass
+class _Episode:
+    """One rollout's live session, found by the task's hooks through the rollout's trace id."""
+
+    session: AsyncSession
+    turn: int = 0
+    end_reason: str | None = None
+    answered: dict[str, str] = field(default_factory=dict)  # tool call id -> observation text
+
+    async def step(self, **body: Any) -> str:
+        out = await self.session.step(**body)
+        self.turn = out.turn
+        if out.done:
+            self.end_reason = out.end_reason
+        return observation_text(out.observation)
+
+
+_LIVE: dict[str, _Episode] = {}  # trace id -> its episode, while `EnvforgeEnv.run` plays it
+
+
 class EnvforgeTask(vf.Task[EnvforgeData]):
     @property
     def key(self) -> str:
         """The task's content hash: the exact task version, stable across runs and task-set versions."""
         return self.data.content_hash
+
+    @vf.intercept
+    async def envforge_tool_call(self, request: vf.Request, trace: vf.Trace) -> vf.Request | None:
+        """Native tool calls run on the session: verifiers' tool gate asks about each call the model makes
+        (an empty tool result at the tail) before the agent's program would run it; the answer is the
+        session's observation, which the model sees as that call's result."""
+        episode = _LIVE.get(trace.id)
+        last = request.messages[-1] if request.messages else None
+        if episode is None or not isinstance(last, vf.ToolMessage) or last.content:
+            return None
+        call = _tool_call(request.messages, last.tool_call_id)
+        if call is None:
+            return None
+        if call.id not in episode.answered:
+            if episode.session.done:
+                episode.answered[call.id] = "The episode has ended; nothing more runs."
+            else:
+                body = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                episode.answered[call.id] = await episode.step(tool_call=body)
+        answered = last.model_copy(update={"content": episode.answered[call.id]})
+        return request.model_copy(update={"messages": [*request.messages[:-1], answered]})
+
+    @vf.stop
+    def envforge_done(self, trace: vf.Trace) -> bool:
+        """The session ended (submit, max turns, trajectory timeout) during the agent's turn."""
+        episode = _LIVE.get(trace.id)
+        return episode is not None and episode.session.done
 
     @vf.reward(weight=1.0)
     async def envforge_reward(self, trace: vf.Trace) -> float:
@@ -76,6 +123,13 @@ class EnvforgeTask(vf.Task[EnvforgeData]):
                 "its session was graded); the episode is not scored"
             )
         return float(played["reward"])
+
+
+def _tool_call(messages: list[Any], call_id: str) -> vf.ToolCall | None:
+    for message in reversed(messages):
+        if isinstance(message, vf.AssistantMessage) and message.tool_calls:
+            return next((c for c in message.tool_calls if c.id == call_id), None)
+    return None
 
 
 class EnvforgeTaskset(vf.Taskset[EnvforgeTask, EnvforgeTasksetConfig]):
@@ -111,18 +165,11 @@ class EnvforgeEnvConfig(vf.EnvConfig):
     """The policy's seat; `--env.agent.*` overrides (sampling, max_turns, ...)."""
 
 
-def actions(segment: Any) -> list[dict[str, Any]]:
-    """The step bodies of one agent segment's reply, in order: its native tool calls, else each
-    `<tool_call>` block of its text, else the text itself (the service answers it with an error
-    observation naming the missing tool call)."""
-    reply = next((m for m in reversed(segment.messages) if isinstance(m, vf.AssistantMessage)), None)
-    if reply is not None and reply.tool_calls:
-        return [
-            {"tool_call": {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}}
-            for c in reply.tool_calls
-        ]
-    text = segment.last_reply
-    return [{"text": block} for block in tool_call_blocks(text)] or [{"text": text}]
+def actions(reply: str) -> list[dict[str, Any]]:
+    """The step bodies of a text reply, in order: each `<tool_call>` block, else the text itself (the
+    service answers it with an error observation naming the missing tool call). Native tool calls never
+    get here: `EnvforgeTask.envforge_tool_call` runs them inside the agent's turn."""
+    return [{"text": block} for block in tool_call_blocks(reply)] or [{"text": reply}]
 
 
 def observation_text(obs: Any) -> str:
@@ -154,23 +201,26 @@ class EnvforgeEnv(vf.Env[EnvforgeEnvConfig]):
         data = task.data
         assert isinstance(data, EnvforgeData), f"EnvforgeEnv runs envforge tasks, got {type(data).__name__}"
         async with AsyncClient(data.url) as client:
+            # The agent's turn cap is the session's when the taskset sets none, so a rollout cut by it ends
+            # the session the way envforge's own rollouts end (max_turns, graded and recorded by the service).
+            max_turns = data.max_turns if data.max_turns is not None else self.config.agent.max_turns
             session = await client.create_session(
-                task_id=data.task_id, content_hash=data.content_hash, max_turns=data.max_turns
+                task_id=data.task_id, content_hash=data.content_hash, max_turns=max_turns
             )
+            episode = _Episode(session)
+            trace_id = None
             try:
                 async with agents.agent.interaction(task) as interaction:
                     trace = interaction.trace
+                    trace_id = trace.id
+                    _LIVE[trace_id] = episode
                     trace.info[INFO] = {"session_id": session.id, "task_id": data.task_id}
                     segment = await interaction.turn()  # the prompt opens the exchange
-                    turns = 0
                     while not segment.terminated and not session.done:
                         observations = []
-                        for body in actions(segment):
-                            out = await session.step(**body)
-                            turns = out.turn
-                            observations.append(observation_text(out.observation))
-                            if out.done:
-                                trace.info[INFO]["end_reason"] = out.end_reason
+                        for body in actions(segment.last_reply):
+                            observations.append(await episode.step(**body))
+                            if session.done:
                                 break
                         if session.done:
                             break
@@ -179,11 +229,17 @@ class EnvforgeEnv(vf.Env[EnvforgeEnvConfig]):
                     result = session.result if session.result is not None else (await session.verify()).result
                     _check_graded(data.task_id, session.id, result)
                     trace.info[INFO].update(
-                        {"reward": result.reward, "resolved": result.resolved, "reasons": result.reasons}
+                        {
+                            "end_reason": episode.end_reason,
+                            "reward": result.reward,
+                            "resolved": result.resolved,
+                            "reasons": result.reasons,
+                        }
                     )
                     trace.record_metric("envforge_resolved", float(result.resolved))
-                    trace.record_metric("envforge_turns", float(turns))
+                    trace.record_metric("envforge_turns", float(episode.turn))
             finally:
+                _LIVE.pop(trace_id or "", None)
                 await _close(session)
 
 
