@@ -111,7 +111,7 @@ def test_vf_eval_against_policy_serve_scores_with_the_service_verifier(vf_bin, s
     for trace, played, row in _played(episodes, service_data, tenant):
         # cut at the turn cap, which the env gave the session too: the service ended and graded it
         assert row["end_reason"] == "max_turns" and row["turns"] == MAX_TURNS
-        assert trace["stop_condition"] == "max_turns"
+        assert trace["stop_condition"] == "user_closed"  # the env closed the exchange: its session had ended
         # the verifier's grade: the same failing tests / checkpoints as the untouched task
         assert played["reasons"] and played["reasons"] == untouched[played["task_id"]].reasons
         assert played["reward"] == untouched[played["task_id"]].reward
