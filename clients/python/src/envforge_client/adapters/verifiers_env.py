@@ -23,6 +23,7 @@ sandbox fault, a grade with `infra_error`) raises, so verifiers records an error
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,9 +31,11 @@ from typing import Any
 import verifiers.v1 as vf
 
 from envforge_client.client import AsyncClient, AsyncSession, Client
+from envforge_client.errors import ServiceError
 from envforge_client.models import VerifyResult
 from envforge_client.prompts import system_message, tool_call_blocks, user_message
 
+logger = logging.getLogger(__name__)
 INFO = "envforge"  # trace.info key holding the session's id and verification result
 
 
@@ -192,8 +195,12 @@ def _check_graded(task_id: str, session_id: str, result: VerifyResult) -> Verify
 
 async def _close(session: AsyncSession) -> None:
     """Close even when the rollout is being cancelled: the close runs in its own task, which a second
-    cancellation of the caller does not stop."""
-    await asyncio.shield(asyncio.ensure_future(session.close()))
+    cancellation of the caller does not stop. A service that cannot be reached cannot be told: its idle
+    reaper frees the sandbox; the failure is logged, not raised over the rollout's own outcome."""
+    try:
+        await asyncio.shield(asyncio.ensure_future(session.close()))
+    except ServiceError as exc:
+        logger.warning("envforge session %s could not be closed (%s); the service reaps it when idle", session.id, exc)
 
 
 class EnvforgeEnv(vf.Env[EnvforgeEnvConfig]):
