@@ -78,7 +78,7 @@ def _nothing_open(live: LiveServer) -> None:
 def _stop(live: LiveServer, docker_client) -> None:
     pid = live.proc.pid if live.proc else 0
     output = live.stop()
-    assert "Traceback" not in output, output[-4000:]
+    assert "Traceback" not in output, output[output.find("Traceback") - 500 :][:6000]
     assert _containers_of(docker_client, pid) == []
 
 
