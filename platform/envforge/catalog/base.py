@@ -9,6 +9,7 @@ rollouts, sessions) reads and writes through this class and nothing else.
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -54,13 +55,18 @@ def frame(table: str, rows: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=dtypes)
 
 
+_SCHEMA_LOCK = threading.Lock()
+
+
 class CatalogBase:
     """Handle on the catalog file. Cheap to create; opens a connection per operation."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as con:
+        # One process's connections share one database: two threads opening a Catalog at once (the
+        # service's session recorder and a new session's image lookup) conflict on the schema's DDL.
+        with _SCHEMA_LOCK, self._connect() as con:
             con.execute(SCHEMA_SQL)
 
     @contextmanager
