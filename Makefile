@@ -95,6 +95,11 @@ mlflow-ui: venv
 verl-venv:
 	PYTHON=$(PYTHON) tools/verl_venv.sh
 
+## verifiers-venv: verifiers 0.4 + envforge-client[verifiers] in .venv-verifiers/ (their own pins; built once,
+## rebuilt when its requirements change; tests/service/test_verifiers_adapter.py builds it too)
+verifiers-venv: venv
+	$(BIN)/python tools/verifiers_venv.py
+
 ## lock: refresh constraints.txt from the current venv
 lock: venv
 	$(BIN)/pip freeze --exclude-editable | sed 's/+cpu$$//' > constraints.txt

@@ -9,4 +9,6 @@
 - `verl_agent_loop` (+ `verl_agent_loop.yaml`): verl's `envforge_agent` loop, one session per
   trajectory, observations back to the model, verified at the end (data from
   `envforge rollout-export --format verl`); `verl_reward`: the reward functions reading its results.
+- `verifiers_env`: a verifiers 0.4 environment (taskset + multi-turn env, reward from the service's
+  verifier), loaded by `vf-eval envforge-verifiers` through the `envforge_verifiers` module.
 """
