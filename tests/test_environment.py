@@ -165,6 +165,32 @@ def test_dependency_group_includes_are_followed_and_cycles_named(tmp_path, allow
         resolve_environment(HistoryEnvironment(), repo, sha, "tickets.yaml")
 
 
+def test_requirements_the_fix_adds_are_installed_with_the_workspaces(tmp_path, allow_tmp_sources):
+    """xopen's move to backports.zstd: the fix adds a dependency its own code and tests import, and a
+    sandbox cannot fetch it, so the env layer holds what the fix's manifests add (not `-r` files,
+    read at the workspace commit at build time); a declared environment is left as declared."""
+    from envforge.sources.environment import HistoryEnvironment, resolve_environment
+
+    before = ('[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+              '[project]\nname = "x"\n'
+              'dependencies = ["isal>=1.6"]\n[project.optional-dependencies]\ntest = ["pytest"]\n')
+    repo, parent = _repo(tmp_path, {"pyproject.toml": before, "requirements-test.txt": "mock\n"})
+    fix = commit(repo, "zstd from backports", {
+        "pyproject.toml": before.replace('"setuptools>=61"', '"setuptools>=77"')
+        .replace('["isal>=1.6"]', '["isal>=1.6", "backports.zstd; python_version < \'3.14\'"]'),
+        "requirements-test.txt": "mock\nresponses\n", "requirements-dev.txt": "ruff\n"}, 1)
+    env = resolve_environment(HistoryEnvironment(), repo, parent, "tickets.yaml", fix)
+    assert env.fields["pip"] == ["setuptools>=61", "wheel", "setuptools>=77", "isal>=1.6", "pytest",
+                                 "-r requirements-test.txt", "backports.zstd; python_version < '3.14'"]
+    assert env.metadata["environment"]["inferred"]["added_by_change"] == [
+        "setuptools>=77", "backports.zstd; python_version < '3.14'"]
+    assert env.metadata["environment"]["build_requires"] == ["setuptools>=61", "wheel", "setuptools>=77"]
+    unchanged = resolve_environment(HistoryEnvironment(), repo, parent, "tickets.yaml", parent)
+    assert "added_by_change" not in unchanged.metadata["environment"]["inferred"]
+    declared = resolve_environment(HistoryEnvironment(pip=["pytest"]), repo, parent, "tickets.yaml", fix)
+    assert declared.fields["pip"] == ["setuptools>=61", "wheel", "pytest"]
+
+
 def test_build_requirements_are_upgraded_and_legacy_layers_keep_their_tags():
     from envforge.sandbox.envlayer import _build_script
 
