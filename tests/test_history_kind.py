@@ -122,6 +122,34 @@ def test_history_sources_are_discovered_as_their_own_kind(calc, tmp_path):
     assert [(r.kind, r.path) for r in scan_sources([tmp_path / "h"]).refs] == [("history", cfg)]
 
 
+def test_the_bundled_history_examples_load_and_scan():
+    """task_sources/examples/history: three real projects' recent history, nothing declared but the
+    bundle. Each loads with its candidates (newest first, with the upstream commit's message as the
+    statement) and no rejects, and `sources scan` lists every commit with what it would become."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    examples = Path(__file__).resolve().parents[1] / "task_sources" / "examples" / "history"
+    refs = scan_sources([examples]).refs
+    assert sorted((r.kind, r.path.parent.name) for r in refs) == [
+        ("history", "sqlparse"), ("history", "tenacity"), ("history", "tomli")]
+    counts = {"tenacity": (5, 8), "sqlparse": (7, 23), "tomli": (4, 17)}
+    for name, (candidates, commits) in counts.items():
+        result = load_history_source(examples / name / "history.yaml")
+        assert result.rejects == [] and len(result.candidates) == candidates, (name, result.rejects)
+        assert len(result.candidates) + len(result.skipped) == commits
+        assert all(c.id.startswith(f"{name}-") and c.kind == "history" for c in result.candidates)
+        dates = [c.metadata["committed_at"] for c in result.candidates]
+        assert dates == sorted(dates, reverse=True)
+    envforge = os.path.join(os.path.dirname(sys.executable), "envforge")
+    proc = subprocess.run([envforge, "sources", "scan", str(examples), "--json"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["counts"] == {"candidate": 16, "skipped": 32}
+
+
 @pytest.mark.docker
 def test_a_history_source_is_ingested_with_derived_tests_and_checked_statements(calc, tmp_path, settings,
                                                                                 docker_client):
