@@ -146,6 +146,25 @@ def test_tox_configuration_is_read_where_tox_4_reads_it(tmp_path):
     assert infer_environment(legacy, sha).pip == ["sybil"]
 
 
+def test_tox_variables_reach_the_tests_when_nothing_is_declared(tmp_path, allow_tmp_sources):
+    """cachetools' tox.ini sets THREADING_TESTS = 1 for its suite (its threading tests skip without
+    it); substitutions, factor conditions and variables envforge reserves are left out."""
+    from envforge.sources.environment import HistoryEnvironment, resolve_environment
+
+    ini = ("[testenv]\ndeps = pytest\nsetenv =\n    THREADING_TESTS = 1\n    PYTHONPATH = {toxinidir}/src\n"
+           "    py38: OLD=1\n    PYTEST_ADDOPTS=-x\n    LANG=C.UTF-8\n[testenv:docs]\nsetenv = DOCS=1\n")
+    repo, sha = _repo(tmp_path / "a", {"tox.ini": ini})
+    inf = infer_environment(repo, sha)
+    assert inf.env == {"THREADING_TESTS": "1", "LANG": "C.UTF-8"}
+    assert any("PYTEST_ADDOPTS (set by envforge)" in s for s in inf.skipped)
+    env = resolve_environment(HistoryEnvironment(env={"LANG": "C"}), repo, sha, "tickets.yaml")
+    assert env.fields["env"] == {"THREADING_TESTS": "1", "LANG": "C"}  # the source's own value wins
+    assert resolve_environment(HistoryEnvironment(pip=["pytest"]), repo, sha, "t.yaml").fields["env"] == {}
+    toml = '[env_run_base]\nset_env = { TZ = "UTC", COVERAGE_FILE = { replace = "env", name = "X" } }\n'
+    repo, sha = _repo(tmp_path / "b", {"tox.toml": toml})
+    assert infer_environment(repo, sha).env == {"TZ": "UTC"}
+
+
 def test_dependency_group_includes_are_followed_and_cycles_named(tmp_path, allow_tmp_sources):
     from envforge.errors import SpecError
     from envforge.sources.environment import HistoryEnvironment, resolve_environment

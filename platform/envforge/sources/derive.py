@@ -286,13 +286,16 @@ def run_derivation(pool: Pool, candidate: Candidate, image: str) -> Derivation:
 
 
 def cache_key(candidate: Candidate, image: str) -> str:
-    # The runs do not depend on how PASS_TO_PASS is scoped afterwards.
+    # The runs do not depend on how PASS_TO_PASS is scoped afterwards. They do depend on the
+    # variables the tests run with (kept out of the key when there are none, so older keys hold).
+    variables = candidate.environment.fields.get("env") or {}
     return digest_parts(
         CACHE_VERSION,
         image,
         candidate.change.source_patch,
         candidate.change.test_patch,
         candidate.config.tests.model_dump_json(exclude={"pass_to_pass"}),
+        *([json.dumps(variables, sort_keys=True)] if variables else []),
     )[:32]
 
 

@@ -124,7 +124,7 @@ def resolve_environment(
         "python": section.python or inferred.python,
         "pip": pip,
         "apt": list(section.apt),
-        "env": dict(section.env),
+        "env": dict(section.env) if declared else {**inferred.env, **section.env},
         "workdir": section.workdir,
         "install": install,
         "setup": list(section.setup),
