@@ -210,6 +210,33 @@ def test_requirements_the_fix_adds_are_installed_with_the_workspaces(tmp_path, a
     assert declared.fields["pip"] == ["setuptools>=61", "wheel", "pytest"]
 
 
+def test_the_derivation_cache_key_follows_the_tests_variables_and_limits(tmp_path, allow_tmp_sources):
+    """A suite killed for memory under 1 GiB must not be served from the cache once the source
+    raises the limit (xopen decompresses a 2 GiB zstd window); nor one run without a variable tox
+    sets. Sources with neither keep the keys they had."""
+    from envforge.sources.derive import cache_key
+
+    repo = tmp_path / "calc"
+    shas = make_calc_repo(repo)
+    config = write_ticket_source(tmp_path / "src", repo, shas)
+    text = config.read_text()
+    keys = {}
+    for name, extra in (("plain", ""), ("limits", "limits: {memory_mb: 3072}\n"),
+                        ("env", "environment: {env: {THREADING_TESTS: '1'}}\n")):
+        config.write_text(text + extra)
+        [cand] = [c for c in load_ticket_source(config).candidates if c.id == "calc-calc-1"]
+        keys[name] = cache_key(cand, "envforge/task-calc:0")
+    assert len(set(keys.values())) == 3
+    from envforge.hashing import digest_parts
+    from envforge.sources.derive import CACHE_VERSION
+
+    config.write_text(text)
+    [cand] = [c for c in load_ticket_source(config).candidates if c.id == "calc-calc-1"]
+    assert keys["plain"] == digest_parts(CACHE_VERSION, "envforge/task-calc:0", cand.change.source_patch,
+                                         cand.change.test_patch,
+                                         cand.config.tests.model_dump_json(exclude={"pass_to_pass"}))[:32]
+
+
 def test_build_requirements_are_upgraded_and_legacy_layers_keep_their_tags():
     from envforge.sandbox.envlayer import _build_script
 
