@@ -51,7 +51,7 @@ from envforge.stages.ingest import ingest  # noqa: E402
 from envforge.verify.config import GateConfig  # noqa: E402
 
 EXAMPLES = REPO / "task_sources" / "examples" / "real-repos"
-PROJECTS = ("humanize", "parse", "marshmallow", "asgiref", "cachetools")
+PROJECTS = ("humanize", "parse", "marshmallow", "asgiref", "cachetools", "xopen")
 
 
 def log(msg: str) -> None:

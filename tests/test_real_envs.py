@@ -500,3 +500,22 @@ def test_a_bundled_repository_whose_spdx_licence_needs_a_newer_setuptools(tmp_pa
     image = build_task_image(docker_client, task, base_image, settings).tag
     assert grader.grade(task, image, task.reference_patch).resolved
     assert not grader.grade(task, image, "").resolved
+
+
+def test_a_bundled_repository_whose_test_plugin_comes_from_tox_toml(tmp_path, docker_client, grader, base_image):
+    """xopen, nothing declared: pytest-timeout is named only by tox.toml's [env_run_base] deps, and
+    the suite runs with --strict-markers, so without it tests/test_xopen.py (`@pytest.mark.timeout`)
+    is not even collected. Its move to backports.zstd adds the dependency in the fix itself: the env
+    layer installs what the fix's manifests add (before, the ticket was rejected: the suite produced
+    no results after the change)."""
+    result, settings, expected = _derive_bundled("xopen", tmp_path, docker_client)
+    assert not result.rejects, result.rejects
+    [task] = result.tasks
+    assert sorted(task.spec.verification.tests.fail_to_pass) == sorted(expected["gh-1"]["fail_to_pass"])
+    about = task.spec.metadata["environment"]
+    assert about["declared"] is False and any(r.startswith("tox.toml [env_run_base] deps") for r in about["inferred"]["read"])
+    assert about["inferred"]["added_by_change"] == ["backports.zstd; python_version < \"3.14\""]
+    assert "pytest_timeout" in task.spec.verification.tests.plugins
+    image = build_task_image(docker_client, task, base_image, settings).tag
+    assert grader.grade(task, image, task.reference_patch).resolved
+    assert not grader.grade(task, image, "").resolved
