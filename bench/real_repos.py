@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/real_repos.py [--project NAME ...] [--cold] [--runs N] [--out FILE]
 
-For each project (humanize: declared environment; parse, marshmallow and asgiref: inferred), as a user
+For each project (humanize: declared environment; the others inferred), as a user
 would run it, with no file of envforge's touched: `ingest` its tickets.yaml (derivation in
 sandboxes), build the images and put every task through the flakiness gate. Prints one JSON
 document with, per project and in total:
@@ -51,7 +51,7 @@ from envforge.stages.ingest import ingest  # noqa: E402
 from envforge.verify.config import GateConfig  # noqa: E402
 
 EXAMPLES = REPO / "task_sources" / "examples" / "real-repos"
-PROJECTS = ("humanize", "parse", "marshmallow", "asgiref")
+PROJECTS = ("humanize", "parse", "marshmallow", "asgiref", "cachetools", "xopen")
 
 
 def log(msg: str) -> None:

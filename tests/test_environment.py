@@ -146,6 +146,25 @@ def test_tox_configuration_is_read_where_tox_4_reads_it(tmp_path):
     assert infer_environment(legacy, sha).pip == ["sybil"]
 
 
+def test_tox_variables_reach_the_tests_when_nothing_is_declared(tmp_path, allow_tmp_sources):
+    """cachetools' tox.ini sets THREADING_TESTS = 1 for its suite (its threading tests skip without
+    it); substitutions, factor conditions and variables envforge reserves are left out."""
+    from envforge.sources.environment import HistoryEnvironment, resolve_environment
+
+    ini = ("[testenv]\ndeps = pytest\nsetenv =\n    THREADING_TESTS = 1\n    PYTHONPATH = {toxinidir}/src\n"
+           "    py38: OLD=1\n    PYTEST_ADDOPTS=-x\n    LANG=C.UTF-8\n[testenv:docs]\nsetenv = DOCS=1\n")
+    repo, sha = _repo(tmp_path / "a", {"tox.ini": ini})
+    inf = infer_environment(repo, sha)
+    assert inf.env == {"THREADING_TESTS": "1", "LANG": "C.UTF-8"}
+    assert any("PYTEST_ADDOPTS (set by envforge)" in s for s in inf.skipped)
+    env = resolve_environment(HistoryEnvironment(env={"LANG": "C"}), repo, sha, "tickets.yaml")
+    assert env.fields["env"] == {"THREADING_TESTS": "1", "LANG": "C"}  # the source's own value wins
+    assert resolve_environment(HistoryEnvironment(pip=["pytest"]), repo, sha, "t.yaml").fields["env"] == {}
+    toml = '[env_run_base]\nset_env = { TZ = "UTC", COVERAGE_FILE = { replace = "env", name = "X" } }\n'
+    repo, sha = _repo(tmp_path / "b", {"tox.toml": toml})
+    assert infer_environment(repo, sha).env == {"TZ": "UTC"}
+
+
 def test_dependency_group_includes_are_followed_and_cycles_named(tmp_path, allow_tmp_sources):
     from envforge.errors import SpecError
     from envforge.sources.environment import HistoryEnvironment, resolve_environment
@@ -163,6 +182,59 @@ def test_dependency_group_includes_are_followed_and_cycles_named(tmp_path, allow
     repo, sha = _repo(tmp_path / "c", {"pyproject.toml": unknown})
     with pytest.raises(SpecError, match=r"\[dependency-groups\]\.test includes 'lint', which is not a group"):
         resolve_environment(HistoryEnvironment(), repo, sha, "tickets.yaml")
+
+
+def test_requirements_the_fix_adds_are_installed_with_the_workspaces(tmp_path, allow_tmp_sources):
+    """xopen's move to backports.zstd: the fix adds a dependency its own code and tests import, and a
+    sandbox cannot fetch it, so the env layer holds what the fix's manifests add (not `-r` files,
+    read at the workspace commit at build time); a declared environment is left as declared."""
+    from envforge.sources.environment import HistoryEnvironment, resolve_environment
+
+    before = ('[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+              '[project]\nname = "x"\n'
+              'dependencies = ["isal>=1.6"]\n[project.optional-dependencies]\ntest = ["pytest"]\n')
+    repo, parent = _repo(tmp_path, {"pyproject.toml": before, "requirements-test.txt": "mock\n"})
+    fix = commit(repo, "zstd from backports", {
+        "pyproject.toml": before.replace('"setuptools>=61"', '"setuptools>=77"')
+        .replace('["isal>=1.6"]', '["isal>=1.6", "backports.zstd; python_version < \'3.14\'"]'),
+        "requirements-test.txt": "mock\nresponses\n", "requirements-dev.txt": "ruff\n"}, 1)
+    env = resolve_environment(HistoryEnvironment(), repo, parent, "tickets.yaml", fix)
+    assert env.fields["pip"] == ["setuptools>=61", "wheel", "setuptools>=77", "isal>=1.6", "pytest",
+                                 "-r requirements-test.txt", "backports.zstd; python_version < '3.14'"]
+    assert env.metadata["environment"]["inferred"]["added_by_change"] == [
+        "setuptools>=77", "backports.zstd; python_version < '3.14'"]
+    assert env.metadata["environment"]["build_requires"] == ["setuptools>=61", "wheel", "setuptools>=77"]
+    unchanged = resolve_environment(HistoryEnvironment(), repo, parent, "tickets.yaml", parent)
+    assert "added_by_change" not in unchanged.metadata["environment"]["inferred"]
+    declared = resolve_environment(HistoryEnvironment(pip=["pytest"]), repo, parent, "tickets.yaml", fix)
+    assert declared.fields["pip"] == ["setuptools>=61", "wheel", "pytest"]
+
+
+def test_the_derivation_cache_key_follows_the_tests_variables_and_limits(tmp_path, allow_tmp_sources):
+    """A suite killed for memory under 1 GiB must not be served from the cache once the source
+    raises the limit (xopen decompresses a 2 GiB zstd window); nor one run without a variable tox
+    sets. Sources with neither keep the keys they had."""
+    from envforge.sources.derive import cache_key
+
+    repo = tmp_path / "calc"
+    shas = make_calc_repo(repo)
+    config = write_ticket_source(tmp_path / "src", repo, shas)
+    text = config.read_text()
+    keys = {}
+    for name, extra in (("plain", ""), ("limits", "limits: {memory_mb: 3072}\n"),
+                        ("env", "environment: {env: {THREADING_TESTS: '1'}}\n")):
+        config.write_text(text + extra)
+        [cand] = [c for c in load_ticket_source(config).candidates if c.id == "calc-calc-1"]
+        keys[name] = cache_key(cand, "envforge/task-calc:0")
+    assert len(set(keys.values())) == 3
+    from envforge.hashing import digest_parts
+    from envforge.sources.derive import CACHE_VERSION
+
+    config.write_text(text)
+    [cand] = [c for c in load_ticket_source(config).candidates if c.id == "calc-calc-1"]
+    assert keys["plain"] == digest_parts(CACHE_VERSION, "envforge/task-calc:0", cand.change.source_patch,
+                                         cand.change.test_patch,
+                                         cand.config.tests.model_dump_json(exclude={"pass_to_pass"}))[:32]
 
 
 def test_build_requirements_are_upgraded_and_legacy_layers_keep_their_tags():

@@ -76,6 +76,24 @@ def test_range_and_filters(calc, tmp_path):
     assert bots.candidates == [] and all("skip_authors" in p.reason or "root" in p.reason for p in bots.skipped)
 
 
+def test_the_default_author_filter_leaves_out_bots_only():
+    """`*[bot]*` means a name holding `[bot]`, not any name with a b, an o or a t (an fnmatch
+    character class): with that reading the default filter skipped nearly every real commit."""
+    from envforge.sources.history import Commit, HistoryFilters, skip_reason
+
+    filters = HistoryFilters.model_validate({})
+    human = Commit("a" * 40, ("b" * 40,), "Thomas Kemmer", "tkemmer@computer.org", "2026-01-01T00:00:00Z", "Fix x")
+    bot = Commit("a" * 40, ("b" * 40,), "dependabot[bot]", "4969+dependabot[bot]@users.noreply.github.com",
+                 "2026-01-01T00:00:00Z", "Fix x")
+    ci = Commit("a" * 40, ("b" * 40,), "pre-commit-ci[bot]", "66853113+pre-commit-ci[bot]@users.noreply.github.com",
+                "2026-01-01T00:00:00Z", "Fix x")
+    assert skip_reason(human, filters) is None
+    assert "skip_authors '*[bot]*'" in (skip_reason(bot, filters) or "")
+    assert "skip_authors" in (skip_reason(ci, filters) or "")
+    question = HistoryFilters.model_validate({"skip_authors": ["t?omas*"]})
+    assert "skip_authors" in (skip_reason(human, question) or "")
+
+
 def test_bad_config_is_a_reject_naming_the_file_and_field(calc, tmp_path):
     repo, _ = calc
     for body, field, words in (("range: {since: v9.9}\n", "range.since", "neither a date"),
@@ -102,6 +120,34 @@ def test_history_sources_are_discovered_as_their_own_kind(calc, tmp_path):
     repo, _ = calc
     cfg = write_history(tmp_path / "h", repo)
     assert [(r.kind, r.path) for r in scan_sources([tmp_path / "h"]).refs] == [("history", cfg)]
+
+
+def test_the_bundled_history_examples_load_and_scan():
+    """task_sources/examples/history: three real projects' recent history, nothing declared but the
+    bundle. Each loads with its candidates (newest first, with the upstream commit's message as the
+    statement) and no rejects, and `sources scan` lists every commit with what it would become."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    examples = Path(__file__).resolve().parents[1] / "task_sources" / "examples" / "history"
+    refs = scan_sources([examples]).refs
+    assert sorted((r.kind, r.path.parent.name) for r in refs) == [
+        ("history", "sqlparse"), ("history", "tenacity"), ("history", "tomli")]
+    counts = {"tenacity": (5, 8), "sqlparse": (7, 23), "tomli": (4, 17)}
+    for name, (candidates, commits) in counts.items():
+        result = load_history_source(examples / name / "history.yaml")
+        assert result.rejects == [] and len(result.candidates) == candidates, (name, result.rejects)
+        assert len(result.candidates) + len(result.skipped) == commits
+        assert all(c.id.startswith(f"{name}-") and c.kind == "history" for c in result.candidates)
+        dates = [c.metadata["committed_at"] for c in result.candidates]
+        assert dates == sorted(dates, reverse=True)
+    envforge = os.path.join(os.path.dirname(sys.executable), "envforge")
+    proc = subprocess.run([envforge, "sources", "scan", str(examples), "--json"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["counts"] == {"candidate": 16, "skipped": 32}
 
 
 @pytest.mark.docker
@@ -148,6 +194,25 @@ def test_sources_scan_is_a_dry_run_listing_what_each_record_becomes(calc, tmp_pa
     assert rows[shas["fix"][:12]]["statement"] == "flagged"  # a bare subject, before derivation shows the failure
     assert rows[shas["docs"][:12]]["reason"].startswith("commit: changes no test files")
     assert not (tmp_path / "data" / "catalog.duckdb").exists()  # nothing written
+
+
+def test_sources_scan_prints_bracketed_names_and_patterns_as_they_are(calc, tmp_path):
+    """The table quotes author names and filter patterns (`dependabot[bot]`, `*[bot]*`) that rich
+    would otherwise take for markup and drop."""
+    import os
+    import subprocess
+    import sys
+
+    repo, _ = calc
+    commit(repo, "Update calc for the new API", {"calc.py": (repo / "calc.py").read_text() + "\n# api\n",
+                                                 "tests/test_api.py": "def test_api():\n    pass\n"}, 8)
+    git(repo, "commit", "--amend", "--no-edit", "--author=dependabot[bot] <1+dependabot[bot]@users.noreply.github.com>")
+    cfg = write_history(tmp_path / "h", repo)
+    envforge = os.path.join(os.path.dirname(sys.executable), "envforge")
+    proc = subprocess.run([envforge, "sources", "scan", str(cfg), "--data-dir", str(tmp_path / "data")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"})
+    assert proc.returncode == 0, proc.stderr
+    assert "author dependabot[bot] <" in proc.stdout and "skip_authors '*[bot]*'" in proc.stdout, proc.stdout
 
 
 def test_the_funnel_tells_envforges_losses_from_the_records():

@@ -463,3 +463,59 @@ def test_tox_toml_deps_and_an_included_dependency_group_reach_the_tests(tmp_path
     assert task.spec.verification.tests.fail_to_pass == ["tests/test_slug.py::test_slug_joins_words"]
     assert "text-unidecode" in task.spec.environment.pip and "pytest-asyncio>=0.23" in task.spec.environment.pip
     assert task.spec.verification.tests.plugins == ["pytest_asyncio.plugin"]
+
+
+def _derive_bundled(project: str, tmp_path: Path, docker_client) -> tuple[object, Settings, dict]:
+    """A bundled real repository's tickets, nothing declared, derived in a fresh data dir (the source
+    copied into tmp_path: sources are confined to their folder); with its hand-checked lists."""
+    import yaml
+
+    folder = REPO / "task_sources" / "examples" / "real-repos" / project
+    for path in folder.iterdir():
+        if path.name != "expected.yaml":
+            shutil.copy(path, tmp_path / path.name)
+    settings = Settings.from_env().with_data_dir(tmp_path / "data")
+    settings.ensure_dirs()
+    result = derive_tasks(settings, load_ticket_source(tmp_path / "tickets.yaml").candidates, client=docker_client)
+    expected = yaml.safe_load((folder / "expected.yaml").read_text())["tickets"]
+    return result, settings, expected
+
+
+def test_a_bundled_repository_whose_spdx_licence_needs_a_newer_setuptools(tmp_path, docker_client, grader,
+                                                                          base_image):
+    """cachetools asks for `setuptools >= 61.0.0` and writes its licence as PEP 639 metadata (`license =
+    "MIT"`, `license-files`), which setuptools reads from 77 on (the base image's Debian setuptools 66
+    fails its metadata generation). The env layer holds the newest setuptools the range allows, as the
+    project's isolated build would, and the editable install builds."""
+    result, settings, expected = _derive_bundled("cachetools", tmp_path, docker_client)
+    assert not result.rejects, result.rejects
+    [task] = result.tasks
+    assert task.spec.verification.tests.fail_to_pass == expected["gh-1"]["fail_to_pass"]
+    assert task.spec.metadata["environment"]["declared"] is False
+    assert "setuptools >= 61.0.0" in task.spec.metadata["environment"]["build_requires"]
+    freeze = dict(line.split("==", 1) for line in task.spec.metadata["images"]["env_freeze"] if "==" in line)
+    from packaging.version import Version
+
+    assert Version(freeze["setuptools"]) >= Version("77")
+    image = build_task_image(docker_client, task, base_image, settings).tag
+    assert grader.grade(task, image, task.reference_patch).resolved
+    assert not grader.grade(task, image, "").resolved
+
+
+def test_a_bundled_repository_whose_test_plugin_comes_from_tox_toml(tmp_path, docker_client, grader, base_image):
+    """xopen, nothing declared: pytest-timeout is named only by tox.toml's [env_run_base] deps, and
+    the suite runs with --strict-markers, so without it tests/test_xopen.py (`@pytest.mark.timeout`)
+    is not even collected. Its move to backports.zstd adds the dependency in the fix itself: the env
+    layer installs what the fix's manifests add (before, the ticket was rejected: the suite produced
+    no results after the change)."""
+    result, settings, expected = _derive_bundled("xopen", tmp_path, docker_client)
+    assert not result.rejects, result.rejects
+    [task] = result.tasks
+    assert sorted(task.spec.verification.tests.fail_to_pass) == sorted(expected["gh-1"]["fail_to_pass"])
+    about = task.spec.metadata["environment"]
+    assert about["declared"] is False and any(r.startswith("tox.toml [env_run_base] deps") for r in about["inferred"]["read"])
+    assert about["inferred"]["added_by_change"] == ["backports.zstd; python_version < \"3.14\""]
+    assert "pytest_timeout" in task.spec.verification.tests.plugins
+    image = build_task_image(docker_client, task, base_image, settings).tag
+    assert grader.grade(task, image, task.reference_patch).resolved
+    assert not grader.grade(task, image, "").resolved

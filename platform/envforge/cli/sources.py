@@ -83,6 +83,7 @@ def sources_scan(
     if as_json:
         sys.stdout.write(json.dumps({"counts": counts, "records": rows}) + "\n")
         return
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(
@@ -92,7 +93,9 @@ def sources_scan(
     for col in ("record", "kind", "becomes", "statement", "why"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(r["record"], r["kind"], r["becomes"], r["statement"], r["reason"] or "; ".join(r["findings"][:3]))
+        # Reasons quote author names and patterns (`dependabot[bot]`, `*[bot]*`) that rich would read as markup.
+        why = r["reason"] or "; ".join(r["findings"][:3])
+        table.add_row(*(escape(str(v)) for v in (r["record"], r["kind"], r["becomes"], r["statement"], why)))
     out.print(table)
 
 

@@ -99,8 +99,12 @@ class Candidate:
 
     @cached_property
     def environment(self) -> ResolvedEnvironment:
-        """The packages and settings of the workspace commit, declared or inferred (once per candidate)."""
-        return resolve_environment(self.config.environment, self.git_dir, self.workspace_commit, self.origin)
+        """The packages and settings of the workspace commit, declared or inferred (once per candidate),
+        with what the fix's own manifests add when inferred."""
+        change_commit = self.metadata.get("fix_commit") or self.metadata.get("follow_up_commit")
+        return resolve_environment(
+            self.config.environment, self.git_dir, self.workspace_commit, self.origin, change_commit
+        )
 
     def to_task(self, fail_to_pass: list[str], pass_to_pass: list[str], extra_metadata: dict | None = None) -> Task:
         env = self.environment

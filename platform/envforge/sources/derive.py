@@ -286,13 +286,19 @@ def run_derivation(pool: Pool, candidate: Candidate, image: str) -> Derivation:
 
 
 def cache_key(candidate: Candidate, image: str) -> str:
-    # The runs do not depend on how PASS_TO_PASS is scoped afterwards.
+    # The runs do not depend on how PASS_TO_PASS is scoped afterwards. They do depend on the
+    # variables the tests run with and on the sandbox's limits (a suite killed for memory): each
+    # is kept out of the key while the source leaves it unset, so the keys of earlier results hold.
+    variables = candidate.environment.fields.get("env") or {}
+    limits = candidate.config.limits
     return digest_parts(
         CACHE_VERSION,
         image,
         candidate.change.source_patch,
         candidate.change.test_patch,
         candidate.config.tests.model_dump_json(exclude={"pass_to_pass"}),
+        *([json.dumps(variables, sort_keys=True)] if variables else []),
+        *([limits.model_dump_json()] if limits.model_fields_set else []),
     )[:32]
 
 

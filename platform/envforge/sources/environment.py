@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 from envforge.environment import PythonEnvironment, inside_path, pip_file_reference
 from envforge.errors import Problem, SpecError
 from envforge.sources import guard
-from envforge.sources.infer import RepoTree, infer_environment, nearest_version
+from envforge.sources.infer import InferredEnvironment, RepoTree, infer_environment, nearest_version
 from envforge.sources.policy import SourcePolicy
 
 
@@ -62,20 +62,37 @@ def check_dockerfile(section: HistoryEnvironment, config_path: Path, policy: Sou
         raise SpecError([Problem(str(config_path), "environment.dockerfile", f"{path} does not exist")])
 
 
-def resolve_environment(section: HistoryEnvironment, git_dir: Path, commit: str, where: str) -> ResolvedEnvironment:
-    """Declared or inferred packages for the repository at `commit`; SpecError (naming `where` and
-    the dotted field) when the section names a requirements file or directory the commit lacks."""
+def added_by_change(before: InferredEnvironment, git_dir: Path, change_commit: str) -> tuple[list[str], list[str]]:
+    """The requirement lines (runtime, build) the manifests at `change_commit` name and those at the
+    workspace commit do not: a fix that adds a dependency (or raises a bound) needs it installed to
+    pass, and a sandbox has no network to fetch it. `-r FILE` lines are left out: the file is read
+    from the workspace commit at build time, where it may not say the same."""
+    after = infer_environment(git_dir, change_commit)
+    pip = [line for line in after.pip if not line.startswith("-") and line not in before.pip]
+    build = [line for line in after.build_requires if line not in before.build_requires]
+    return pip, build
+
+
+def resolve_environment(
+    section: HistoryEnvironment, git_dir: Path, commit: str, where: str, change_commit: str | None = None
+) -> ResolvedEnvironment:
+    """Declared or inferred packages for the repository at `commit` (plus, when inferred, what the
+    manifests at `change_commit`, the fix, add: see `added_by_change`); SpecError (naming `where`
+    and the dotted field) when the section names a requirements file or directory the commit lacks."""
     inferred = infer_environment(git_dir, commit)
     tree = RepoTree(git_dir, commit)
     install = section.install or "auto"
     if install == "auto":
         install = inferred.install
-    build = inferred.build_requires if install == "editable" else []
     declared = section.declares_packages
+    added_pip, added_build = (
+        ([], []) if declared or not change_commit else added_by_change(inferred, git_dir, change_commit)
+    )
+    build = [*inferred.build_requires, *added_build] if install == "editable" else []
     pip = (
         [*build, *[p for p in section.pip if p not in build]]
         if declared
-        else [*build, *[p for p in inferred.pip if p not in build]]
+        else [*build, *[p for p in [*inferred.pip, *added_pip] if p not in build]]
     )
     problems = []
     for i, line in enumerate(section.pip):
@@ -107,7 +124,7 @@ def resolve_environment(section: HistoryEnvironment, git_dir: Path, commit: str,
         "python": section.python or inferred.python,
         "pip": pip,
         "apt": list(section.apt),
-        "env": dict(section.env),
+        "env": dict(section.env) if declared else {**inferred.env, **section.env},
         "workdir": section.workdir,
         "install": install,
         "setup": list(section.setup),
@@ -118,9 +135,11 @@ def resolve_environment(section: HistoryEnvironment, git_dir: Path, commit: str,
         about["build_requires"] = build
     if not declared:
         about["inferred"] = inferred.as_metadata()
+        if added_pip or added_build:
+            about["inferred"]["added_by_change"] = [*added_build, *added_pip]
     elif inferred.dynamic_version:
         about["dynamic_version"] = inferred.dynamic_version
     return ResolvedEnvironment(fields, {"environment": about})
 
 
-__all__ = ["HistoryEnvironment", "ResolvedEnvironment", "check_dockerfile", "resolve_environment"]
+__all__ = ["HistoryEnvironment", "ResolvedEnvironment", "added_by_change", "check_dockerfile", "resolve_environment"]

@@ -117,7 +117,8 @@ class HistoryFilters(StrictModel):
     skip_merges: bool = Field(True, description="merge commits are left out (their change is their parents')")
     skip_authors: list[StrictStr] = Field(
         default_factory=lambda: ["*[bot]*", "dependabot*", "renovate*", "pre-commit-ci*", "github-actions*"],
-        description="author names or emails (glob, case-insensitive) whose commits are left out",
+        description="author names or emails whose commits are left out: `*` and `?` are wildcards, everything "
+        "else is literal (so `*[bot]*` is a name holding `[bot]`), case-insensitive",
     )
     skip_messages: list[StrictStr] = Field(
         default_factory=lambda: [
@@ -212,15 +213,22 @@ def _globbed(path: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch(name, p) for p in patterns)
 
 
+def author_matches(who: str, pattern: str) -> bool:
+    """`pattern` against an author's name or email, case-insensitive, with `*` and `?` as the only
+    wildcards. fnmatch would read `[bot]` as a character class, so the default `*[bot]*` would
+    match every name holding a b, an o or a t and leave nearly every commit out."""
+    regex = "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern.lower())
+    return re.fullmatch(regex, who.lower(), re.S) is not None
+
+
 def skip_reason(commit: Commit, filters: HistoryFilters) -> str | None:
     """Why the commit is not a candidate by its metadata alone (None: look at its change)."""
     if len(commit.parents) > 1 and filters.skip_merges:
         return "merge commit"
     if not commit.parents:
         return "root commit: there is no state before it"
-    who = (commit.author.lower(), commit.email.lower())
     for pattern in filters.skip_authors:
-        if any(fnmatch.fnmatch(w, pattern.lower()) for w in who):
+        if author_matches(commit.author, pattern) or author_matches(commit.email, pattern):
             return f"author {commit.author} <{commit.email}> matches skip_authors {pattern!r}"
     for pattern in filters.skip_messages:
         if re.search(pattern, commit.message, re.M):

@@ -18,7 +18,8 @@ to the list; duplicates are dropped, pip merges specifiers of one package):
 5. tox's configuration, the first of the places tox 4 itself reads: `tox.ini`, the INI in
    pyproject.toml's `[tool.tox] legacy_tox_ini`, pyproject.toml's native `[tool.tox]`, then
    `tox.toml`: the `deps` of the base run environment (`[testenv]`, `[env_run_base]`) and of
-   environments named `test`, `tests` or `testing`, without tox substitutions.
+   environments named `test`, `tests` or `testing`, without tox substitutions; and their
+   `setenv` / `set_env` variables (the test environment's, e.g. `THREADING_TESTS = 1`).
 
 Whether the project itself is installed (`editable` when there is a pyproject.toml or a
 setup.py) and whether its version comes from VCS metadata (setuptools_scm, hatch-vcs,
@@ -69,6 +70,7 @@ class InferredEnvironment:
     found_test_group: bool = False
     dev_groups: list[tuple[list[str], str]] = field(default_factory=list)  # used only when no test group exists
     errors: list[str] = field(default_factory=list)  # manifests that say something impossible (an include-group cycle)
+    env: dict[str, str] = field(default_factory=dict)  # tox's set_env of the base (and test) run environment
 
     def add_group(self, available: dict, where: str, lines_of=lambda value: value) -> None:
         """The test extras/groups of one manifest table; `dev` ones are kept aside as a fallback."""
@@ -102,7 +104,25 @@ class InferredEnvironment:
             "skipped": self.skipped,
             "dynamic_version": self.dynamic_version,
             "requires_python": self.python,
+            **({"env": self.env} if self.env else {}),
         }
+
+    def add_env(self, values: dict[str, str], where: str) -> None:
+        """Variables tox sets for the tests (a suite that skips its threading tests without
+        `THREADING_TESTS=1`); values with tox substitutions and variables envforge reserves are left out."""
+        from envforge.environment import RESERVED_ENV, RESERVED_PREFIXES
+
+        kept = 0
+        for name, value in values.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or "{" in value or "\0" in value:
+                self.skipped.append(f"{where}: {name} (a substitution or not a variable name)")
+            elif name in RESERVED_ENV or name.startswith(RESERVED_PREFIXES):
+                self.skipped.append(f"{where}: {name} (set by envforge)")
+            else:
+                self.env.setdefault(name, value)
+                kept += 1
+        if kept:
+            self.read.append(f"{where} ({kept})")
 
 
 def _strip_comment(line: str) -> str:
@@ -325,6 +345,20 @@ def _tox_ini(text: str, where: str, inf: InferredEnvironment) -> None:
             lines = _tox_deps(cfg[section]["deps"].splitlines())
             if lines:
                 inf.add(lines, f"{where} [{section}] deps")
+        for option in ("setenv", "set_env"):
+            if cfg.has_option(section, option):
+                inf.add_env(_tox_ini_setenv(cfg[section][option]), f"{where} [{section}] {option}")
+
+
+def _tox_ini_setenv(text: str) -> dict[str, str]:
+    """`NAME = value` lines of an INI `setenv`; factor-conditional (`py38: X=1`) and `file|` lines left out."""
+    values = {}
+    for line in text.splitlines():
+        line = line.strip()
+        m = re.match(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*(?P<value>.*)$", line)
+        if m and not line.startswith("file|"):
+            values[m.group("name")] = m.group("value")
+    return values
 
 
 def _tox_toml(table: dict, where: str, inf: InferredEnvironment) -> None:
@@ -339,6 +373,9 @@ def _tox_toml(table: dict, where: str, inf: InferredEnvironment) -> None:
         lines = _tox_deps([d for d in deps if isinstance(d, str)]) if isinstance(deps, list) else []
         if lines:
             inf.add(lines, f"{where} [{name}] deps")
+        set_env = section.get("set_env") if isinstance(section, dict) else None
+        if isinstance(set_env, dict):
+            inf.add_env({k: v for k, v in set_env.items() if isinstance(v, str)}, f"{where} [{name}] set_env")
 
 
 def _tox(tree: RepoTree, inf: InferredEnvironment) -> None:
