@@ -12,6 +12,7 @@ their chat program as a uv script, which `uv` fetches the dependencies of (opena
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import shutil
@@ -65,7 +66,14 @@ def _install_client(python: Path, extra: str, no_deps: bool, timeout_s: float) -
 
 
 def ensure(venv: Path = VENV, timeout_s: float = 1200) -> Path:
-    """The venv's python, building or refreshing the venv as needed."""
+    """The venv's python, building or refreshing the venv as needed (one build at a time: CI starts it in
+    the background, .ci/run, and the test waits for it here)."""
+    with open(f"{venv}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure(venv, timeout_s)
+
+
+def _ensure(venv: Path, timeout_s: float) -> Path:
     python = venv / "bin" / "python"
     key = venv_key()
     if not python.exists() or _read(venv / KEY_FILE) != key:

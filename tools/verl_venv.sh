@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VERL_VENV:-.venv-verl}"
 PYTHON="${PYTHON:-python3.11}"
+# One build at a time: CI starts it in the background (.ci/run) and the test waits here for it.
+exec 9>"${VENV%/}.lock"
+flock 9
 key=$(cat tools/verl/requirements.txt tools/verl/constraints.txt clients/python/pyproject.toml | sha256sum | cut -c1-16)
 if [[ -x "$VENV/bin/python" && -f "$VENV/.requirements-key" && "$(cat "$VENV/.requirements-key")" == "$key" ]]; then
   echo "$VENV"
