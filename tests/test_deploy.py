@@ -294,7 +294,7 @@ def test_the_code_location_service_is_a_valid_production_deployment():
     assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000" and "--port=5000" in mlflow_cmd
     assert "--allowed-hosts=mlflow:*,localhost:*,127.0.0.1:*" in mlflow_cmd
     assert any(a.startswith("--artifacts-destination=") for a in mlflow_cmd)
-    assert any(a.startswith("--backend-store-uri=postgresql://") for a in mlflow_cmd)
+    assert any(a.startswith("--backend-store-uri=postgresql+psycopg2://") for a in mlflow_cmd)  # the image's driver
     vllm = services["vllm"]
     assert env["ENVFORGE_POLICY_URL"] == "http://vllm:8000/v1" and "--port=8000" in vllm["command"]
     assert f"--served-model-name={env['ENVFORGE_POLICY_MODEL']}" in vllm["command"]
