@@ -172,6 +172,14 @@ def stack(docker_client, tmp_path_factory, timings):
     s = Stack(compose, env, project)
     started = time.perf_counter()
     try:
+        # The Ray head first, on its own: `ray start` gives its raylet a fixed 30 s, which a loaded machine can
+        # miss when every service starts at once (the container then restarts); compose's wait gives up on a
+        # dependency that restarts, so the head gets up to three tries before the rest depends on it.
+        for _ in range(3):
+            head = s.run("up", "--detach", "--no-build", "--wait", "--wait-timeout", "300", "ray-head", check=False,
+                         timeout=400)
+            if head.returncode == 0:
+                break
         up = s.run("up", "--detach", "--no-build", "--wait", "--wait-timeout", "900", *SERVICES, check=False,
                    timeout=1000)
         timings["up_until_healthy"] = time.perf_counter() - started
