@@ -53,7 +53,7 @@ def test_ingest_json_reports_valid_and_rejects(tmp_path):
     assert {"instruction", "max_turns", "verification", "reference_solution"} <= fields
 
     strict = run(["ingest", str(specs), "--json", "--strict"], tmp_path / "strict-data", check=False)
-    assert strict.returncode == 1 and json.loads(strict.stdout)["written"] is False
+    assert strict.returncode == 64 and json.loads(strict.stdout)["written"] is False  # invalid input: EX_USAGE
 
     listing = json.loads(run(["catalog", "list", "--json"], tmp_path / "data").stdout)
     assert {r["task_id"] for r in listing} == {"inventory-median-even", "ops-service-config", "orders-daily-summary"}
@@ -92,7 +92,7 @@ def test_dedup_corpora_index_parameters_and_runs(tmp_path):
     assert [(r["name"], r["state"]) for r in listing] == [("humaneval", "indexed"), ("kept", "not indexed yet")]
     # Index parameters take a rebuild, and the refusal says how; decision thresholds do not.
     refused = run(["dedup", "index", "--candidate-threshold", "0.3"], data, check=False)
-    assert refused.returncode == 1 and "envforge dedup index --rebuild --candidate-threshold 0.3" in refused.stderr
+    assert refused.returncode == 64 and "envforge dedup index --rebuild --candidate-threshold 0.3" in refused.stderr
     second = json.loads(run(["dedup", "run", "--threshold", "0.3", "--json"], data).stdout)
     status = {r["task_id"]: r["status"] for r in second["tasks"]}
     # The one-run corpus is gone, the registered one applies, the lower threshold ran on the same index.
@@ -133,7 +133,7 @@ def test_command_options_are_the_stage_configs_fields():
     assert "GRPO sampling temperature" in runner.invoke(app, ["train", "rl", "--help"], terminal_width=240).output
     # a config's own check of its values is a usage error naming the field, not a traceback
     bad = runner.invoke(app, ["validate", "--workers", "0"], terminal_width=240)
-    assert bad.exit_code == 2 and "GateConfig.workers: must be at least 1, got 0" in bad.output
+    assert bad.exit_code == 64 and "GateConfig.workers: must be at least 1, got 0" in bad.output
 
 
 def test_command_options_default_to_the_config_the_command_declares():

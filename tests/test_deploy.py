@@ -294,7 +294,7 @@ def test_the_code_location_service_is_a_valid_production_deployment():
     assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000" and "--port=5000" in mlflow_cmd
     assert "--allowed-hosts=mlflow:*,localhost:*,127.0.0.1:*" in mlflow_cmd
     assert any(a.startswith("--artifacts-destination=") for a in mlflow_cmd)
-    assert any(a.startswith("--backend-store-uri=postgresql://") for a in mlflow_cmd)
+    assert any(a.startswith("--backend-store-uri=postgresql+psycopg2://") for a in mlflow_cmd)  # the image's driver
     vllm = services["vllm"]
     assert env["ENVFORGE_POLICY_URL"] == "http://vllm:8000/v1" and "--port=8000" in vllm["command"]
     assert f"--served-model-name={env['ENVFORGE_POLICY_MODEL']}" in vllm["command"]
@@ -330,6 +330,8 @@ def test_workspace_and_image_agree_on_the_code_location():
     assert f'"-m", "{local_module["module_name"]}"' in dockerfile and f'"-p", "{grpc["port"]}"' in dockerfile
     assert "-c constraints.txt" in dockerfile and "dagster-postgres==" in dockerfile
     assert "-c constraints-gpu.txt" in dockerfile  # EXTRAS=gpu installs against the GPU lock
+    assert "ARG BASE=python:3.11-slim-bookworm\nFROM ${BASE}\n" in dockerfile  # a local base where no registry is
+    assert (PROD / "Dockerfile.python-base").is_file()
     for svc in services.values():  # every build uses this Dockerfile from the repository root
         if "build" in svc:
             assert (PROD / svc["build"]["context"]).resolve() == REPO.resolve()
@@ -338,3 +340,18 @@ def test_workspace_and_image_agree_on_the_code_location():
         for vol in svc.get("volumes", []):
             if vol.startswith("./") and "${" not in vol:
                 assert (PROD / vol.split(":")[0]).is_file(), vol
+
+
+def test_the_image_installs_the_dagster_libraries_of_its_dagster_release():
+    """dagster-postgres (instance storage) and dagster-k8s (the K8sRunLauncher platform/deploy/k8s configures)
+    at one integration release, the one of the pinned dagster (1.M.P goes with 0.(M+16).P) or, when that is
+    not on PyPI yet, an earlier patch of the same minor, installed without its exact dagster requirement."""
+    dockerfile = (PROD / "Dockerfile").read_text()
+    libs = re.search(r"^ARG DAGSTER_LIBS_VERSION=(\d+)\.(\d+)\.(\d+)$", dockerfile, re.M)
+    assert libs, "Dockerfile: ARG DAGSTER_LIBS_VERSION=0.M.P"
+    assert '"dagster-postgres==${DAGSTER_LIBS_VERSION}" "dagster-k8s==${DAGSTER_LIBS_VERSION}"' in dockerfile
+    pin = re.search(r'"dagster==1\.(\d+)\.(\d+)"', (REPO / "pyproject.toml").read_text())
+    assert pin and libs.group(1) == "0" and int(libs.group(2)) == int(pin.group(1)) + 16, (libs.groups(), pin.groups())
+    assert int(libs.group(3)) <= int(pin.group(2))
+    if int(libs.group(3)) < int(pin.group(2)):  # the exact pair would not resolve, so --no-deps and their own deps
+        assert 'pip install --no-deps "dagster-postgres==' in dockerfile and '"kubernetes<37"' in dockerfile

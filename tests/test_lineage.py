@@ -93,4 +93,4 @@ def test_lineage_walks_back_to_the_source_records(tracked, tiny):
     text = lineage("pol/1")
     assert text.exit_code == 0 and "registered pol v1" in text.output and "base model tiny:32x1" in text.output
     bad = lineage("nope")
-    assert bad.exit_code == 1 and "expected a checkpoint directory" in bad.output
+    assert bad.exit_code == 64 and "expected a checkpoint directory" in bad.output

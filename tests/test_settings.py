@@ -154,7 +154,7 @@ def test_config_show_and_docs_commands(tmp_path):
     table = _cli("config", "show", env={"ENVFORGE_DATA_DIR": str(tmp_path), "COLUMNS": "200"})
     assert table.returncode == 0 and "ENVFORGE_FLEET_ACQUIRE_TIMEOUT_S" in table.stdout
     bad = _cli("config", "show", env={"ENVFORGE_SERVICE_PORT": "eighty"})
-    assert bad.returncode == 1 and "ENVFORGE_SERVICE_PORT" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 64 and "ENVFORGE_SERVICE_PORT" in bad.stderr and "Traceback" not in bad.stderr
     out = tmp_path / "configuration.md"
     assert _cli("config", "docs", "-o", str(out), env={}).returncode == 0
     assert out.read_text(encoding="utf-8") == configuration_markdown()

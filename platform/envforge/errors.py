@@ -91,3 +91,8 @@ class PolicyOutcome(EnvforgeError):
 
 class ImageBuildError(EnvforgeError):
     """An environment image could not be built; the message names the task and the step."""
+
+
+class InvalidValue(EnvforgeError, ValueError):
+    """A value a person gave (a name, an id, an option) is not acceptable; the message says which and why.
+    A ValueError too, so that the CLI exits with its usage code (cli/exit_codes.py)."""

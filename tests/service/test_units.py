@@ -182,9 +182,9 @@ def test_keys_are_managed_from_the_cli(settings):
     assert json.loads(listed.stdout)["keys"][0]["key_id"] == doc["key_id"]
     assert runner.invoke(app, ["service", "keys", "revoke", doc["key_id"], *base]).exit_code == 0
     again = runner.invoke(app, ["service", "keys", "revoke", doc["key_id"], *base])
-    assert again.exit_code == 1 and "no active key" in again.output
+    assert again.exit_code == 64 and "no active key" in again.output
     bad = runner.invoke(app, ["service", "keys", "create", "--tenant", "Bad Name", *base])
-    assert bad.exit_code == 1 and "tenant 'Bad Name'" in bad.output
+    assert bad.exit_code == 64 and "tenant 'Bad Name'" in bad.output
     store = TenantStore(tenants_path(settings))
     assert store.authenticate(doc["key"]) is None
     store.close()

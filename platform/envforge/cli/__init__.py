@@ -27,12 +27,14 @@ from envforge.cli import (
     taskset,
     train,
 )
+from envforge.cli.exit_codes import UsageExitGroup
 
 app = typer.Typer(
     help="Turn workflows into verifiable RL environments.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=UsageExitGroup,  # usage errors exit 64, not click's 2 ("infrastructure fault" here): cli/exit_codes.py
 )
 
 

@@ -9,15 +9,14 @@ from typing import Any, NoReturn, Optional
 import typer
 from rich.console import Console
 
+from envforge.cli.exit_codes import ExitCode, for_exception
 from envforge.config import Settings
-from envforge.errors import EnvforgeError, InfraError
+from envforge.errors import EnvforgeError
 
 console = Console(stderr=True)
 out = Console()
 
-# Exit codes: 0 done, 1 error or not resolved, 2 infrastructure fault, 3 a rollout batch dropped more of
-# its groups than its config's max_dropped_fraction allows.
-EXIT_TOO_MANY_DROPPED = 3
+EXIT_TOO_MANY_DROPPED = ExitCode.TOO_MANY_DROPPED  # the exit codes: cli/exit_codes.py
 
 DataDir = typer.Option(None, "--data-dir", help="data directory (default: $ENVFORGE_DATA_DIR or ./.envforge)")
 
@@ -28,9 +27,10 @@ def settings_for(data_dir: Optional[Path]) -> Settings:
 
 
 def fail(exc: Exception) -> NoReturn:
-    """Print the error and exit: 2 for an infrastructure fault (retry), 1 otherwise."""
+    """Print the error and exit with its code (exit_codes.for_exception): 2 for an infrastructure fault
+    (retry), 64 for a usage or validation error (fix the input), 1 otherwise."""
     console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(2 if isinstance(exc, InfraError) else 1)
+    raise typer.Exit(for_exception(exc))
 
 
 def resolve_version(settings: Settings, ref: str) -> str:

@@ -10,9 +10,10 @@ from typing import List, Optional
 import typer
 
 from envforge.cli.common import DataDir, console, fail, out, run_stage, settings_for
+from envforge.cli.exit_codes import ExitCode
 from envforge.cli.images import current_tasks
 from envforge.cli.options import config_options
-from envforge.errors import EnvforgeError, InfraError, PolicyOutcome
+from envforge.errors import EnvforgeError, InfraError, InvalidValue, PolicyOutcome
 from envforge.stages.configs import ImagesConfig
 from envforge.verify.config import GateConfig
 
@@ -47,7 +48,7 @@ def verify(
     from envforge.verify.result import VerificationResult
 
     if (patch is None) == (commands is None):
-        fail(EnvforgeError("give exactly one of --patch FILE or --commands FILE"))
+        fail(InvalidValue("give exactly one of --patch FILE or --commands FILE"))
     settings = settings_for(data_dir)
     try:
         t = _load_task(settings, task)
@@ -82,7 +83,7 @@ def verify(
             sys.stdout.write(json.dumps(doc) + "\n")
         else:
             console.print(f"[red]infrastructure fault, retry:[/red] {exc}")
-        raise typer.Exit(2)
+        raise typer.Exit(ExitCode.INFRA)
     except (EnvforgeError, OSError, ValueError) as exc:
         fail(exc)
     if as_json:
@@ -98,7 +99,7 @@ def verify(
             out.print(f"  {'passed' if c.passed else 'FAILED':8} checkpoint {c.name} (exit {c.exit_code})")
         for r in result.reasons:
             out.print(f"  reason: {r}")
-    raise typer.Exit(0 if result.resolved else 1)
+    raise typer.Exit(ExitCode.OK if result.resolved else ExitCode.NO)
 
 
 @config_options
@@ -153,7 +154,7 @@ def validate(
     for p in built.failures:
         console.print(f"[red]not validated[/red] {p}")
     if result.infra_failures or built.failures:
-        raise typer.Exit(2)
+        raise typer.Exit(ExitCode.INFRA)
 
 
 def _strength_text(row: dict) -> str:

@@ -9,7 +9,7 @@ import typer
 
 from envforge.cli.common import DataDir, console, fail, out, run_stage, settings_for
 from envforge.cli.options import config_options
-from envforge.errors import EnvforgeError
+from envforge.errors import EnvforgeError, InvalidValue
 from envforge.stages.configs import ImagesConfig
 
 app = typer.Typer(help="Environment images (base and per task).", no_args_is_help=True)
@@ -76,5 +76,5 @@ def current_tasks(settings, task_ids: List[str]) -> list:
 
     tasks = Catalog(settings.catalog_path).load_tasks(task_ids or None)
     if task_ids and len(tasks) != len(set(task_ids)):
-        fail(EnvforgeError(f"unknown task id(s): {sorted(set(task_ids) - {t.id for t in tasks})}"))
+        fail(InvalidValue(f"unknown task id(s): {sorted(set(task_ids) - {t.id for t in tasks})}"))
     return tasks

@@ -10,6 +10,7 @@ from typing import List, Optional
 import typer
 
 from envforge.cli.common import DataDir, console, out, settings_for
+from envforge.cli.exit_codes import ExitCode
 from envforge.cli.options import config_options
 from envforge.errors import BatchRejectedError
 from envforge.stages.configs import IngestConfig
@@ -51,7 +52,7 @@ def ingest(
             )
         else:
             console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.USAGE)  # --strict: the input is invalid, nothing was written
     res, summ = tracked.result, tracked.summary
     if as_json:
         sys.stdout.write(

@@ -20,7 +20,7 @@ from envforge.cli.common import (
     settings_for,
 )
 from envforge.cli.options import config_options
-from envforge.errors import EnvforgeError
+from envforge.errors import InvalidValue
 from envforge.rollout.config import RolloutConfig
 from envforge.stages.configs import TierConfig
 
@@ -133,7 +133,7 @@ def rollout_export(
     settings = settings_for(data_dir)
     store = TrajectoryStore(root or settings.artifact_root("rollouts"), batch_id)
     if store.manifest() is None:
-        fail(EnvforgeError(f"no rollout batch {batch_id!r} under {store.root}"))
+        fail(InvalidValue(f"no rollout batch {batch_id!r} under {store.root}"))
     if fmt == "verl":
         from envforge.catalog import Catalog
         from envforge.settings import read_env
@@ -148,5 +148,5 @@ def rollout_export(
     elif fmt == "jsonl":
         n = store.export_jsonl(path)
     else:
-        fail(EnvforgeError(f"--format {fmt!r}: expected verl or jsonl"))
+        fail(InvalidValue(f"--format {fmt!r}: expected verl or jsonl"))
     out.print(f"{n} {'tasks' if fmt == 'verl' else 'trajectories'} -> {path}")

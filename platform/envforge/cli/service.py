@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 import typer
 
 from envforge.cli.common import DataDir, console, fail, out, settings_for
-from envforge.errors import EnvforgeError
+from envforge.errors import EnvforgeError, InvalidValue
 from envforge.service.config import ServiceConfig, TenantLimits
 
 app = typer.Typer(
@@ -219,5 +219,5 @@ def keys_revoke(
     finally:
         store.close()
     if not done:
-        fail(EnvforgeError(f"no active key {key_id!r}"))
+        fail(InvalidValue(f"no active key {key_id!r}"))
     out.print(f"revoked {key_id}")

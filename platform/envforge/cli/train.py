@@ -12,7 +12,7 @@ import typer
 
 from envforge.cli.common import DataDir, console, fail, out, resolve_version, run_stage, settings_for
 from envforge.cli.options import config_options
-from envforge.errors import EnvforgeError
+from envforge.errors import EnvforgeError, InvalidValue
 from envforge.train.config import DEMO_TRAINING, TrainingConfig
 
 app = typer.Typer(help="Training: SFT and GRPO, and the CPU learning demo.", no_args_is_help=True)
@@ -52,9 +52,9 @@ def train_demo(
         try:
             seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
         except ValueError:
-            fail(EnvforgeError(f"--seeds {seeds!r}: expected comma-separated integers such as 0,1,2"))
+            fail(InvalidValue(f"--seeds {seeds!r}: expected comma-separated integers such as 0,1,2"))
         if not seed_list:
-            fail(EnvforgeError("--seeds: give at least one seed"))
+            fail(InvalidValue("--seeds: give at least one seed"))
     training = replace(config, seed=seed_list[0])
     cfg = (
         replace(LearningDemoConfig.quick(training), seeds=seed_list)
@@ -170,7 +170,7 @@ def lineage(
     try:
         node = checkpoint_lineage(settings, checkpoint)
     except ValueError as exc:
-        fail(EnvforgeError(str(exc)))
+        fail(exc)
     if as_json:
         sys.stdout.write(json.dumps(node, indent=2, default=str) + "\n")
         return

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from envforge.config import Settings
-from envforge.errors import EnvforgeError
+from envforge.errors import EnvforgeError, InvalidValue
 from envforge.service.config import TenantLimits
 
 KEY_PREFIX = "efk"
@@ -122,10 +122,10 @@ class TenantStore:
     ) -> Tenant:
         """Create the tenant, or change the scopes/limits given (others stay as they were)."""
         if not _TENANT.match(name):
-            raise EnvforgeError(f"tenant {name!r}: use 1-63 of a-z, 0-9, '.', '_', '-' (starting alphanumeric)")
+            raise InvalidValue(f"tenant {name!r}: use 1-63 of a-z, 0-9, '.', '_', '-' (starting alphanumeric)")
         for s in task_sets or []:
             if not s.strip():
-                raise EnvforgeError(f"tenant {name!r}: an empty task-set scope (use '*' for every task set)")
+                raise InvalidValue(f"tenant {name!r}: an empty task-set scope (use '*' for every task set)")
         existing = self.tenant(name)
         if existing is None:
             tenant = Tenant(name, tuple(task_sets or [ALL_TASK_SETS]), limits or TenantLimits())
