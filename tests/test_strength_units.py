@@ -283,9 +283,12 @@ def test_the_fail_to_pass_score_and_the_weak_form_probe_in_the_text_and_the_poli
     assert strength_text({"strength": 1.0, "strength_upper": 1.0, "f2p_strength": 1.0, "f2p_strength_upper": 1.0}) \
         == "1.00"
     weak = StrengthReport(strength=0.67, strength_upper=0.67, killed=6, survived=3, weak_form_passes=True,
-                          weak_form={"forms": ["merge_by_id: len(...) == 1"]})
-    assert strength_findings(weak, 0.5) == [
-        "weak_verifier:weak_form_probe passes the FAIL_TO_PASS tests with a wrong value (merge_by_id: len(...) == 1)"]
+                          weak_form={"forms": ["merge_by_id: len(...) == 1"], "resolved": False})
+    assert strength_findings(weak, 0.5) == []  # the PASS_TO_PASS tests refused the wrong value: reported only
+    hacked = StrengthReport(strength=0.67, strength_upper=0.67, weak_form_passes=True,
+                            weak_form={"forms": ["merge_by_id: len(...) == 1"], "resolved": True})
+    assert strength_findings(hacked, 0.5) == [
+        "weak_verifier:weak_form_probe is rewarded for a wrong value (merge_by_id: len(...) == 1)"]
     assert strength_findings(StrengthReport(strength=0.67, strength_upper=0.67, weak_form_passes=False), 0.5) == []
     assert StrengthReport.from_json(weak.as_json()) == weak
     # `envforge validate`'s line for a flake-report row

@@ -296,9 +296,12 @@ def strength_findings(strength: StrengthReport, min_strength: float, block_overf
             f"weak_verifier:strength {strength.strength:.2f} < {min_strength:g} "
             f"({strength.survived} of {strength.killed + strength.survived} mutants survive)"
         )
-    if strength.weak_form_passes:
+    if strength.weak_form_passes and strength.weak_form.get("resolved"):
+        # Only when the whole verifier rewards the wrong value. FAIL_TO_PASS tests that accept it while the
+        # PASS_TO_PASS tests refuse it are reported (weak FAIL_TO_PASS asserts, the F2P score), not held out:
+        # quarantining them took good tasks out (2 of the demo's 26 tickets, `assert is_valid(...)`).
         forms = "; ".join(strength.weak_form.get("forms", []))
-        out.append(f"weak_verifier:weak_form_probe passes the FAIL_TO_PASS tests with a wrong value ({forms})")
+        out.append(f"weak_verifier:weak_form_probe is rewarded for a wrong value ({forms})")
     if strength.overfittable and block_overfittable:
         out.append(f"overfittable:special_case_probe answers {strength.special_case.get('cases', 0)} literal case(s)")
     return out

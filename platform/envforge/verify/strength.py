@@ -280,6 +280,7 @@ def measure_strength(
             report.weak_form = {
                 "forms": forms,
                 "reward": result.reward,
+                "resolved": result.resolved,  # the whole verifier took the wrong value: a reward hack
                 "reasons": result.reasons[:6],
                 "diff": weak_diff,
             }
@@ -289,6 +290,7 @@ def measure_strength(
             report.special_case = {
                 "cases": n_cases,
                 "reward": result.reward,
+                "resolved": result.resolved,  # the whole verifier took the wrong value: a reward hack
                 "reasons": result.reasons[:6],
                 "diff": probe_diff,
             }
