@@ -51,7 +51,8 @@ def split_test_id(test_id: str, framework: str) -> tuple[str, str] | None:
     return None
 
 
-def _literal(node: ast.AST) -> bool:
+def is_literal(node: ast.AST) -> bool:
+    """Whether the expression is a Python literal (what `ast.literal_eval` accepts)."""
     try:
         ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -69,7 +70,7 @@ def _root_name(func: ast.AST) -> str | None:
 def _value(node: ast.AST, needs: set[str], depth: int = 0) -> bool:
     """A literal, or a constructor of literals (`Money("8.00")`, `date(2024, 2, 29)`); the constructors'
     root names are added to `needs` (the module that answers with it must bind them)."""
-    if _literal(node):
+    if is_literal(node):
         return True
     if depth > 2 or not isinstance(node, ast.Call) or _root_name(node.func) is None:
         return False

@@ -192,6 +192,11 @@ def _special_case(task: Task, changes: list[SourceChange], tests: dict[str, str]
     return diff, used, ""
 
 
+def _probe_record(result: VerificationResult, diff: str) -> dict:
+    """What a probe's grading is kept as; `resolved`: the whole verifier took the wrong value (a reward hack)."""
+    return {"reward": result.reward, "resolved": result.resolved, "reasons": result.reasons[:6], "diff": diff}
+
+
 def _f2p_pass(task: Task, result: VerificationResult) -> bool:
     """Whether every FAIL_TO_PASS test passed in the grading (what the other required tests did aside)."""
     check = task.spec.verification.tests
@@ -277,23 +282,11 @@ def measure_strength(
     for name, result in outcome.results.items():
         if name == WEAK_FORM:
             report.weak_form_passes = _f2p_pass(task, result)
-            report.weak_form = {
-                "forms": forms,
-                "reward": result.reward,
-                "resolved": result.resolved,  # the whole verifier took the wrong value: a reward hack
-                "reasons": result.reasons[:6],
-                "diff": weak_diff,
-            }
+            report.weak_form = {"forms": forms, **_probe_record(result, weak_diff)}
             continue
         if name == SPECIAL_CASE:
             report.overfittable = result.resolved
-            report.special_case = {
-                "cases": n_cases,
-                "reward": result.reward,
-                "resolved": result.resolved,  # the whole verifier took the wrong value: a reward hack
-                "reasons": result.reasons[:6],
-                "diff": probe_diff,
-            }
+            report.special_case = {"cases": n_cases, **_probe_record(result, probe_diff)}
             continue
         m = named[name]
         if m.on_changed and not (m.equivalent and result.resolved):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from envforge.verify.mutants import SourceChange, changed_lines
-from envforge.verify.special_case import Function, prepend_to_functions
+from envforge.verify.special_case import Function, is_literal, prepend_to_functions
 
 __all__ = ["WeakForm", "weak_form_sources", "weak_forms", "weak_value"]
 
@@ -75,14 +75,6 @@ def _merge(a: WeakForm, b: WeakForm) -> WeakForm:
     )
 
 
-def _literal(node: ast.AST) -> bool:
-    try:
-        ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
-    return True
-
-
 class _Reader:
     """Reads one test function: which function each local holds the result of, and the forms asserted."""
 
@@ -124,9 +116,9 @@ class _Reader:
             left, op, right = node.left, node.ops[0], node.comparators[0]
             if isinstance(op, ast.Eq):
                 return self._length(left, right) or self._length(right, left)
-            if isinstance(op, ast.In) and _literal(left) and (s := self.subject(right)):
+            if isinstance(op, ast.In) and is_literal(left) and (s := self.subject(right)):
                 return WeakForm(s, members=(ast.unparse(left),))
-            if isinstance(op, ast.NotIn) and _literal(left) and (s := self.subject(right)):
+            if isinstance(op, ast.NotIn) and is_literal(left) and (s := self.subject(right)):
                 return WeakForm(s)  # the probe's fillers never hold a test's literal
             if isinstance(op, (ast.IsNot, ast.NotEq)) and _none(right) and (s := self.subject(left)):
                 return WeakForm(s, not_none=True)
