@@ -18,8 +18,8 @@ import json
 import os
 import tempfile
 
+from envforge_client import Client
 from envforge_client.adapters.trl_grpo import EnvforgeRollout, envforge_reward, task_dataset
-from envforge.service.client import EnvforgeClient
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
     else:
         model, tokenizer = build_tiny_model()
-    with EnvforgeClient(args.url, os.environ["ENVFORGE_API_KEY"]) as client:
+    with Client(args.url) as client:  # the key from ENVFORGE_API_KEY
         dataset, tasks = task_dataset(client, args.task_set)
         rollout = EnvforgeRollout(client, tasks, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
         config = GRPOConfig(output_dir=args.out or tempfile.mkdtemp(prefix="grpo-"), use_cpu=True, bf16=False,
