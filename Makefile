@@ -92,13 +92,13 @@ mlflow-ui: venv
 	  --default-artifact-root file://$(ENVFORGE_DATA_DIR)/mlartifacts --host 127.0.0.1 --port 5000
 
 ## verl-venv: verl 0.9.1 in its own venv (.venv-verl, its own pins in tools/verl/), built once; test_verl.py uses it
-verl-venv:
-	PYTHON=$(PYTHON) tools/verl_venv.sh
+verl-venv: venv
+	$(BIN)/python tools/trainer_venv.py verl
 
 ## verifiers-venv: verifiers 0.4 + envforge-client[verifiers] in .venv-verifiers/ (their own pins; built once,
 ## rebuilt when its requirements change; tests/service/test_verifiers_adapter.py builds it too)
 verifiers-venv: venv
-	$(BIN)/python tools/verifiers_venv.py
+	$(BIN)/python tools/trainer_venv.py verifiers
 
 ## lock: refresh constraints.txt from the current venv
 lock: venv

@@ -1,6 +1,6 @@
 """verifiers' own evaluation entry point (`vf-eval`, verifiers 0.4) plays envforge tasks: the
 `envforge-verifiers` environment against a real `envforge service serve` (real sandboxes), in the
-verifiers venv (tools/verifiers_venv.py: built once, ~4 min here, reused while its requirements hold).
+verifiers venv (tools/trainer_venv.py: built once, ~4 min here, reused while its requirements hold).
 
 Every rollout is one service session, and the trace's reward is the service's recorded grade of it:
 with `envforge policy serve` on a tiny random model (text replies, cut at the turn cap) the grades name
@@ -11,7 +11,6 @@ and the other is not. Nothing is left open."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import threading
@@ -31,7 +30,7 @@ from tests.service.test_security import _containers_of
 from tests.serving import running_server
 from tests.test_policy_serve import KEY as POLICY_KEY
 from tests.test_policy_serve import ckpt, server  # noqa: F401  (fixtures: the tiny model and its server)
-from tools.verifiers_venv import ensure
+from tools.trainer_venv import ensure, isolated_env
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 MAX_TURNS = 2
@@ -39,7 +38,7 @@ MAX_TURNS = 2
 
 @pytest.fixture(scope="module")
 def vf_bin() -> Path:
-    return ensure().parent
+    return ensure("verifiers").parent
 
 
 def _vf_eval(
@@ -52,7 +51,7 @@ def _vf_eval(
     check: bool = True,
 ) -> list[dict[str, Any]]:
     """`vf-eval envforge-verifiers` over the task set "main"; the episodes of its traces.jsonl."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env = isolated_env()
     # the venv's bin first: verifiers' subprocess runtime finds `uv` on PATH to run its chat program
     env |= {"PATH": f"{vf_bin}:{env.get('PATH', '')}", "ENVFORGE_API_KEY": api_key, "POLICY_KEY": POLICY_KEY}
     cmd = [str(vf_bin / "vf-eval"), "envforge-verifiers",

@@ -2,12 +2,11 @@
 template over `prompt`, `extra_info` lookups), and the single-turn reward function grades responses on
 the live service by replay. verl itself does not install beside this stack (it pins transformers <5.11):
 the multi-turn rollout through verl's own agent-loop code runs in its own venv (.venv-verl,
-tools/verl_venv.sh), driven by tests/service/verl_rollout.py."""
+tools/trainer_venv.py), driven by tests/service/verl_rollout.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from envforge.rollout.policies.tiny import TinyModelConfig, build_tiny_model, bu
 from envforge.rollout.store import TrajectoryStore
 from envforge.rollout.trajectory import Trajectory
 from tests.service.conftest import LiveServer, free_port
+from tools.trainer_venv import ensure, isolated_env
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -87,24 +87,18 @@ def test_the_export_loads_like_verl_and_the_reward_function_grades_on_the_servic
 
 
 REPO = Path(__file__).resolve().parents[2]
-# verl's venv sees only itself: this process's PYTHONPATH (the checkout's sources) would hide what it lacks
-_VERL_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
 
 
 @pytest.fixture(scope="module")
 def verl_python() -> Path:
-    """The verl venv's python, built once by tools/verl_venv.sh (about 7 minutes from the network, then cached)."""
-    built = subprocess.run([str(REPO / "tools" / "verl_venv.sh")], capture_output=True, text=True, timeout=1800,
-                           env={**_VERL_ENV, "PYTHON": sys.executable}, check=False)
-    assert built.returncode == 0, f"building the verl venv failed:\n{built.stderr[-3000:]}"
-    venv = Path(built.stdout.strip().splitlines()[-1])
-    return (venv if venv.is_absolute() else REPO / venv) / "bin" / "python"
+    """The verl venv's python, built once by tools/trainer_venv.py (about 7 minutes from the network, then cached)."""
+    return ensure("verl")
 
 
 def _rollout(verl_python: Path, server: LiveServer, data: Path, model: Path, key: str, *mode: str) -> dict:
     done = subprocess.run([str(verl_python), str(REPO / "tests" / "service" / "verl_rollout.py"), str(data),
                            str(model), *mode], capture_output=True, text=True, timeout=900,
-                          env={**_VERL_ENV, "ENVFORGE_API_KEY": key}, check=False)
+                          env={**isolated_env(), "ENVFORGE_API_KEY": key}, check=False)
     if done.returncode != 0:
         pytest.fail(f"verl's rollout failed:\n{done.stderr[-6000:]}\nthe service's log:\n{server.stop()[-6000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

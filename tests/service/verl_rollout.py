@@ -1,5 +1,5 @@
 """One multi-turn rollout through verl's own agent-loop code, run inside the verl venv (.venv-verl,
-tools/verl_venv.sh) by tests/service/test_verl.py; it prints a JSON summary on stdout.
+tools/trainer_venv.py) by tests/service/test_verl.py; it prints a JSON summary on stdout.
 
 What verl's trainer does for a step, minus Ray and the GPU inference server: the trainer config
 composed by Hydra from verl's own `ppo_trainer.yaml` (with the documented overrides), the export
