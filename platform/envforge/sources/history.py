@@ -45,8 +45,8 @@ from envforge.sources.candidate import (
     relative_to_source,
     slug,
 )
-from envforge.sources.fields import Ref, StrictModel
 from envforge.sources.change_shape import behaviour_neutral, only_removes_tests
+from envforge.sources.fields import Ref, StrictModel
 from envforge.sources.gitrepo import SplitChange, git, resolve_commit, split_change
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import blank, get_path, iter_records
