@@ -20,8 +20,7 @@ REJECTED = {  # the change had no failing-then-passing test
     "Create binary wheels with mypyc (#242)": "build or packaging",
     "Minor cleanups.": "refactor or cleanup",
     "Fix #356: Improve RRCache performance.": "performance",
-    'Drop support for passing "info" as fourth positional parameter of @cached.':
-        "removal of deprecated or dropped support",
+    'Drop support for passing "info" as fourth positional parameter of @cached.': "removal of deprecated or dropped support",
     "refactor: enable additional ruff rule categories (#620)": "non-behavioural conventional type",
 }
 ACCEPTED = [  # became tasks
@@ -86,7 +85,9 @@ diff --git a/tests/test_cached.py b/tests/test_cached.py
 def test_a_test_change_that_only_removes_tests_is_recognised_but_unskipping_one_is_not():
     assert only_removes_tests(DELETE_ONLY)
     assert not only_removes_tests(DELETE_ONLY + "@@ -20,0 +20,1 @@\n+    assert x\n")
-    unskip = DELETE_ONLY.replace("-    def test_info_positional", "-    @pytest.mark.xfail\n-    def test_info_positional")
+    unskip = DELETE_ONLY.replace(
+        "-    def test_info_positional", "-    @pytest.mark.xfail\n-    def test_info_positional"
+    )
     assert not only_removes_tests(unskip)
     assert not only_removes_tests("")
 
@@ -99,7 +100,7 @@ def test_annotation_docstring_and_format_changes_are_behaviour_neutral_a_real_ch
     old = 'def f(a, b=1):\n    """Add."""\n    return a + b  # sum\n\nX = 1\n'
     typed = (
         "from __future__ import annotations\nfrom typing import TYPE_CHECKING, cast\n\nif TYPE_CHECKING:\n"
-        "    from os import PathLike\n\n\ndef f(a: int, b: int = 1) -> int:\n    \"\"\"Add two numbers.\"\"\"\n"
+        '    from os import PathLike\n\n\ndef f(a: int, b: int = 1) -> int:\n    """Add two numbers."""\n'
         "    return cast(int, a + b)\n\n\nX: int = 1\nY: str\n"
     )
     assert behaviour_neutral(["pkg/m.py"], _reader({"pkg/m.py": old}, {"pkg/m.py": typed}))
@@ -115,24 +116,54 @@ def repo(tmp_path: Path) -> Path:
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
     git(repo, "config", "user.name", "x")
-    commit(repo, "initial", {"pkg/m.py": "def f(a, b):\n    return a + b\n", "pyproject.toml": "[project]\n",
-                             "tests/test_m.py": "from pkg.m import f\n\n\ndef test_f():\n    assert f(1, 2) == 3\n\n\n"
-                                                "def test_old():\n    assert f(0, 0) == 0\n"}, 0)
+    commit(
+        repo,
+        "initial",
+        {
+            "pkg/m.py": "def f(a, b):\n    return a + b\n",
+            "pyproject.toml": "[project]\n",
+            "tests/test_m.py": "from pkg.m import f\n\n\ndef test_f():\n    assert f(1, 2) == 3\n\n\n"
+            "def test_old():\n    assert f(0, 0) == 0\n",
+        },
+        0,
+    )
     return repo
 
 
 def test_the_change_filters_skip_by_diff_shape_with_their_reasons(repo, tmp_path):
     tests = (repo / "tests/test_m.py").read_text()
     shas = {
-        "tooling": commit(repo, "Add a benchmark", {"benchmarks/bench.py": "import pkg\n", "pyproject.toml": "[x]\n",
-                                                     "tests/test_m.py": tests + "\n\ndef test_b():\n    pass\n"}, 1),
-        "removal": commit(repo, "Retire the zero check", {"pkg/m.py": "def f(a, b):\n    return b + a\n",
-                                                          "tests/test_m.py": tests}, 2),
-        "typed": commit(repo, "Annotate f", {"pkg/m.py": "def f(a: int, b: int) -> int:\n    return b + a\n",
-                                             "tests/test_m.py": tests + "\n\ndef test_c() -> None:\n    pass\n"}, 3),
-        "fix": commit(repo, "Make f subtract as documented", {
-            "pkg/m.py": "def f(a: int, b: int) -> int:\n    return a - b\n",
-            "tests/test_m.py": tests.replace("== 3", "== -1") + "\n\ndef test_c() -> None:\n    pass\n"}, 4),
+        "tooling": commit(
+            repo,
+            "Add a benchmark",
+            {
+                "benchmarks/bench.py": "import pkg\n",
+                "pyproject.toml": "[x]\n",
+                "tests/test_m.py": tests + "\n\ndef test_b():\n    pass\n",
+            },
+            1,
+        ),
+        "removal": commit(
+            repo, "Retire the zero check", {"pkg/m.py": "def f(a, b):\n    return b + a\n", "tests/test_m.py": tests}, 2
+        ),
+        "typed": commit(
+            repo,
+            "Annotate f",
+            {
+                "pkg/m.py": "def f(a: int, b: int) -> int:\n    return b + a\n",
+                "tests/test_m.py": tests + "\n\ndef test_c() -> None:\n    pass\n",
+            },
+            3,
+        ),
+        "fix": commit(
+            repo,
+            "Make f subtract as documented",
+            {
+                "pkg/m.py": "def f(a: int, b: int) -> int:\n    return a - b\n",
+                "tests/test_m.py": tests.replace("== 3", "== -1") + "\n\ndef test_c() -> None:\n    pass\n",
+            },
+            4,
+        ),
     }
     # the removal commit: its test file is the initial one again after test_b was added
     cfg = tmp_path / "h" / "history.yaml"
@@ -144,6 +175,8 @@ def test_the_change_filters_skip_by_diff_shape_with_their_reasons(repo, tmp_path
     assert skipped[shas["tooling"][:12]].startswith("tooling only")
     assert skipped[shas["removal"][:12]].startswith("its test change only removes tests")
     assert skipped[shas["typed"][:12]].startswith("behaviour-neutral package change")
-    cfg.write_text(f"repository: {repo}\nproject: proj\nfilters: {{skip_test_removals: false, "
-                   "skip_neutral_changes: false, tooling_files: []}\n")
+    cfg.write_text(
+        f"repository: {repo}\nproject: proj\nfilters: {{skip_test_removals: false, "
+        "skip_neutral_changes: false, tooling_files: []}\n"
+    )
     assert len(load_history_source(cfg).candidates) == 4
