@@ -19,7 +19,10 @@ when it is only a subject line, describes by the failure the tests showed).
     tests: {command: python3 -m pytest}             # as every history source (tickets, reviews)
 
 Commits the filters leave out are not rejects (a docs commit is not a bad record): they are
-listed with their reason in `LoadResult.skipped`, which `envforge sources scan` shows.
+listed with their reason in `LoadResult.skipped`, which `envforge sources scan` shows. The defaults
+also leave out, before any sandbox time, commits whose message or shape rules out a failing-then-
+passing test: refactor, performance, lint, typing and tooling subjects (`skip_subjects`), changes to
+tooling files only, test changes that only remove tests, behaviour-neutral changes (`change_shape`).
 """
 
 from __future__ import annotations
