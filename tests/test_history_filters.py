@@ -89,6 +89,8 @@ def test_a_test_change_that_only_removes_tests_is_recognised_but_unskipping_one_
         "-    def test_info_positional", "-    @pytest.mark.xfail\n-    def test_info_positional"
     )
     assert not only_removes_tests(unskip)
+    importorskip = DELETE_ONLY.replace("-        self.assertEqual(1, 1)", '-        pytest.importorskip("zstd")')
+    assert not only_removes_tests(importorskip)
     assert not only_removes_tests("")
 
 
