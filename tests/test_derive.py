@@ -169,3 +169,41 @@ def test_a_leaking_ticket_is_repaired_at_ingest_with_the_failure_the_tests_showe
     assert report.statements.verdicts == {"repaired": 1}
     [stored] = Catalog(settings.catalog_path).load_tasks(["calc-calc-9"])
     assert stored.spec.metadata["statement"]["verdict"] == "repaired" and "assert -1 == 5" in stored.spec.instruction
+
+
+def test_a_suite_killed_for_memory_is_envforges_fault_and_derived_again_at_the_ceiling(tmp_path, settings,
+                                                                                       docker_client):
+    """A fix whose tests need more memory than the source's limit (xopen's zstd window needs 2 GiB, the
+    default is 1 GiB): the after-run is OOM-killed. With no room above the limit that is a reject the
+    funnel counts as envforge's (environment), never as "no failing-then-passing test"; with
+    ENVFORGE_DERIVE_MEMORY_CEILING_MB above it, the candidate is derived once more there and the
+    task keeps the raised limit."""
+    from envforge.sources.funnel import classify
+    from envforge.sources.history import load_history_source
+    from tests.test_history_sources import commit, git
+
+    repo = tmp_path / "big"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    commit(repo, "initial", {"big.py": "def small():\n    return b''\n",
+                             "tests/test_big.py": "from big import small\n\n\ndef test_small():\n"
+                                                  "    assert small() == b''\n"}, 0)
+    fix = commit(repo, "Add a buffer of 600 MiB for the window", {
+        "big.py": "def small():\n    return b''\n\n\ndef window():\n    return bytearray(600 * 2**20)\n",
+        "tests/test_big.py": "from big import small\n\n\ndef test_small():\n    assert small() == b''\n\n\n"
+                             "def test_window():\n    from big import window\n    buf = window()\n"
+                             "    buf[::4096] = b'x' * len(buf[::4096])\n    assert len(buf) == 600 * 2**20\n"}, 1)
+    (tmp_path / "h").mkdir()
+    cfg = tmp_path / "h" / "history.yaml"
+    cfg.write_text(f"repository: {repo}\nproject: big\nlimits: {{memory_mb: 400, workspace_mb: 64, tmp_mb: 64}}\n")
+    [candidate] = load_history_source(cfg).candidates
+    assert candidate.metadata["fix_commit"] == fix
+    stuck = derive_tasks(settings, [candidate], client=docker_client, memory_ceiling_mb=0)
+    [problem] = stuck.rejects
+    assert "ran out of memory" in problem.reason and "limits.memory_mb: 400" in problem.reason, problem
+    assert (classify(problem).stage, classify(problem).owner) == ("environment", "envforge")
+    roomy = derive_tasks(settings, [candidate], client=docker_client, memory_ceiling_mb=1536)
+    assert not roomy.rejects, roomy.rejects
+    [task] = roomy.tasks
+    assert task.spec.verification.tests.fail_to_pass == ["tests/test_big.py::test_window"]
+    assert task.spec.environment.limits.memory_mb == 1536

@@ -184,6 +184,24 @@ def test_dependency_group_includes_are_followed_and_cycles_named(tmp_path, allow
         resolve_environment(HistoryEnvironment(), repo, sha, "tickets.yaml")
 
 
+def test_a_real_repository_whose_test_group_includes_another_group():
+    """attrs (task_sources/examples/real-repos/attrs), nothing declared: its `tests` dependency group
+    starts with `{include-group = "tests-mypy"}`; the included group's pytest-mypy-plugins is inferred
+    with the group's own requirements, in the order the group lists them."""
+    project = Path(__file__).resolve().parents[1] / "task_sources" / "examples" / "real-repos" / "attrs"
+    [candidate] = load_ticket_source(project / "tickets.yaml").candidates
+    pip = candidate.environment.fields["pip"]
+    tests_group = [
+        'pytest-mypy-plugins; platform_python_implementation == "CPython" and python_version >= "3.10"',
+        'cloudpickle; platform_python_implementation == "CPython"',
+        "hypothesis",
+        "pympler",
+        "pytest",
+    ]
+    assert pip[-len(tests_group) :] == tests_group
+    assert "pyproject.toml [dependency-groups].tests (5)" in candidate.environment.metadata["environment"]["inferred"]["read"]
+
+
 def test_requirements_the_fix_adds_are_installed_with_the_workspaces(tmp_path, allow_tmp_sources):
     """xopen's move to backports.zstd: the fix adds a dependency its own code and tests import, and a
     sandbox cannot fetch it, so the env layer holds what the fix's manifests add (not `-r` files,

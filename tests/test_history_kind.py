@@ -69,7 +69,7 @@ def test_range_and_filters(calc, tmp_path):
     assert {c.metadata["fix_commit"] for c in since.candidates} == {shas["linked"], shas["follow_up"]}
     dated = load_history_source(write_history(tmp_path / "c", repo, "range: {since: '2024-01-06'}\n"))
     assert {c.metadata["fix_commit"] for c in dated.candidates} == {shas["linked"], shas["follow_up"]}
-    bump_ok = load_history_source(write_history(tmp_path / "d", repo, "filters: {skip_messages: []}\n"))
+    bump_ok = load_history_source(write_history(tmp_path / "d", repo, "filters: {skip_messages: [], skip_subjects: {}}\n"))
     reasons = {p.source.rsplit(":", 1)[1]: p.reason for p in bump_ok.skipped}
     assert reasons[shas["bump"][:12]].startswith("dependency bump")
     bots = load_history_source(write_history(tmp_path / "e", repo, "filters: {skip_authors: ['dev*']}\n"))
@@ -107,13 +107,25 @@ def test_bad_config_is_a_reject_naming_the_file_and_field(calc, tmp_path):
         assert problem.source == str(cfg) and problem.field == field and words in problem.reason, problem
 
 
-def test_a_message_too_short_to_state_a_task_is_a_reject_that_says_so(calc, tmp_path):
+def test_a_message_too_short_to_state_a_task_keeps_its_candidate_for_the_repair(calc, tmp_path):
+    """A subject under 10 characters does not lose the candidate on its own: the statement check describes
+    the task by the failure its tests showed, after cleaning off envforge's `Commit X:` prefix."""
+    from envforge.quality.statements import StatementContext, repair_statement
+
     repo, shas = calc
     sha = commit(repo, "sub", {"calc.py": (repo / "calc.py").read_text() + "\n\ndef sub(a, b):\n    return a - b\n",
                                "tests/test_sub.py": "from calc import sub\n\n\ndef test_sub():\n"
                                                     "    assert sub(3, 1) == 2\n"}, 8)
-    [problem] = load_history_source(write_history(tmp_path / "h", repo)).rejects
-    assert problem.source.endswith(sha[:12]) and problem.field == "message" and "too short" in problem.reason
+    result = load_history_source(write_history(tmp_path / "h", repo))
+    assert result.rejects == []
+    [short] = [c for c in result.candidates if c.metadata["fix_commit"] == sha]
+    assert short.instruction == f"Commit {sha[:12]}: sub"
+    context = StatementContext(kind="history", failure_messages=(
+        ("tests/test_sub.py::test_sub", "ImportError: cannot import name 'sub' from 'calc'"),))
+    check = repair_statement(short.instruction, context)
+    assert check.verdict == "repaired" and check.added_failures == 1, check
+    assert check.statement.startswith("sub.") and "Commit" not in check.statement
+    assert "cannot import name 'sub'" in check.statement
 
 
 def test_history_sources_are_discovered_as_their_own_kind(calc, tmp_path):

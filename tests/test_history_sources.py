@@ -51,7 +51,7 @@ def make_calc_repo(repo: Path) -> dict[str, str]:
         "calc.py": CALC.replace("a - b", "a + b"),
         "tests/test_calc.py": TESTS + "\n\ndef test_add():\n    assert add(2, 3) == 5\n"}, 1)
     shas["docs"] = commit(repo, "docs", {"README.md": "calc\n"}, 2)
-    shas["characterization"] = commit(repo, "refactor mul, pin its behaviour", {
+    shas["characterization"] = commit(repo, "mul: pin its behaviour at zero", {
         "calc.py": CALC.replace("a - b", "a + b").replace("return a * b", "product = a * b\n    return product"),
         "tests/test_calc.py": TESTS + "\n\ndef test_add():\n    assert add(2, 3) == 5\n"
                               "\n\ndef test_mul_zero():\n    assert mul(0, 5) == 0\n"}, 3)

@@ -150,3 +150,42 @@ def test_swebench_yaml_takes_an_environment_section(instance):
     sidecar.write_text(sidecar.read_text() + "  pipx: [x]\n")
     rejects = load_swebench([instance]).rejects
     assert [(Path(p.source).name, p.field) for p in rejects] == [("swebench.yaml", "environment.pipx")]
+
+
+@pytest.mark.docker
+def test_an_instance_loads_the_pytest_plugins_its_env_layer_installs(tmp_path, docker_client, base_image, grader):
+    """asgiref's real fix as a SWE-bench instance, nothing declared: pytest-asyncio comes from its
+    `tests` extra. The env layer is built at ingest, as for history candidates: the task records it and
+    loads its pytest11 plugin with -p (autoload stays off), so the async FAIL_TO_PASS test can pass."""
+    import shutil
+
+    import yaml
+
+    from envforge.config import Settings
+    from envforge.sources.swebench import record_env_layers
+    from envforge.sources.tickets import load_ticket_source
+
+    project = Path(__file__).resolve().parents[1] / "task_sources" / "examples" / "real-repos" / "asgiref"
+    for name in ("tickets.yaml", "github-issues.csv", "asgiref.bundle"):
+        shutil.copy(project / name, tmp_path / name)
+    [candidate] = load_ticket_source(tmp_path / "tickets.yaml").candidates
+    f2p = yaml.safe_load((project / "expected.yaml").read_text())["tickets"]["gh-1"]["fail_to_pass"]
+    (tmp_path / "swebench.yaml").write_text("repos:\n  django/asgiref: asgiref.bundle\n")
+    rec = {"repo": "django/asgiref", "instance_id": "django__asgiref-1", "base_commit": candidate.workspace_commit,
+           "patch": candidate.change.source_patch, "test_patch": candidate.change.test_patch,
+           "problem_statement": candidate.instruction, "FAIL_TO_PASS": f2p,
+           "PASS_TO_PASS": ["tests/test_sync_contextvars.py::test_sync_to_async_contextvars"]}
+    (tmp_path / "instances.jsonl").write_text(json.dumps(rec) + "\n")
+    settings = Settings.from_env().with_data_dir(tmp_path / "data")
+    settings.ensure_dirs()
+    result = load_swebench([tmp_path / "instances.jsonl"])
+    assert result.rejects == [] and result.tasks[0].spec.verification.tests.plugins == []
+    record_env_layers(settings, result, client=docker_client)
+    assert result.rejects == [], result.rejects
+    [task] = result.tasks
+    assert task.spec.verification.tests.plugins == ["pytest_asyncio.plugin"]
+    assert task.spec.metadata["images"]["env_plugins"] == ["pytest_asyncio.plugin"]
+    assert task.spec.metadata["images"]["env_freeze"]
+    image = build_task_image(docker_client, task, base_image, settings, repository_dir=repository_dir).tag
+    assert grader.grade(task, image, task.reference_patch).resolved
+    assert not grader.grade(task, image, "").resolved

@@ -277,6 +277,13 @@ class EnvSettings(BaseSettings):
         "`resolve` or `refuse` a branch given as a commit (overrides the file)",
         default_doc="the file's, else resolve",
     )
+    derive_memory_ceiling_mb: int = _var(
+        "ENVFORGE_DERIVE_MEMORY_CEILING_MB",
+        4096,
+        "sources",
+        "MB of sandbox memory a history candidate is derived with once more when its tests were killed for "
+        "memory (the task keeps it); no more than the source's limits.memory_mb: no retry",
+    )
 
     # -- verification and data-quality checks
     gate_runs: int = _var(

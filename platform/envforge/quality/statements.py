@@ -8,7 +8,7 @@ grounds; commit-derived tasks (tickets, reviews, plain history) fail them often,
 commit message describes the change, not the problem.
 
 `check_statement` reports findings with their evidence; `repair_statement` cleans what is
-noise (trailers, PR and issue references, envforge's own `Ticket X:` prefix, conventional-commit
+noise (trailers, PR and issue references, envforge's own `Ticket X:` / `Commit X:` prefix, conventional-commit
 types), drops the sentences that leak and, when what is left says too little, adds the
 observable failure of the FAIL_TO_PASS tests as a reporter would describe it (the assertion
 messages recorded when the tests were derived, with the hidden test names taken out). The
@@ -82,7 +82,7 @@ _CLOSING_REF = re.compile(
 _PAREN_REF = re.compile(r"\s*\((?:[\w.-]+/[\w.-]+)?(?:#|GH-|!)\d+\)")
 _BARE_REF = re.compile(r"(?<![\w&])(?:[\w.-]+/[\w.-]+)?(?:#|GH-)\d+\b")
 _REF_URL = re.compile(r"https?://\S+/(?:pull|pulls|issues|merge_requests|commit)/\S+", re.I)
-_ENVFORGE_PREFIX = re.compile(r"^\s*Ticket\s+[^\s:]+:\s*")
+_ENVFORGE_PREFIX = re.compile(r"^\s*(?:Ticket\s+[^\s:]+|Commit\s+[0-9a-f]{12}):\s*")  # tickets.py, history.py
 _TRACKER_KEY_PREFIX = re.compile(r"^\s*\[?[A-Z][A-Z0-9]{1,9}-\d+\]?\s*[:\-]?\s*")
 _CONVENTIONAL = re.compile(
     r"^\s*(?:feat|fix|bugfix|hotfix|chore|refactor|perf|test|tests|docs|build|ci|style|revert)"
@@ -294,7 +294,7 @@ def hidden_test_names(context: StatementContext) -> set[str]:
 
 def clean_statement(text: str, kind: str = "") -> tuple[str, list[str]]:
     """The statement without what is noise to a policy: trailers, merge lines, PR/issue references and
-    links, and for commit-derived kinds the `Ticket X:` prefix, a tracker key and a conventional-commit
+    links, and for commit-derived kinds the `Ticket X:` / `Commit X:` prefix, a tracker key and a conventional-commit
     type. Returns (text, what was removed)."""
     removed: list[str] = []
 

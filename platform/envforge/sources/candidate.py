@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
@@ -72,6 +72,12 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")[:80]
 
 
+def with_env_plugins(declared: Sequence[str], env_plugins: Sequence[str]) -> list[str]:
+    """The pytest plugins every run of a task loads with `-p`: the source's own, then those its env layer
+    installed (the project's CI loads them by autoload, which stays off here). One rule for every kind."""
+    return list(dict.fromkeys([*declared, *env_plugins]))
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A task from a commit range whose verification is derived by running its tests."""
@@ -95,7 +101,7 @@ class Candidate:
     @property
     def plugins(self) -> list[str]:
         """What every pytest run of the task loads with `-p`: the source's `tests.plugins`, then the env layer's."""
-        return list(dict.fromkeys([*self.config.tests.plugins, *self.env_plugins]))
+        return with_env_plugins(self.config.tests.plugins, self.env_plugins)
 
     @cached_property
     def environment(self) -> ResolvedEnvironment:

@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import docker
 from requests.exceptions import RequestException
@@ -60,8 +60,9 @@ from envforge.hashing import digest_parts
 from envforge.progress import Progress, no_progress
 from envforge.safefs import write_atomic
 from envforge.sandbox.engine import docker_client
-from envforge.sandbox.images import build_base_image, build_task_image
+from envforge.sandbox.images import ImageBuild, build_base_image, build_task_image
 from envforge.sandbox.provider import Pool, SandboxProvider, or_local
+from envforge.settings import read_env
 from envforge.sources.candidate import Candidate, derivable_ids
 from envforge.sources.result import LoadResult
 from envforge.task import Task
@@ -142,6 +143,11 @@ class Derivation:
     after: list[Run]
     checks: list[dict[str, Run]] = field(default_factory=list)  # [{"after": Run, "before": Run}, ...]
     alone: Run | None = None  # before the change, only the FAIL_TO_PASS candidates outside the test change
+
+    def out_of_memory(self) -> bool:
+        """Whether any run was killed for memory: the sandbox's limit, not the commit, decided it."""
+        runs = [*self.before, *self.after, *(r for c in self.checks for r in c.values())]
+        return any("oom" in r.reasons for r in [*runs, *([self.alone] if self.alone else [])])
 
     def as_json(self) -> dict:
         return {
@@ -309,9 +315,47 @@ def _collection_note(run: Run, state: str) -> str:
     return f"; tests could not be collected {state} the change: {quoted}"
 
 
+def with_memory_ceiling(candidate: Candidate, ceiling_mb: int) -> Candidate | None:
+    """The candidate with its sandboxes' memory raised to the ceiling (ENVFORGE_DERIVE_MEMORY_CEILING_MB),
+    or None when that is no more than it has: a suite killed for memory is the limit's fault, not the
+    commit's (xopen's zstd tests need 2 GiB, the default limit is 1 GiB)."""
+    limits = candidate.config.limits
+    if ceiling_mb <= limits.memory_mb:
+        return None
+    config = candidate.config.model_copy(update={"limits": limits.model_copy(update={"memory_mb": ceiling_mb})})
+    return replace(candidate, config=config)
+
+
+def _out_of_memory(candidate: Candidate) -> SpecError:
+    return SpecError(
+        [
+            Problem(
+                candidate.origin,
+                candidate.field,
+                f"the sandbox ran out of memory while the tests ran (limits.memory_mb: "
+                f"{candidate.config.limits.memory_mb}): raise the source's limits.memory_mb "
+                f"(or ENVFORGE_DERIVE_MEMORY_CEILING_MB)",
+            )
+        ]
+    )
+
+
+def recorded_images_of(base: str, build: ImageBuild) -> dict[str, Any]:
+    """What a task records of the images it was built on at ingest (`metadata.images`): a rebuild elsewhere
+    installs the same versions (`env_freeze`) and loads the same plugins (`env_plugins`)."""
+    images: dict[str, Any] = {"base": base, "env": build.env.tag if build.env else None}
+    if build.env:
+        images["env_freeze"] = build.env.freeze
+        images["env_plugins"] = build.env.plugins
+    return images
+
+
 def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_metadata: dict | None = None) -> Task:
     """The derived task, or SpecError naming the record's change field and what the runs showed."""
     first_after = derivation.after[0]
+    settled = settle(derivation, candidate.change.test_files, candidate.config.tests.pass_to_pass)
+    if derivation.out_of_memory() and not (settled.confirmed and settled.fail_to_pass):
+        raise _out_of_memory(candidate)
     if first_after.reasons and not first_after.statuses:
         raise SpecError(
             [
@@ -324,7 +368,6 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
                 )
             ]
         )
-    settled = settle(derivation, candidate.change.test_files, candidate.config.tests.pass_to_pass)
     cls, p2p, excluded = settled.classified, settled.pass_to_pass, settled.excluded
     f2p = settled.fail_to_pass if settled.confirmed else []  # else never run the way the grader runs it
     odd_f2p = [t for t in settled.unselectable if t in cls.fail_to_pass]
@@ -382,6 +425,7 @@ def derive_tasks(
     concurrency: int = 2,
     progress: Progress = no_progress,
     sandboxes: SandboxProvider | None = None,
+    memory_ceiling_mb: int | None = None,
 ) -> LoadResult:
     """Run every candidate's suite before and after its change; derived tasks or rejects with reasons.
     The sandboxes come from a pool leased from `sandboxes` (none: this process's engine), told each
@@ -389,6 +433,8 @@ def derive_tasks(
     result = LoadResult()
     if not candidates:
         return result
+    if memory_ceiling_mb is None:
+        memory_ceiling_mb = read_env().derive_memory_ceiling_mb
     client = client or docker_client(settings)
     cache_dir = settings.data_dir / "derived"
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -408,15 +454,14 @@ def derive_tasks(
             build = with_retry(lambda: build_task_image(client, candidate.provisional_task(), base, settings))
         except ImageBuildError as exc:
             raise SpecError([Problem(candidate.origin, "environment", str(exc))]) from None
-        images = {"base": base, "env": build.env.tag if build.env else None}
+        images = recorded_images_of(base, build)
         if build.env:
-            images["env_freeze"] = build.env.freeze
-            images["env_plugins"] = build.env.plugins
             candidate = replace(candidate, env_plugins=tuple(build.env.plugins))
-        cached = cache_dir / f"{cache_key(candidate, build.tag)}.json"
-        if cached.exists():
-            derivation = Derivation.from_json(json.loads(cached.read_text()))
-        else:
+
+        def derived(candidate: Candidate) -> Derivation:
+            cached = cache_dir / f"{cache_key(candidate, build.tag)}.json"
+            if cached.exists():
+                return Derivation.from_json(json.loads(cached.read_text()))
             try:
                 # a fleet learns the image's recipe and the demand for it; a local pool needs nothing
                 lease.expect([(candidate.provisional_task(), build.tag)], SANDBOXES_PER_DERIVATION)
@@ -427,6 +472,12 @@ def derive_tasks(
                 ) from None
             if not derivation.timed_out():
                 write_atomic(cached, json.dumps(derivation.as_json(), sort_keys=True))
+            return derivation
+
+        derivation = derived(candidate)
+        roomier = with_memory_ceiling(candidate, memory_ceiling_mb) if derivation.out_of_memory() else None
+        if roomier is not None:  # killed for memory: once more at the ceiling, and the task keeps it
+            candidate, derivation = roomier, derived(roomier)
         return task_from_derivation(candidate, derivation, {"images": images})
 
     with lease as pool:

@@ -20,6 +20,7 @@ from envforge.errors import Problem
 # environment or the harness failed the record, "record" that the record itself is unusable.
 _RULES: tuple[tuple[str, str, str], ...] = (
     (r"^infra:", "derive", "envforge"),
+    (r"ran out of memory", "environment", "envforge"),  # the sandbox's memory limit, not the commit
     (r"tests could not be collected", "derive", "envforge"),
     (r"produced no results after the change", "derive", "envforge"),
     (r"does not apply to its own parent", "derive", "record"),

@@ -19,13 +19,17 @@ when it is only a subject line, describes by the failure the tests showed).
     tests: {command: python3 -m pytest}             # as every history source (tickets, reviews)
 
 Commits the filters leave out are not rejects (a docs commit is not a bad record): they are
-listed with their reason in `LoadResult.skipped`, which `envforge sources scan` shows.
+listed with their reason in `LoadResult.skipped`, which `envforge sources scan` shows. The defaults
+also leave out, before any sandbox time, commits whose message or shape rules out a failing-then-
+passing test: refactor, performance, lint, typing and tooling subjects (`skip_subjects`), changes to
+tooling files only, test changes that only remove tests, behaviour-neutral changes (`change_shape`).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -44,8 +48,9 @@ from envforge.sources.candidate import (
     relative_to_source,
     slug,
 )
+from envforge.sources.change_shape import behaviour_neutral, only_removes_tests
 from envforge.sources.fields import Ref, StrictModel
-from envforge.sources.gitrepo import git, resolve_commit, split_change
+from envforge.sources.gitrepo import SplitChange, git, resolve_commit, split_change
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import blank, get_path, iter_records
 from envforge.sources.result import LoadResult
@@ -96,6 +101,66 @@ DOCS_FILES = (
     "mkdocs.yml",
     "*.cfg.example",
 )
+# Build, lint, release and benchmark tooling: a commit whose non-test change touches only these (with
+# docs and dependency files) changes no importable package code, so no test can fail-then-pass on it.
+TOOLING_FILES = (
+    "pyproject.toml",
+    "setup.cfg",
+    "setup.py",
+    "tox.ini",
+    "tox.toml",
+    "noxfile.py",
+    "Makefile",
+    "MANIFEST.in",
+    ".gitignore",
+    ".gitattributes",
+    ".git-blame-ignore-revs",
+    ".editorconfig",
+    ".coveragerc",
+    ".flake8",
+    "mypy.ini",
+    ".mypy.ini",
+    "ruff.toml",
+    ".ruff.toml",
+    ".pylintrc",
+    "pylintrc",
+    "codecov.y*ml",
+    ".codecov.y*ml",
+    ".pre-commit-hooks.yaml",
+    "Dockerfile",
+    "benchmarks/*",
+    "benchmark/*",
+    "bench/*",
+    "asv_bench/*",
+    "profiler/*",
+    "profiling/*",
+    "fuzz/*",
+    "fuzzer/*",
+    "fuzzing/*",
+    "scripts/*",
+    "tools/*",
+    "ci/*",
+    "examples/*",
+    "releasenotes/*",
+    "changelog.d/*",
+    "newsfragments/*",
+)
+# Commit subjects of the kinds that SWE-rebench-style pre-filters leave out: their changes keep
+# behaviour (refactors, lint, formatting, typing, performance) or change tooling, so no test fails
+# before them. Matched against the subject line only, case-insensitive; the name is the reason shown.
+SKIP_SUBJECTS = {
+    "non-behavioural conventional type": r"^(refactor|style|perf|chore|ci|build|docs?|tests?|typing|lint)(\([^)]*\))?!?:",
+    "refactor or cleanup": r"^(minor |small |code |some )?(refactor\w*|clean[ -]?ups?|cleaned up|clean up|tidy\b)",
+    "performance": r"\b(performance|speed[ -]?ups?|speed up|faster|optimi[sz]\w*|import time|memory usage)\b",
+    "lint or format": r"\b(ruff|flake8|pylint|isort|pre-commit|black|lint\w*|reformat\w*|pyupgrade)\b",
+    "typing": r"^\W*(update|upgrade|bump|pin|unpin|run|enable|add|use|fix|improve)\b.*"
+    r"\b(mypy|pyright|pyre|type hints?|type annotations?)\b",
+    "tooling bump": r"^(update|upgrade|bump|pin|unpin)\b.*\b(tox|nox|pytest|setuptools|hatch\w*|sphinx|coverage|"
+    r"actions?|ci|dependencies|deps|requirements)\b",
+    "build or packaging": r"\b(wheels?|sdist|mypyc|cibuildwheel|manylinux)\b",
+    "removal of deprecated or dropped support": r"^(drop|dropped|dropping|remove[sd]?|removing)\b.*"
+    r"\b(deprecat\w*|support for|python ?[23]\.\d+|py[23]\d+)",
+}
 _LINK = re.compile(
     r"\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s*:?\s+(?:[\w.-]+/[\w.-]+)?#(\d+)\b|"
     r"\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s*:?\s+([A-Z][A-Z0-9]{1,9}-\d+)\b",
@@ -136,11 +201,39 @@ class HistoryFilters(StrictModel):
         default_factory=lambda: list(DOCS_FILES),
         description="a commit whose non-test change touches only these (glob) is docs or CI only",
     )
+    tooling_files: list[StrictStr] = Field(
+        default_factory=lambda: list(TOOLING_FILES),
+        description="build, lint, release and benchmark files (glob): a commit whose non-test change touches "
+        "only these, docs and dependency files changes no package code",
+    )
+    skip_subjects: dict[StrictStr, StrictStr] = Field(
+        default_factory=lambda: dict(SKIP_SUBJECTS),
+        description="name -> regular expression on the commit's subject line (case-insensitive); a match leaves "
+        "the commit out with the name as the reason. Giving it replaces the defaults ({} turns them off)",
+    )
+    skip_test_removals: bool = Field(
+        True, description="a commit whose test change only removes tests is left out (no test can fail-then-pass)"
+    )
+    skip_neutral_changes: bool = Field(
+        True,
+        description="a commit whose package code change is behaviour-neutral (the Python syntax tree is the same "
+        "without annotations, docstrings and typing-only code: type, lint or format commits) is left out",
+    )
 
     @field_validator("skip_messages")
     @classmethod
     def _compiles(cls, v: list[str]) -> list[str]:
         return [check_regex(pattern) for pattern in v]
+
+    @field_validator("skip_subjects")
+    @classmethod
+    def _subjects_compile(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, pattern in v.items():
+            try:
+                check_regex(pattern)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        return v
 
 
 class IssueExport(StrictModel):
@@ -233,11 +326,19 @@ def skip_reason(commit: Commit, filters: HistoryFilters) -> str | None:
     for pattern in filters.skip_messages:
         if re.search(pattern, commit.message, re.M):
             return f"message matches skip_messages {pattern!r}"
+    subject = commit.message.split("\n", 1)[0]
+    for name, pattern in filters.skip_subjects.items():
+        if re.search(pattern, subject, re.I):
+            return f"{name} commit (subject matches skip_subjects.{name})"
     return None
 
 
-def change_skip_reason(source_files: list[str], test_files: list[str], filters: HistoryFilters) -> str | None:
-    """Why the commit's change cannot be a task (None: it can)."""
+def change_skip_reason(
+    change: SplitChange, filters: HistoryFilters, read: Callable[[str, str], str | None] | None = None
+) -> str | None:
+    """Why the commit's change cannot be a task (None: it can). `read(side, path)` gives a changed
+    file's text before ("old") or after ("new") the commit, for the behaviour-neutral check."""
+    source_files, test_files = change.source_files, change.test_files
     if not test_files:
         return "changes no test files (nothing to verify it with)"
     if not source_files:
@@ -246,7 +347,25 @@ def change_skip_reason(source_files: list[str], test_files: list[str], filters: 
         return "dependency bump (its non-test change touches only dependency files)"
     if all(_globbed(p, filters.docs_files) for p in source_files):
         return "docs or CI only (its non-test change touches only docs/CI files)"
+    not_code = filters.dependency_files + filters.docs_files + filters.tooling_files
+    package_files = [p for p in source_files if not _globbed(p, not_code)]
+    if not package_files:
+        return "tooling only (its non-test change touches no package code: build, lint, benchmark, docs files)"
+    if filters.skip_test_removals and only_removes_tests(change.test_patch):
+        return "its test change only removes tests (no test can fail before it and pass after it)"
+    if filters.skip_neutral_changes and read is not None and behaviour_neutral(package_files, read):
+        return "behaviour-neutral package change (same syntax tree without annotations, docstrings, comments)"
     return None
+
+
+def file_reader(git_dir: Path, old: str, new: str) -> Callable[[str, str], str | None]:
+    """`read(side, path)` over two commits of a repository: the file's text, None when absent."""
+
+    def read(side: str, path: str) -> str | None:
+        proc = git(git_dir, "show", f"{old if side == 'old' else new}:{path}")
+        return proc.stdout.decode(errors="replace") if proc.returncode == 0 else None
+
+    return read
 
 
 def load_issues(
@@ -319,7 +438,7 @@ def load_history_source(config_path: Path, policy: SourcePolicy | None = None) -
             except ValueError as exc:
                 result.rejects.append(Problem(where, "commit", str(exc)))
                 continue
-            reason = change_skip_reason(change.source_files, change.test_files, cfg.filters)
+            reason = change_skip_reason(change, cfg.filters, file_reader(git_dir, commit.parents[0], commit.sha))
         if reason is not None:
             result.skipped.append(Problem(where, "commit", reason))
             continue
@@ -359,17 +478,11 @@ def _candidate(
     else:
         instruction = message
     if len(instruction) < MIN_STATEMENT_CHARS:
-        raise SpecError(
-            [
-                Problem(
-                    where,
-                    "message",
-                    f"the commit message {instruction!r} is too short to state a task "
-                    f"(at least {MIN_STATEMENT_CHARS} characters) and no issue export "
-                    "holds an issue it links",
-                )
-            ]
-        )
+        # A short subject ("sub", "fix") is not on its own a lost candidate: the statement check
+        # describes a commit-derived task by the failure its tests showed. Until then the task needs a
+        # statement of at least MIN_STATEMENT_CHARS; envforge's own `Commit X:` prefix, which the
+        # statement check cleans off like the tickets' `Ticket X:`, makes one without inventing words.
+        instruction = f"Commit {commit.sha[:12]}: {instruction}".strip()
     candidate = Candidate(
         id=slug(f"{project}-{commit.sha[:12]}"),
         kind="history",

@@ -17,21 +17,27 @@ fix. The test patch is held back and applied only at grading.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from envforge.errors import Problem, SpecError
+from envforge.errors import ImageBuildError, InfraError, Problem, SpecError
 from envforge.sources import guard
 from envforge.sources.candidate import check_repo_footprint, load_config, relative_to_source, slug
 from envforge.sources.environment import HistoryEnvironment, check_dockerfile, resolve_environment
 from envforge.sources.fields import Identifier, Ref, StrictModel
-from envforge.sources.gitrepo import materialize_repo, patch_applies, resolve_commit
+from envforge.sources.gitrepo import materialize_repo, patch_applies, repository_dir, resolve_commit
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import blank, built_records
 from envforge.sources.result import LoadResult
 from envforge.task import Limits, Task, TaskSpec, TestId
+
+if TYPE_CHECKING:
+    import docker
+
+    from envforge.config import Settings
 
 CONFIG_NAME = "swebench.yaml"
 REQUIRED = (
@@ -214,6 +220,48 @@ def load_swebench(paths: Iterable[Path], policy: SourcePolicy | None = None) -> 
         for f in sorted(p.rglob("*.jsonl")) if p.is_dir() else [p]:
             load_swebench_file(f, result, seen, policy)
     return result
+
+
+def record_env_layers(settings: Settings, result: LoadResult, client: docker.DockerClient | None = None) -> None:
+    """Build the env layer of each instance that has one, in place: the task then records the images it
+    was built on and loads the layer's pytest plugins with `-p`, exactly as history-mined tasks do at
+    derivation (`sources.derive`). Without this a suite whose CI relies on plugin autoload (an async
+    suite on pytest-asyncio from its test extra) fails before and after the fix alike. An env layer that
+    does not build is a reject of the instance's `environment`, never of the batch."""
+    from envforge.sandbox.engine import docker_client
+    from envforge.sandbox.images import build_base_image, build_task_image
+    from envforge.sources.candidate import with_env_plugins
+    from envforge.sources.derive import recorded_images_of, with_retry
+
+    needing = [t for t in result.tasks if t.spec.environment.needs_env_layer]
+    if not needing:
+        return
+    client = client or docker_client(settings)
+    base = build_base_image(client, settings).tag
+    kept: list[Task] = [t for t in result.tasks if not t.spec.environment.needs_env_layer]
+    for task in needing:
+        try:
+            build = with_retry(partial(build_task_image, client, task, base, settings, repository_dir=repository_dir))
+        except ImageBuildError as exc:
+            result.rejects.append(Problem(task.origin, "environment", str(exc)))
+            continue
+        except InfraError as exc:
+            result.rejects.append(Problem(task.origin, "environment", f"infra: cannot build the environment: {exc}"))
+            continue
+        tests = task.spec.verification.tests
+        assert tests is not None  # every SWE-bench task has FAIL_TO_PASS tests
+        plugins = with_env_plugins(tests.plugins, build.env.plugins if build.env else [])
+        spec = task.spec.model_copy(
+            update={
+                "verification": task.spec.verification.model_copy(
+                    update={"tests": tests.model_copy(update={"plugins": plugins})}
+                ),
+                "metadata": {**task.spec.metadata, "images": recorded_images_of(base, build)},
+            }
+        )
+        updated = task.model_copy(update={"spec": spec})
+        kept.append(updated.model_copy(update={"content_hash": updated.compute_content_hash()}))
+    result.tasks = kept
 
 
 def export_swebench(tasks: Iterable[Task], path: Path) -> int:

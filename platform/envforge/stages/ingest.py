@@ -19,6 +19,7 @@ from envforge.sandbox.provider import SandboxProvider, SandboxProviderError
 from envforge.sources import LoadResult
 from envforge.sources.funnel import Funnel
 from envforge.sources.guard import unexpected
+from envforge.sources.swebench import record_env_layers
 from envforge.stages.base import StageContext, StageResult, stage
 from envforge.stages.configs import IngestConfig
 from envforge.task import Task
@@ -160,6 +161,8 @@ def ingest(
             else CarriedOver()
         )
         derive_candidates(settings, res, client=client, progress=progress, sandboxes=context.sandboxes)
+        if ref.kind == "swebench":
+            record_env_layers(settings, res, client=client)
         checked = apply_statement_policy(
             [*res.tasks, *carried.to_check],
             cast(StatementPolicy, config.statements),
