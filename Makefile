@@ -8,7 +8,7 @@ export ENVFORGE_DATA_DIR ?= $(CURDIR)/.envforge
 export DAGSTER_HOME ?= $(ENVFORGE_DATA_DIR)/dagster
 PYTEST_ARGS ?=
 
-.PHONY: setup venv engine base-image demo fleet-demo test lint bench-sandbox bench-dedup bench-rollout bench-observe bench-fleet bench-gate bench-strength bench-client ui mlflow-ui lock clean
+.PHONY: setup venv engine base-image demo fleet-demo test lint bench-sandbox bench-dedup bench-rollout bench-observe bench-fleet bench-gate bench-strength bench-candidate bench-client ui mlflow-ui lock clean
 
 ## setup: venv + package, host packages, Docker engine, sandbox base image (idempotent)
 setup: venv engine base-image
@@ -66,6 +66,11 @@ bench-gate: setup
 ## score distribution (PNG), gate cost with and without mutation, vs grading every mutant serially (JSON)
 bench-strength: setup
 	$(BIN)/python bench/strength.py
+
+## bench-candidate: seconds per history candidate (ingest + gate), the #30 cost cuts against the code path as it was,
+## interleaved pairs, with a verdict comparison; SOURCE=<a history source folder> [PAIRS=2] (JSON)
+bench-candidate: setup
+	$(BIN)/python bench/candidate_cost.py --source $(or $(SOURCE),$(error SOURCE=<a history source folder> is required)) --pairs $(or $(PAIRS),2)
 
 ## bench-dedup: MinHash/LSH benchmark vs datasketch, and 100k x 1M decontamination (JSON on stdout)
 bench-dedup: venv

@@ -90,6 +90,10 @@ def test_the_gate_key_changes_with_content_image_and_parameters():
     assert key != gate_key(task, "sha256:aaa", GateConfig(full_suite=True))
     other = task.model_copy(update={"content_hash": "0" * 64})
     assert key != gate_key(other, "sha256:aaa", GateConfig())
+    # mutants graded in full (the code path before fail fast) is a parameter of its own, absent by default
+    assert "mutant_fail_fast" not in GateConfig().as_params()
+    assert GateConfig(mutant_fail_fast=False).as_params()["mutant_fail_fast"] is False
+    assert key != gate_key(task, "sha256:aaa", GateConfig(mutant_fail_fast=False))
 
 
 def test_the_order_check_is_one_of_the_reference_runs_in_the_default_gate():

@@ -166,6 +166,45 @@ def test_derived_test_ids_that_could_never_pass_are_left_out(tmp_path):
     assert task.spec.metadata["unselectable_tests"] == ["tests/t.py::test_b[x\ty]"]
 
 
+def test_the_reversed_run_is_left_out_only_when_the_first_runs_already_reject(tmp_path, monkeypatch):
+    """No test passing after the change that did not pass before: the reversed run (which only takes ids
+    away) cannot make a FAIL_TO_PASS test, so the candidate is rejected after two suite runs, not three."""
+    from envforge.errors import SpecError
+    from envforge.sources import derive
+    from envforge.sources.candidate import Candidate
+    from envforge.sources.gitrepo import SplitChange
+    from envforge.sources.tickets import TicketSourceConfig
+
+    change = SplitChange("--- a/x.py\n+++ b/x.py\n", "--- a/tests/t.py\n+++ b/tests/t.py\n", ["x.py"], ["tests/t.py"])
+    cand = Candidate(id="c-1", kind="ticket", origin="t.jsonl:1", field="fix_commit", instruction="Fix the thing now.",
+                     git_dir=tmp_path, workspace_commit="a" * 40, change=change,
+                     config=TicketSourceConfig(repository=".", exports=[{"file": "t.jsonl"}]), base_dir=tmp_path)
+    outcomes = {"before": {"tests/t.py::test_a": "passed", "tests/t.py::test_b": "failed"}}
+    runs = []
+
+    def fake_run(pool, task, image, patches, run=derive.SUITE):
+        state = "before" if len(patches) == 1 else "after"
+        runs.append((state, run.order))
+        return derive.Run(dict(outcomes[state]))
+
+    monkeypatch.setattr(derive, "_run", fake_run)
+    outcomes["after"] = {"tests/t.py::test_a": "passed", "tests/t.py::test_b": "failed"}
+    decided = derive.run_derivation(None, cand, "img")
+    assert runs == [("before", "default"), ("after", "default")] and len(decided.after) == 1
+    with pytest.raises(SpecError, match="no failing-then-passing test: 2 tests ran after the change, 1 already passed"):
+        derive.task_from_derivation(cand, decided)
+    runs.clear()
+    derive.run_derivation(None, cand, "img", always_reverse=True)  # the derivation as it was
+    assert runs == [("before", "default"), ("after", "default"), ("after", "reverse")]
+    runs.clear()
+    outcomes["after"] = {"tests/t.py::test_a": "passed", "tests/t.py::test_b": "passed"}
+    monkeypatch.setattr(derive, "_grade", lambda *a, **k: {"after": derive.Run(dict(outcomes["after"])),
+                                                           "before": derive.Run(dict(outcomes["before"]))})
+    kept = derive.run_derivation(None, cand, "img")  # a FAIL_TO_PASS candidate: the reversed run decides
+    assert runs[-1] == ("after", "reverse") and len(kept.after) == 2
+    assert derive.task_from_derivation(cand, kept).spec.verification.tests.fail_to_pass == ["tests/t.py::test_b"]
+
+
 def test_tasks_stored_under_older_rules_still_load_from_the_catalog():
     """Test ids and limits are checked at ingest; a catalog written before a rule got stricter stays readable."""
     from envforge.task import Task

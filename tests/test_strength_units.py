@@ -295,3 +295,35 @@ def test_the_fail_to_pass_score_and_the_weak_form_probe_in_the_text_and_the_poli
     weak.f2p_strength, weak.mutants = 0.33, 9
     row = _strength_row(GateReport("t", "a" * 64, False, strength=weak))
     assert _strength_text(row) == ", strength 0.67, F2P 0.33 (9 mutants, 0 survive, weak FAIL_TO_PASS asserts)"
+
+
+def test_mutants_are_graded_fail_fast_and_the_probes_in_full(monkeypatch):
+    """A mutant's grading only asks whether it resolves and whether every FAIL_TO_PASS test passes: a run
+    stopped at the first FAIL_TO_PASS test that fails answers both. The probes keep their reasons: in full."""
+    from envforge.verify import strength
+    from envforge.verify.batch import BatchOutcome
+    from envforge.verify.grader import Grader
+    from envforge.verify.selection import TARGETED, TestRun
+    from tests.test_gate_units import _spec
+
+    task = _spec("inventory-median-even")
+    check = task.spec.verification.tests
+    tests = {p: f"def {n}():\n    assert clamp(5, 0, 3) == 3\n" for p, n in
+             (t.split("::", 1) for t in check.fail_to_pass)}
+    monkeypatch.setattr(strength, "_workspace_texts",
+                        lambda *a: ([SourceChange("calc.py", BUGGY, FIXED)], tests))
+    plans = []
+
+    def batch(grader, task, image, plan, workers=2, stop=None):
+        plans.append(plan)
+        return BatchOutcome(not_run=[g.name for g in plan])
+
+    monkeypatch.setattr(strength, "grade_batch", batch)
+    grader = Grader(None, pool=object())
+    for fail_fast in (True, False):
+        strength.measure_strength(grader, task, "img", file_diff("calc.py", BUGGY, FIXED), fail_fast=fail_fast)
+    fast, full = plans
+    assert [g.name for g in fast] == [g.name for g in full] and "special_case" in [g.name for g in fast]
+    assert {g.run for g in fast if g.name.startswith("mutant:")} == {TestRun(fail_fast=True)}
+    assert {g.run for g in fast if not g.name.startswith("mutant:")} == {TARGETED}
+    assert {g.run for g in full} == {TARGETED}  # the code path as it was

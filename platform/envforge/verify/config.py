@@ -81,6 +81,13 @@ class GateConfig:
             "score is then a lower bound)"
         },
     )
+    mutant_fail_fast: bool = field(
+        default=True,
+        metadata={
+            "help": "grade each mutant's FAIL_TO_PASS tests first and stop at the first that fails (its verdict, "
+            "killed, is then decided; off: every mutant's tests run in full, as before)"
+        },
+    )
     force: bool = field(
         default=False,
         metadata={
@@ -120,4 +127,6 @@ class GateConfig:
                 mutation_early_stop=self.mutation_early_stop,
                 block_overfittable=self.block_overfittable,
             )
+            if not self.mutant_fail_fast:  # absent when on (the default), so verdicts keep their keys
+                params["mutant_fail_fast"] = False
         return params

@@ -322,6 +322,7 @@ def _judge_strength(
         early_stop=config.mutation_early_stop,
         workers=config.workers,
         timeout_s=timeout_s,
+        fail_fast=config.mutant_fail_fast,
     )
     report.gradings += report.strength.gradings
     findings = strength_findings(report.strength, config.min_strength, config.block_overfittable)

@@ -25,7 +25,7 @@ wrong value: when the FAIL_TO_PASS tests pass with it, they do not check what th
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from envforge.errors import PolicyOutcome
 from envforge.task import WORKSPACE, Task
@@ -225,13 +225,18 @@ def measure_strength(
     early_stop: bool = True,
     workers: int = 2,
     timeout_s: float | None = None,
+    fail_fast: bool = True,
 ) -> StrengthReport:
     """Grade mutants of the reference, the special-case and the weak-form probes; see the module docstring.
 
     `timeout_s` lowers the test checkpoint's timeout for these gradings (the gate passes a multiple of
     the reference's own grading time): a mutant that hangs is killed either way, and should not cost
-    the task's full timeout. Infrastructure faults escape (after grade_batch's retries) as InfraError,
-    as for any grading."""
+    the task's full timeout. `fail_fast`: a mutant's grading runs the FAIL_TO_PASS tests first and stops
+    at the first that does not pass (selection.py). A mutant is asked only whether it resolves and whether
+    every FAIL_TO_PASS test passes, and a run stopped there has answered both (no, no); one whose
+    FAIL_TO_PASS tests all pass runs the rest as usual. The probes are graded in full (their reasons
+    are kept). Infrastructure faults escape (after grade_batch's retries) as InfraError, as for any
+    grading."""
     started = time.perf_counter()
     report = StrengthReport()
     why = not_applicable(task)
@@ -260,10 +265,11 @@ def measure_strength(
         report.weak_form = {"skipped": weak_skipped}
     ordered = [m for m in mutants if not m.equivalent] + [m for m in mutants if m.equivalent]
     named = {f"mutant:{m.name}": m for m in ordered}
+    mutant_run = replace(TARGETED, fail_fast=fail_fast)
     plan = (
         ([Grading(SPECIAL_CASE, probe_diff, TARGETED)] if probe_diff else [])
         + ([Grading(WEAK_FORM, weak_diff, TARGETED)] if weak_diff else [])
-        + [Grading(name, _mutant_diff(sections, by_path[m.path], m), TARGETED) for name, m in named.items()]
+        + [Grading(name, _mutant_diff(sections, by_path[m.path], m), mutant_run) for name, m in named.items()]
     )
     candidates = sum(not m.equivalent for m in mutants)
     tally = {"killed": 0, "survived": 0}
