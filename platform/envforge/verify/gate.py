@@ -305,10 +305,10 @@ def strength_findings(
         # Only the FAIL_TO_PASS tests took the wrong value (a PASS_TO_PASS test refused it). A shape (`len(...) ==
         # 1`, a type, membership) checks no content; truthiness alone counts only with 'any': the demo's good
         # tickets assert predicates truthy (`assert can_charge(...)`), which is their whole value.
-        forms = strength.weak_form.get("forms", []) if weak_fail_to_pass == "any" else strength.weak_form.get("shapes")
-        if forms:
+        taken = strength.weak_form.get("forms" if weak_fail_to_pass == "any" else "shapes") or []
+        if taken:
             out.append(
-                f"weak_verifier:weak_form_probe passes the FAIL_TO_PASS tests with a wrong value ({'; '.join(forms)})"
+                f"weak_verifier:weak_form_probe passes the FAIL_TO_PASS tests with a wrong value ({'; '.join(taken)})"
             )
     if strength.overfittable and block_overfittable:
         out.append(f"overfittable:special_case_probe answers {strength.special_case.get('cases', 0)} literal case(s)")
