@@ -3,6 +3,7 @@ proper, graded through the gate's own path (pristine copies, targeted files, poo
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -148,7 +149,8 @@ MERGE_P2P = ('\n\ndef test_distinct_ids_are_kept():\n'
              '    assert merge_by_id([{"id": 1}, {"id": 2, "b": 1}]) == [{"id": 1}, {"id": 2, "b": 1}]\n')
 
 
-def test_twin_tasks_one_checking_the_merged_values_the_other_only_the_length_now_separate(make_task, grader):
+def test_twin_tasks_one_checking_the_merged_values_the_other_only_the_length_now_separate(make_task, grader,
+                                                                                            settings, docker_client):
     """Issue #30 item 7: the same fix, one FAIL_TO_PASS test checking the merged values, the other only
     `len(result) == 1`. Before, both scored alike and were accepted; the value mutants, the FAIL_TO_PASS tests'
     own score and the weak-form probe tell them apart."""
@@ -166,10 +168,25 @@ def test_twin_tasks_one_checking_the_merged_values_the_other_only_the_length_now
     assert {v["operator"] for v in weak.survivors} == {"swap_merge"}, weak.survivors
     assert weak.weak_form_passes is True and weak.weak_form["forms"] == ["merge_by_id: len(...) == 1"]
     assert strong.weak_form_passes is None and "skipped" in strong.weak_form
-    # the gate (early stop on, as by default) accepts the strong one
-    verdicts = {name: validate_task(grader, task, image, GateConfig(**GATE)) for name, (task, image) in twins.items()}
+    assert weak.weak_form["shapes"] == ["merge_by_id: len(...) == 1"]  # a shape, not a predicate's truth
+    # The gate stage (early stop on, as by default): the probe's wrong value fails the PASS_TO_PASS test (the whole
+    # verifier does not reward it) but passes the FAIL_TO_PASS test, which asserts only a shape: a weak verifier
+    # (GateConfig.weak_fail_to_pass='shape'), quarantined with the evidence; the strong twin is accepted.
+    images = ImageSet("", {t.content_hash: i for t, i in twins.values()},
+                      {i: image_digest(docker_client, i) for _, i in twins.values()})
+    result = gate_stage(settings, GateConfig(**GATE), [t for t, _ in twins.values()], images, client=docker_client)
+    by_id = {r.task_id: r for r in result.reports}
+    verdicts = {name: by_id[task.id] for name, (task, _) in twins.items()}
     assert verdicts["strong"].accepted, verdicts["strong"].disagreements
-    # The probe's wrong value fails the PASS_TO_PASS test, so the whole verifier does not reward it: the weak
-    # twin is reported (weak FAIL_TO_PASS asserts, the lower F2P score), not quarantined by the probe.
-    assert verdicts["weak"].strength.weak_form["resolved"] is False
-    assert "weak_verifier:weak_form_probe" not in [d.split(" ", 1)[0] for d in verdicts["weak"].disagreements]
+    assert not verdicts["weak"].accepted and verdicts["weak"].strength.weak_form["resolved"] is False
+    finding = ("weak_verifier:weak_form_probe passes the FAIL_TO_PASS tests with a wrong value "
+               "(merge_by_id: len(...) == 1)")
+    assert verdicts["weak"].disagreements == [finding]
+    assert "+    return [object()]  # envforge weak-form probe\n" in verdicts["weak"].strength.weak_form["diff"]
+    rows = {r["task_id"]: r for r in Catalog(settings.catalog_path).query(
+        "SELECT task_id, verdict, disagreements, stats_json FROM validations").to_dicts()}
+    weak_row, strong_row = rows[twins["weak"][0].id], rows[twins["strong"][0].id]
+    assert (strong_row["verdict"], weak_row["verdict"]) == ("accepted", "quarantined")
+    assert list(weak_row["disagreements"]) == [finding]  # the catalog verdict, the run report's quarantine table
+    kept = json.loads(weak_row["stats_json"])["strength"]["weak_form"]
+    assert kept["shapes"] == ["merge_by_id: len(...) == 1"] and "[object()]" in kept["diff"]  # the evidence

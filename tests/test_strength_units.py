@@ -284,7 +284,7 @@ def test_the_fail_to_pass_score_and_the_weak_form_probe_in_the_text_and_the_poli
         == "1.00"
     weak = StrengthReport(strength=0.67, strength_upper=0.67, killed=6, survived=3, weak_form_passes=True,
                           weak_form={"forms": ["merge_by_id: len(...) == 1"], "resolved": False})
-    assert strength_findings(weak, 0.5) == []  # the PASS_TO_PASS tests refused the wrong value: reported only
+    assert strength_findings(weak, 0.5) == []  # a record without the shapes (gated before the policy): reported only
     hacked = StrengthReport(strength=0.67, strength_upper=0.67, weak_form_passes=True,
                             weak_form={"forms": ["merge_by_id: len(...) == 1"], "resolved": True})
     assert strength_findings(hacked, 0.5) == [
@@ -327,3 +327,41 @@ def test_mutants_are_graded_fail_fast_and_the_probes_in_full(monkeypatch):
     assert {g.run for g in fast if g.name.startswith("mutant:")} == {TestRun(fail_fast=True)}
     assert {g.run for g in fast if not g.name.startswith("mutant:")} == {TARGETED}
     assert {g.run for g in full} == {TARGETED}  # the code path as it was
+
+
+def test_the_policy_on_fail_to_pass_tests_that_take_the_weak_form_probes_wrong_value():
+    """The PASS_TO_PASS tests refused the probe's wrong value, the FAIL_TO_PASS tests took it: a shape asserted
+    (len, a type, membership, `is not None`) is a weak verifier by default; a predicate asserted truthy is not
+    (its truth is its whole value: the demo's `assert can_charge(...)`), unless weak_fail_to_pass is 'any'."""
+    shape = StrengthReport(strength=0.89, strength_upper=1.0, f2p_strength=0.67, weak_form_passes=True,
+                           weak_form={"forms": ["merge_by_id: len(...) == 1"], "shapes": ["merge_by_id: len(...) == 1"],
+                                      "resolved": False})
+    finding = "weak_verifier:weak_form_probe passes the FAIL_TO_PASS tests with a wrong value (merge_by_id: len(...) == 1)"
+    assert strength_findings(shape, 0.5) == [finding]
+    assert strength_findings(shape, 0.5, weak_fail_to_pass="any") == [finding]
+    assert strength_findings(shape, 0.5, weak_fail_to_pass="report") == []  # flagged in the report only
+    truthy = StrengthReport(strength=1.0, strength_upper=1.0, weak_form_passes=True,
+                            weak_form={"forms": ["can_charge: truthy"], "shapes": [], "resolved": False})
+    assert strength_findings(truthy, 0.5) == []
+    assert strength_findings(truthy, 0.5, weak_fail_to_pass="any") == [
+        "weak_verifier:weak_form_probe passes the FAIL_TO_PASS tests with a wrong value (can_charge: truthy)"]
+    # the FAIL_TO_PASS tests refused the wrong value, or the probe did not apply: nothing
+    for passes in (False, None):
+        refused = StrengthReport(strength=1.0, strength_upper=1.0, weak_form_passes=passes,
+                                 weak_form={**shape.weak_form, "resolved": False})
+        assert strength_findings(refused, 0.5, weak_fail_to_pass="any") == []
+    # the whole verifier took it: a weak verifier whatever the setting, with the finding of before
+    hacked = StrengthReport(strength=1.0, strength_upper=1.0, weak_form_passes=True,
+                            weak_form={**truthy.weak_form, "resolved": True})
+    assert strength_findings(hacked, 0.5, weak_fail_to_pass="report") == [
+        "weak_verifier:weak_form_probe is rewarded for a wrong value (can_charge: truthy)"]
+    # which forms are shapes
+    assert [WeakForm("f", truth=True).shape, WeakForm("f", length=1).shape, WeakForm("f", type_name="float").shape,
+            WeakForm("f", members=("'a'",), truth=True).shape, WeakForm("f", not_none=True).shape] == [
+        False, True, True, True, True]
+    # a typed, validated setting, part of a verdict's key when mutation is on
+    assert GateConfig().weak_fail_to_pass == "shape"
+    assert GateConfig(weak_fail_to_pass="any").as_params()["weak_fail_to_pass"] == "any"
+    assert "weak_fail_to_pass" not in GateConfig(mutation=False).as_params()
+    with pytest.raises(ValueError, match="GateConfig.weak_fail_to_pass: must be one of shape, any, report, got 'x'"):
+        GateConfig(weak_fail_to_pass="x")

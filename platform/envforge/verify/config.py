@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 BELOW_STRENGTH = ("quarantine", "audit")
+WEAK_FAIL_TO_PASS = ("shape", "any", "report")
 
 
 def _default_runs() -> int:
@@ -74,6 +75,15 @@ class GateConfig:
             "'overfittable' only: its tests are held back from the policy, which cannot read their literals)"
         },
     )
+    weak_fail_to_pass: str = field(
+        default="shape",
+        metadata={
+            "help": "a task whose FAIL_TO_PASS tests pass the weak-form probe's wrong value while a PASS_TO_PASS test "
+            "refuses it: 'shape' (a weak verifier when they assert only a length, a type, membership or `is not "
+            "None` of the result; a predicate asserted truthy is not one), 'any' (truthiness too), 'report' "
+            "(flagged only); a verifier the whole of which takes the wrong value is weak in every case"
+        },
+    )
     mutation_early_stop: bool = field(
         default=True,
         metadata={
@@ -104,6 +114,11 @@ class GateConfig:
             raise ValueError(f"GateConfig.max_mutants: must be at least 1, got {self.max_mutants}")
         if not 0.0 <= self.min_strength <= 1.0:
             raise ValueError(f"GateConfig.min_strength: must be between 0 and 1, got {self.min_strength}")
+        if self.weak_fail_to_pass not in WEAK_FAIL_TO_PASS:
+            raise ValueError(
+                f"GateConfig.weak_fail_to_pass: must be one of {', '.join(WEAK_FAIL_TO_PASS)}, "
+                f"got {self.weak_fail_to_pass!r}"
+            )
         if self.below_strength not in BELOW_STRENGTH:
             raise ValueError(
                 f"GateConfig.below_strength: must be one of {', '.join(BELOW_STRENGTH)}, got {self.below_strength!r}"
@@ -126,6 +141,7 @@ class GateConfig:
                 below_strength=self.below_strength,
                 mutation_early_stop=self.mutation_early_stop,
                 block_overfittable=self.block_overfittable,
+                weak_fail_to_pass=self.weak_fail_to_pass,
             )
             if not self.mutant_fail_fast:  # absent when on (the default), so verdicts keep their keys
                 params["mutant_fail_fast"] = False

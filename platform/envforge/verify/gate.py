@@ -288,7 +288,9 @@ def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = G
     return report
 
 
-def strength_findings(strength: StrengthReport, min_strength: float, block_overfittable: bool = True) -> list[str]:
+def strength_findings(
+    strength: StrengthReport, min_strength: float, block_overfittable: bool = True, weak_fail_to_pass: str = "shape"
+) -> list[str]:
     """Why a measured verifier is too weak for training (empty when it is strong enough)."""
     out = []
     if strength.strength_upper is not None and strength.strength_upper < min_strength:
@@ -297,11 +299,17 @@ def strength_findings(strength: StrengthReport, min_strength: float, block_overf
             f"({strength.survived} of {strength.killed + strength.survived} mutants survive)"
         )
     if strength.weak_form_passes and strength.weak_form.get("resolved"):
-        # Only when the whole verifier rewards the wrong value. FAIL_TO_PASS tests that accept it while the
-        # PASS_TO_PASS tests refuse it are reported (weak FAIL_TO_PASS asserts, the F2P score), not held out:
-        # quarantining them took good tasks out (2 of the demo's 26 tickets, `assert is_valid(...)`).
         forms = "; ".join(strength.weak_form.get("forms", []))
         out.append(f"weak_verifier:weak_form_probe is rewarded for a wrong value ({forms})")
+    elif strength.weak_form_passes and weak_fail_to_pass != "report":
+        # Only the FAIL_TO_PASS tests took the wrong value (a PASS_TO_PASS test refused it). A shape (`len(...) ==
+        # 1`, a type, membership) checks no content; truthiness alone counts only with 'any': the demo's good
+        # tickets assert predicates truthy (`assert can_charge(...)`), which is their whole value.
+        taken = strength.weak_form.get("forms" if weak_fail_to_pass == "any" else "shapes") or []
+        if taken:
+            out.append(
+                f"weak_verifier:weak_form_probe passes the FAIL_TO_PASS tests with a wrong value ({'; '.join(taken)})"
+            )
     if strength.overfittable and block_overfittable:
         out.append(f"overfittable:special_case_probe answers {strength.special_case.get('cases', 0)} literal case(s)")
     return out
@@ -325,7 +333,9 @@ def _judge_strength(
         fail_fast=config.mutant_fail_fast,
     )
     report.gradings += report.strength.gradings
-    findings = strength_findings(report.strength, config.min_strength, config.block_overfittable)
+    findings = strength_findings(
+        report.strength, config.min_strength, config.block_overfittable, config.weak_fail_to_pass
+    )
     if findings and config.below_strength == "audit":
         report.admission = "audit"
     else:

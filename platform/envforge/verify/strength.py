@@ -68,7 +68,9 @@ class StrengthReport:
     f2p_mutants: int = 0  # mutants on the changed code counted (graded, or left out by the early stop)
     f2p_killed: int = 0
     weak_form_passes: bool | None = None  # the FAIL_TO_PASS tests pass with a wrong value; None: does not apply
-    weak_form: dict = field(default_factory=dict)  # {"forms", "diff", "reward", "reasons"} or {"skipped"}
+    # {"forms", "shapes" (the forms that assert a shape, not truthiness alone), "diff", "reward", "resolved",
+    # "reasons"} or {"skipped"}
+    weak_form: dict = field(default_factory=dict)
     skipped: str = ""  # why the task was not analysed at all
     gradings: int = 0
     seconds: float = 0.0
@@ -160,8 +162,9 @@ def _f2p_tests(task: Task, tests: dict[str, str]) -> dict[str, list[str]]:
 
 def _weak_form(
     task: Task, changes: list[SourceChange], tests: dict[str, str], sections: list[DiffSection]
-) -> tuple[str, list[str], str]:
-    """(probe diff, the forms it answers, why it does not apply)."""
+) -> tuple[str, list[str], list[str], str]:
+    """(probe diff, the forms it answers, those of them that assert a shape (WeakForm.shape), why it does not
+    apply)."""
     forms: dict[str, WeakForm] = {}
     why: dict[str, str] = {}
     for path, names in _f2p_tests(task, tests).items():
@@ -173,11 +176,13 @@ def _weak_form(
             forms[name] = form
     forms = {n: f for n, f in forms.items() if n not in why}
     if not forms:
-        return "", [], "no FAIL_TO_PASS test asserts only a form (len, isinstance, truthiness, membership) of a result"
+        why_not = "no FAIL_TO_PASS test asserts only a form (len, isinstance, truthiness, membership) of a result"
+        return "", [], [], why_not
     texts, answered = weak_form_sources(changes, forms)
     if not answered:
-        return "", [], "no wrong value fits the asserted forms at a function the reference changes"
-    return _replaced_diff(sections, {c.path: c for c in changes}, texts), answered, ""
+        return "", [], [], "no wrong value fits the asserted forms at a function the reference changes"
+    shapes = [f.describe() for f in forms.values() if f.shape and f.describe() in answered]
+    return _replaced_diff(sections, {c.path: c for c in changes}, texts), answered, shapes, ""
 
 
 def _special_case(task: Task, changes: list[SourceChange], tests: dict[str, str]) -> tuple[str, int, str]:
@@ -260,7 +265,7 @@ def measure_strength(
     probe_diff, n_cases, probe_skipped = _special_case(task, changes, tests)
     if probe_skipped:
         report.special_case = {"skipped": probe_skipped}
-    weak_diff, forms, weak_skipped = _weak_form(task, changes, tests, sections)
+    weak_diff, forms, shapes, weak_skipped = _weak_form(task, changes, tests, sections)
     if weak_skipped:
         report.weak_form = {"skipped": weak_skipped}
     ordered = [m for m in mutants if not m.equivalent] + [m for m in mutants if m.equivalent]
@@ -288,7 +293,7 @@ def measure_strength(
     for name, result in outcome.results.items():
         if name == WEAK_FORM:
             report.weak_form_passes = _f2p_pass(task, result)
-            report.weak_form = {"forms": forms, **_probe_record(result, weak_diff)}
+            report.weak_form = {"forms": forms, "shapes": shapes, **_probe_record(result, weak_diff)}
             continue
         if name == SPECIAL_CASE:
             report.overfittable = result.resolved

@@ -44,6 +44,12 @@ class WeakForm:
     members: tuple[str, ...] = ()
     not_none: bool = False
 
+    @property
+    def shape(self) -> bool:
+        """Whether a length, a type, membership or `is not None` is asserted, not truthiness alone: a predicate
+        asserted truthy is checked on its whole value, a result asserted in a shape only on its form."""
+        return self.length is not None or self.type_name is not None or bool(self.members) or self.not_none
+
     def describe(self) -> str:
         parts = [f"len(...) == {self.length}"] if self.length is not None else []
         parts += [f"isinstance(..., {self.type_name})"] if self.type_name else []
