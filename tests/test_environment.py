@@ -146,6 +146,30 @@ def test_tox_configuration_is_read_where_tox_4_reads_it(tmp_path):
     assert infer_environment(legacy, sha).pip == ["sybil"]
 
 
+def test_tox_python_version_environments_hold_the_test_deps(tmp_path):
+    """tomli's pyproject.toml (at 9e56735, #30's history) has no [testenv]: its runs are
+    `[testenv:py{37,38,39,310}]` with `deps = -r tests/requirements.txt` (python-dateutil), and
+    nothing else declares the tests' requirements."""
+    legacy = ('[tool.tox]\nlegacy_tox_ini = \'\'\'\n[tox]\nenvlist = py{37,38,39,310}\nisolated_build = True\n\n'
+              '[testenv:py{37,38,39,310}]\ndescription = run tests against unpackaged source\nskip_install = True\n'
+              'deps = -r tests/requirements.txt\ncommands =\n    python -m pytest {posargs}\n\n'
+              '[testenv:py{37,38,39,310}-package]\ndeps = build\n\n[testenv:fuzz]\ndeps = atheris\n\'\'\'\n')
+    repo, sha = _repo(tmp_path / "a", {"pyproject.toml": legacy, "tests/requirements.txt": "pytest\npython-dateutil\n"})
+    assert infer_environment(repo, sha).pip == ["-r tests/requirements.txt"]
+    toml = '[env.py312]\ndeps = ["freezegun"]\n[env."py3.13"]\ndeps = ["respx"]\n[env.lint]\ndeps = ["ruff"]\n'
+    repo, sha = _repo(tmp_path / "b", {"tox.toml": toml})
+    assert infer_environment(repo, sha).pip == ["freezegun", "respx"]
+
+
+def test_tox_names_a_section_generates():
+    from envforge.sources.infer import expand_tox_name, is_python_env
+
+    assert expand_tox_name("py{38,39}-{a,b}") == ["py38-a", "py38-b", "py39-a", "py39-b"]
+    assert [is_python_env(n) for n in ("py", "py3", "py311", "py3.12", "pypy3", "py{37,310}", "py{38,39}-package",
+                                       "lint", "py-cov", "{py,pypy}3")] == [
+        True, True, True, True, True, True, False, False, False, True]
+
+
 def test_tox_variables_reach_the_tests_when_nothing_is_declared(tmp_path, allow_tmp_sources):
     """cachetools' tox.ini sets THREADING_TESTS = 1 for its suite (its threading tests skip without
     it); substitutions, factor conditions and variables envforge reserves are left out."""

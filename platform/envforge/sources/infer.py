@@ -17,8 +17,10 @@ to the list; duplicates are dropped, pip merges specifiers of one package):
    whose name mentions `test` (files mentioning `dev` only when there is none), as `-r FILE`;
 5. tox's configuration, the first of the places tox 4 itself reads: `tox.ini`, the INI in
    pyproject.toml's `[tool.tox] legacy_tox_ini`, pyproject.toml's native `[tool.tox]`, then
-   `tox.toml`: the `deps` of the base run environment (`[testenv]`, `[env_run_base]`) and of
-   environments named `test`, `tests` or `testing`, without tox substitutions; and their
+   `tox.toml`: the `deps` of the base run environment (`[testenv]`, `[env_run_base]`), of
+   environments named `test`, `tests` or `testing`, and of the Python-version environments the
+   test runs are usually declared in (`[testenv:py{38,39}]`, `[testenv:py311]`, `[env.py312]`:
+   every name a section generates is a Python factor alone), without tox substitutions; and their
    `setenv` / `set_env` variables (the test environment's, e.g. `THREADING_TESTS = 1`).
 
 Whether the project itself is installed (`editable` when there is a pyproject.toml or a
@@ -333,6 +335,20 @@ def _tox_deps(lines: list[str]) -> list[str]:
     return kept
 
 
+def expand_tox_name(name: str) -> list[str]:
+    """The environment names a tox section name generates: `py{38,39}-x` -> py38-x, py39-x."""
+    m = re.search(r"\{([^{}]*)\}", name)
+    if not m:
+        return [name]
+    return [n for part in m.group(1).split(",") for n in expand_tox_name(name[: m.start()] + part.strip() + name[m.end() :])]
+
+
+def is_python_env(name: str) -> bool:
+    """A tox environment named by its Python alone (py, py3, py311, py3.12, pypy3): where projects
+    without a `[testenv]` section declare their test run's deps."""
+    return all(re.fullmatch(r"(py|pypy)(\d+(\.\d+)?)?", n) for n in expand_tox_name(name))
+
+
 def _tox_ini(text: str, where: str, inf: InferredEnvironment) -> None:
     cfg = configparser.ConfigParser(interpolation=None, strict=False)
     try:
@@ -340,7 +356,9 @@ def _tox_ini(text: str, where: str, inf: InferredEnvironment) -> None:
     except configparser.Error as exc:
         inf.skipped.append(f"{where}: cannot parse ({exc.__class__.__name__})")
         return
-    for section in ("testenv", *(f"testenv:{name}" for name in TEST_GROUPS)):
+    named = ("testenv", *(f"testenv:{name}" for name in TEST_GROUPS))
+    versions = [s for s in cfg.sections() if s.startswith("testenv:") and is_python_env(s.removeprefix("testenv:"))]
+    for section in (*named, *versions):
         if cfg.has_option(section, "deps"):
             lines = _tox_deps(cfg[section]["deps"].splitlines())
             if lines:
@@ -365,7 +383,8 @@ def _tox_toml(table: dict, where: str, inf: InferredEnvironment) -> None:
     """tox 4's TOML configuration: `[env_run_base]` (what `[testenv]` is in tox.ini) and `[env.NAME]`."""
     env = table.get("env")
     envs = env if isinstance(env, dict) else {}
-    sections = [("env_run_base", table.get("env_run_base")), *((f"env.{n}", envs.get(n)) for n in TEST_GROUPS)]
+    names = [*TEST_GROUPS, *(n for n in envs if n not in TEST_GROUPS and is_python_env(n))]
+    sections = [("env_run_base", table.get("env_run_base")), *((f"env.{n}", envs.get(n)) for n in names)]
     for name, section in sections:
         deps = section.get("deps") if isinstance(section, dict) else None
         if isinstance(deps, str):
