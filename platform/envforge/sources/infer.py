@@ -340,7 +340,9 @@ def expand_tox_name(name: str) -> list[str]:
     m = re.search(r"\{([^{}]*)\}", name)
     if not m:
         return [name]
-    return [n for part in m.group(1).split(",") for n in expand_tox_name(name[: m.start()] + part.strip() + name[m.end() :])]
+    return [
+        n for part in m.group(1).split(",") for n in expand_tox_name(name[: m.start()] + part.strip() + name[m.end() :])
+    ]
 
 
 def is_python_env(name: str) -> bool:
