@@ -13,7 +13,7 @@ tests/stack/postgres (Debian's PostgreSQL with the same start-up contract) stand
 remote sandbox engine (ENVFORGE_DOCKER_HOST) is a Docker-in-Docker container on the compose network;
 vLLM needs a GPU and is not started (nothing here calls the policy); published ports are ephemeral.
 
-Slow (the image build took 53 min on this 2-core machine shared by eight busy sessions; it is cached
+Slow (the image build took 39-53 min on this 2-core machine shared by eight busy sessions; it is cached
 per content, tests/production_images.py), so it runs only with ENVFORGE_STACK_TEST=1 (docs/deploy.md,
 "Testing the stack").
 """
@@ -219,6 +219,18 @@ def _ray_status_shows(s: Stack, text: str, timeout_s: float = 180) -> bool:
     return False
 
 
+def _wait_until_answers(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10):
+                return
+        except OSError:  # refused, reset (the published port answers before the server inside does), timed out
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(3)
+
+
 def _get(url: str, timeout: float = 10) -> dict:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return json.loads(resp.read())
@@ -265,6 +277,7 @@ def _wait_for_run(base: str, run_id: str | None, timeout_s: float) -> dict:
 def test_the_stack_starts_runs_and_answers(stack, timings):
     started = time.perf_counter()
     web = stack.url("webserver", 3000)
+    _wait_until_answers(f"{web}/server_info", timeout_s=300)  # no health check: `up --wait` waits for it to run
     locations = _graphql(web, LOCATIONS)["workspaceOrError"]["locationEntries"]
     assert [(loc["name"], loc["locationOrLoadError"]["__typename"]) for loc in locations] == [
         ("envforge", "RepositoryLocation")], locations
