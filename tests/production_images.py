@@ -118,7 +118,7 @@ def build(client: docker.DockerClient) -> ProductionImages:
 
     for image in client.images.list(name=TEST_REPO):  # older contents' images
         for tag in image.tags:
-            if not tag.endswith(digest):
+            if tag.startswith(f"{TEST_REPO}:") and not tag.endswith(digest):  # never another repository's tag
                 client.images.remove(tag)
     return ProductionImages(tags.envforge, tags.fleet_node, tags.postgres, True, time.perf_counter() - started)
 
