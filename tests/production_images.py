@@ -35,7 +35,9 @@ TEST_REPO = "envforge-stack-test"
 WHEELS = ".wheels"  # inside the context: pip's find-links for the build
 IMAGE_INPUTS = ("platform/", "assets/", "clients/", "sandboxes/", "task_sources/", "tests/stack/", "workspace.yaml",
                 "pyproject.toml", "constraints.txt", "constraints-gpu.txt")
-NOT_INPUTS = ("platform/deploy/production/docker-compose",)  # compose reads them from the checkout, never the image
+# Compose reads these from the checkout (mounts, project files), never from the image.
+NOT_INPUTS = tuple(f"platform/deploy/production/{name}" for name in (
+    "docker-compose", "dagster.yaml", "workspace.yaml", "postgres-init.sql", "env.example"))
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ def build(client: docker.DockerClient) -> ProductionImages:
 
     for image in client.images.list(name=TEST_REPO):  # older contents' images
         for tag in image.tags:
-            if not tag.endswith(digest):
+            if tag.startswith(f"{TEST_REPO}:") and not tag.endswith(digest):  # never another repository's tag
                 client.images.remove(tag)
     return ProductionImages(tags.envforge, tags.fleet_node, tags.postgres, True, time.perf_counter() - started)
 

@@ -157,7 +157,8 @@ def test_the_raycluster_gives_every_worker_its_own_engine_and_sandbox_capacity()
     assert engine["securityContext"]["privileged"] and "--bridge=none" in engine["args"]
     assert cluster["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"  # no sandboxes on the head
     config = next(yaml.safe_load_all((K8S / "config.yaml").read_text()))
-    assert config["data"]["ENVFORGE_RAY_ADDRESS"].startswith(f"{cluster['metadata']['name']}-head-svc")
+    assert config["data"]["ENVFORGE_RAY_ADDRESS"].startswith(f"ray://{cluster['metadata']['name']}-head-svc")
+    assert config["data"]["ENVFORGE_RAY_ADDRESS"].endswith(":10001")  # the head's `client` port
     instance = yaml.safe_load(next(d for d in yaml.safe_load_all((K8S / "code-location.yaml").read_text())
                                    if d["kind"] == "ConfigMap")["data"]["dagster.yaml"])
     assert instance["run_launcher"]["class"] == "K8sRunLauncher"
@@ -168,9 +169,12 @@ def test_the_compose_overlay_sends_the_code_location_and_the_service_to_the_ray_
     from envforge.deployment import Deployment
 
     overlay = yaml.safe_load((PROD / "docker-compose.fleet.yaml").read_text())["services"]
-    assert overlay["envforge"]["environment"]["ENVFORGE_RAY_ADDRESS"] == "ray-head:6379"
-    assert overlay["service"]["environment"]["ENVFORGE_RAY_ADDRESS"] == "ray-head:6379"  # sessions too
-    assert "--head" in overlay["ray-head"]["command"] and overlay["ray-worker"]["privileged"]
+    # Neither container is a Ray node, so both join through the head's Ray Client server.
+    assert overlay["envforge"]["environment"]["ENVFORGE_RAY_ADDRESS"] == "ray://ray-head:10001"
+    assert overlay["service"]["environment"]["ENVFORGE_RAY_ADDRESS"] == "ray://ray-head:10001"  # sessions too
+    assert {"--head", "--ray-client-server-port=10001"} <= set(overlay["ray-head"]["command"])
+    assert overlay["ray-worker"]["environment"]["ENVFORGE_RAY_ADDRESS"] == "ray-head:6379"  # a node joins the GCS
+    assert overlay["ray-worker"]["privileged"]
     assert "volumes" not in overlay["ray-worker"]  # two engines must never share a data root
     Deployment.from_env({"ENVFORGE_ENV": "production", "MLFLOW_TRACKING_URI": "http://mlflow:5000",
                          "DOCKER_HOST": "tcp://builder:2375", "ENVFORGE_POLICY_URL": "http://vllm:8000/v1",

@@ -13,6 +13,9 @@ SANDBOXES="${ENVFORGE_NODE_SANDBOXES:-16}"
 [[ "$SANDBOXES" =~ ^[0-9]+$ ]] || { echo "ENVFORGE_NODE_SANDBOXES=$SANDBOXES: expected a whole number" >&2; exit 2; }
 
 if [ "${ENVFORGE_NODE_DOCKERD:-1}" = 1 ]; then
+  # A restarted container keeps its files: the pid files of the engine it ran before would make
+  # dockerd (and its containerd) refuse to start ("pid file found").
+  rm -f /var/run/docker.pid /var/run/docker/containerd/containerd.pid
   # Sandboxes have no network, so the inner engine needs no bridge or NAT rules.
   dockerd --host unix:///var/run/docker.sock --bridge=none --iptables=false >/var/log/dockerd.log 2>&1 &
   for _ in $(seq 1 240); do docker version >/dev/null 2>&1 && break; sleep 0.25; done
