@@ -135,7 +135,7 @@ class Candidate:
                     "framework": self.config.tests.framework,
                     "command": self.config.tests.command,
                     "plugins": self.plugins,
-                    **({"modules": self.modules} if self.config.tests.framework == "pytest" else {}),
+                    "modules": self.modules,
                     "timeout_s": self.config.tests.timeout_s,
                     "fail_to_pass": fail_to_pass,
                     "pass_to_pass": pass_to_pass,

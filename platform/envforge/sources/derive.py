@@ -298,7 +298,7 @@ def cache_key(candidate: Candidate, image: str) -> str:
     # The project's modules decide where its imports resolve (verify/runners/pytest_launcher.py).
     variables = candidate.environment.fields.get("env") or {}
     limits = candidate.config.limits
-    modules = candidate.modules if candidate.config.tests.framework == "pytest" else []
+    modules = candidate.modules
     return digest_parts(
         CACHE_VERSION,
         image,
