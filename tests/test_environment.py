@@ -53,7 +53,8 @@ def test_envforge_variables_are_merged_never_replacing_the_users():
     # appended after site-packages by the launcher instead of shadowing it.
     check = Check(command="PYTHONPATH=src python3 -m pytest tests", fail_to_pass=["t"])
     cmd, reports, env = make_test_command(check, TARGETED, PythonEnvironment(env={"TZ": "UTC"}))
-    assert cmd.startswith("python3 -P -c ") and "-p envforge_reporter" in cmd and reports
+    assert cmd.startswith("python3 -P /run/envforge-verifier/runner/pytest_launcher.py tests ")
+    assert "-p envforge_reporter" in cmd and reports
     assert env["PYTHONPATH"] == "/run/envforge-verifier/runner" and env["ENVFORGE_PYTHONPATH"] == "/workspace/src"
     assert env["TZ"] == "UTC" and env["ENVFORGE_TEST_FILES"] == '["t"]' and "tests" in cmd
 
@@ -255,7 +256,8 @@ def test_requirements_the_fix_adds_are_installed_with_the_workspaces(tmp_path, a
 def test_the_derivation_cache_key_follows_the_tests_variables_and_limits(tmp_path, allow_tmp_sources):
     """A suite killed for memory under 1 GiB must not be served from the cache once the source
     raises the limit (xopen decompresses a 2 GiB zstd window); nor one run without a variable tox
-    sets. Sources with neither keep the keys they had."""
+    sets; nor one run before the project's modules resolved from the work tree (a project pytest's start-up
+    imports, like attrs, was tested as the system's copy)."""
     from envforge.sources.derive import cache_key
 
     repo = tmp_path / "calc"
@@ -274,9 +276,10 @@ def test_the_derivation_cache_key_follows_the_tests_variables_and_limits(tmp_pat
 
     config.write_text(text)
     [cand] = [c for c in load_ticket_source(config).candidates if c.id == "calc-calc-1"]
+    assert cand.modules == ["calc"]
     assert keys["plain"] == digest_parts(CACHE_VERSION, "envforge/task-calc:0", cand.change.source_patch,
                                          cand.change.test_patch,
-                                         cand.config.tests.model_dump_json(exclude={"pass_to_pass"}))[:32]
+                                         cand.config.tests.model_dump_json(exclude={"pass_to_pass"}), "calc")[:32]
 
 
 def test_build_requirements_are_upgraded_and_legacy_layers_keep_their_tags():

@@ -481,6 +481,22 @@ def _derive_bundled(project: str, tmp_path: Path, docker_client) -> tuple[object
     return result, settings, expected
 
 
+def test_a_bundled_repository_whose_test_group_includes_another(tmp_path, docker_client, grader, base_image):
+    """attrs' `tests` dependency group includes `tests-mypy` (PEP 735 `include-group`): no environment
+    declared, the env layer holds both groups' requirements and the fix derives its hand-checked FAIL_TO_PASS.
+    The base image's pytest imports Debian's `attr` at start-up: the task records attrs' own modules
+    (`attr`, `attrs`, `tests`) and its runs import them from the work tree, not Debian's copy."""
+    result, settings, expected = _derive_bundled("attrs", tmp_path, docker_client)
+    assert not result.rejects, result.rejects
+    [task] = result.tasks
+    assert task.spec.verification.tests.modules == ["attr", "attrs", "tests"]
+    assert sorted(task.spec.verification.tests.fail_to_pass) == sorted(expected["gh-1"]["fail_to_pass"])
+    assert any(line.startswith("pytest-mypy-plugins==") for line in task.spec.metadata["images"]["env_freeze"])
+    image = build_task_image(docker_client, task, base_image, settings).tag
+    assert grader.grade(task, image, task.reference_patch).resolved
+    assert not grader.grade(task, image, "").resolved
+
+
 def test_a_bundled_repository_whose_spdx_licence_needs_a_newer_setuptools(tmp_path, docker_client, grader,
                                                                           base_image):
     """cachetools asks for `setuptools >= 61.0.0` and writes its licence as PEP 639 metadata (`license =

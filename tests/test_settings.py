@@ -30,7 +30,8 @@ DIRECT_READS = {
     ("platform/envforge/verify/runners/envforge_reporter.py", "ENVFORGE_TEST_ORDER"): "runs inside the sandbox",
     ("platform/envforge/verify/runners/envforge_reporter.py", "ENVFORGE_FAIL_FAST"): "runs inside the sandbox",
     ("platform/envforge/verify/runners/unittest_runner.py", "ENVFORGE_TEST_ORDER"): "runs inside the sandbox",
-    ("platform/envforge/verify/checkpoints.py", "ENVFORGE_PYTHONPATH"): "a program text that runs inside the sandbox",
+    ("platform/envforge/verify/runners/pytest_launcher.py", "ENVFORGE_PYTHONPATH"): "runs inside the sandbox",
+    ("platform/envforge/verify/runners/pytest_launcher.py", "ENVFORGE_PROJECT_MODULES"): "runs inside the sandbox",
 }
 READ = re.compile(r"""os\.(?:environ\.get|environ\.pop|getenv)\(\s*["']([A-Z][A-Z0-9_]+)["']"""
                   r"""|os\.environ\[\s*["']([A-Z][A-Z0-9_]+)["']\](?!\s*=[^=])"""

@@ -57,6 +57,7 @@ NOT_SETTINGS = {
     "ENVFORGE_TEST_ORDER": "set by the verifier for the test runners inside the sandbox",
     "ENVFORGE_FAIL_FAST": "set by the verifier for the test reporter inside the sandbox",
     "ENVFORGE_PYTHONPATH": "set by the verifier for checkpoint scripts inside the sandbox",
+    "ENVFORGE_PROJECT_MODULES": "set by the verifier for the pytest launcher inside the sandbox (tests.modules)",
     "ENVFORGE_VERIFIER": "set by the verifier for checkpoint scripts inside the sandbox",
     "ENVFORGE_EOF": "a heredoc marker in shell programs",
     "ENVFORGE_RUNBOOK_EOF": "a heredoc marker in shell programs",

@@ -168,6 +168,12 @@ class TestCheckpoint(_Strict):
     plugins: list[str] = Field(
         default_factory=list, description="pytest plugins to load (`-p NAME`); plugin autoload is always off"
     )
+    modules: list[str] = Field(
+        default_factory=list,
+        description="pytest: the project's own top-level import names, imported from the work tree before any "
+        "installed copy (pytest's own start-up may have loaded one); recorded at derivation from the workspace "
+        "commit's import roots. The standard library's names and pytest's are never taken from the work tree",
+    )
     pattern: str | None = Field(None, description="pattern framework: regex with named groups `id` and `status`")
     fail_to_pass: list[TestId] = Field(description="test ids that fail before and must pass after")
     pass_to_pass: list[TestId] = Field(default_factory=list, description="test ids that must keep passing")
@@ -193,6 +199,14 @@ class TestCheckpoint(_Strict):
     @property
     def ids(self) -> list[str]:
         return [*self.fail_to_pass, *self.pass_to_pass]
+
+    @field_validator("modules")
+    @classmethod
+    def _modules(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not name.isidentifier():
+                raise ValueError(f"modules: {name!r} is not a top-level import name")
+        return v
 
     @field_validator("command")
     @classmethod
@@ -325,8 +339,12 @@ class Task(BaseModel):
 
     def compute_content_hash(self) -> str:
         """Hash of everything that defines the task; task-set versions are built from these."""
+        spec = self.spec.model_dump(mode="json")
+        tests = (spec.get("verification") or {}).get("tests")
+        if tests is not None and not tests.get("modules"):  # added later: unset, a task keeps its earlier hash
+            del tests["modules"]
         payload = {
-            "spec": self.spec.model_dump(mode="json"),
+            "spec": spec,
             "reference_patch": self.reference_patch,
             "test_patch": self.test_patch,
             "verifier_files": self.verifier_files,

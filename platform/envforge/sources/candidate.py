@@ -24,6 +24,7 @@ from envforge.sources import guard
 from envforge.sources.environment import HistoryEnvironment, ResolvedEnvironment, check_dockerfile, resolve_environment
 from envforge.sources.fields import StrictModel
 from envforge.sources.gitrepo import SplitChange, materialize_repo, resolve_commit, tree_footprint
+from envforge.sources.import_roots import project_modules
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import built_records
 from envforge.task import Limits, Task, TaskSpec, valid_test_id
@@ -112,6 +113,12 @@ class Candidate:
             self.config.environment, self.git_dir, self.workspace_commit, self.origin, change_commit
         )
 
+    @cached_property
+    def modules(self) -> list[str]:
+        """The project's own top-level import names at the workspace commit: its pytest runs import them
+        from the work tree first (`tests.modules`; sources/import_roots.py)."""
+        return project_modules(self.git_dir, self.workspace_commit, self.environment.fields.get("workdir"))
+
     def to_task(self, fail_to_pass: list[str], pass_to_pass: list[str], extra_metadata: dict | None = None) -> Task:
         env = self.environment
         data = {
@@ -128,6 +135,7 @@ class Candidate:
                     "framework": self.config.tests.framework,
                     "command": self.config.tests.command,
                     "plugins": self.plugins,
+                    "modules": self.modules,
                     "timeout_s": self.config.tests.timeout_s,
                     "fail_to_pass": fail_to_pass,
                     "pass_to_pass": pass_to_pass,

@@ -309,8 +309,10 @@ def cache_key(candidate: Candidate, image: str) -> str:
     # The runs do not depend on how PASS_TO_PASS is scoped afterwards. They do depend on the
     # variables the tests run with and on the sandbox's limits (a suite killed for memory): each
     # is kept out of the key while the source leaves it unset, so the keys of earlier results hold.
+    # The project's modules decide where its imports resolve (verify/runners/pytest_launcher.py).
     variables = candidate.environment.fields.get("env") or {}
     limits = candidate.config.limits
+    modules = candidate.modules
     return digest_parts(
         CACHE_VERSION,
         image,
@@ -319,6 +321,7 @@ def cache_key(candidate: Candidate, image: str) -> str:
         candidate.config.tests.model_dump_json(exclude={"pass_to_pass"}),
         *([json.dumps(variables, sort_keys=True)] if variables else []),
         *([limits.model_dump_json()] if limits.model_fields_set else []),
+        *([",".join(modules)] if modules else []),
     )[:32]
 
 

@@ -29,6 +29,7 @@ from envforge.sources.candidate import check_repo_footprint, load_config, relati
 from envforge.sources.environment import HistoryEnvironment, check_dockerfile, resolve_environment
 from envforge.sources.fields import Identifier, Ref, StrictModel
 from envforge.sources.gitrepo import materialize_repo, patch_applies, repository_dir, resolve_commit
+from envforge.sources.import_roots import project_modules
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import blank, built_records
 from envforge.sources.result import LoadResult
@@ -177,7 +178,12 @@ def record_to_task(
             "repository": {"path": relative_to_source(str(repo_path), base_dir), "commit": sha},
         },
         "verification": {
-            "tests": {"framework": "pytest", "fail_to_pass": r.FAIL_TO_PASS, "pass_to_pass": r.PASS_TO_PASS}
+            "tests": {
+                "framework": "pytest",
+                "fail_to_pass": r.FAIL_TO_PASS,
+                "pass_to_pass": r.PASS_TO_PASS,
+                "modules": project_modules(git_dir, sha, env.fields.get("workdir")),
+            }
         },
         "reference_solution": {"patch": "<inline>"},
         "metadata": metadata,

@@ -25,21 +25,11 @@ from envforge.verify.selection import SUITE, TARGETED, TestRun, selection_env, u
 RUNNER_DIR = "/run/envforge-verifier/runner"
 _RUNNERS = {
     name: (Path(__file__).parent / "runners" / name).read_bytes()
-    for name in ("unittest_runner.py", "envforge_reporter.py")
+    for name in ("unittest_runner.py", "envforge_reporter.py", "pytest_launcher.py")
 }
-# pytest from the system, before anything in the workspace can shadow it: -P keeps the cwd off
-# sys.path, workspace entries an editable install put there are left out while pytest itself
-# is imported, and the task's PYTHONPATH entries and the cwd are appended after site-packages.
-_PYTEST = (
-    "python3 -P -c 'import os, sys; sys.path.insert(0, \"" + RUNNER_DIR + '"); saved = list(sys.path); '
-    'sys.path[:] = [p for p in saved if p != "'
-    + WORKSPACE
-    + '" and not p.startswith("'
-    + WORKSPACE
-    + '/")]; import pytest; sys.path[:] = saved; '
-    'sys.path.extend(p for p in os.environ.get("ENVFORGE_PYTHONPATH", "").split(":") if p); '
-    'sys.path.append("."); sys.exit(pytest.main(sys.argv[1:]))\''
-)
+# pytest from the system, before anything in the workspace can shadow it, and the project's own
+# modules from the work tree (runners/pytest_launcher.py says how).
+_PYTEST = f"python3 -P {RUNNER_DIR}/pytest_launcher.py"
 # Test runs must not pick up plugins or start-up hooks the workspace could smuggle in.
 CLEAN_ENV = {
     "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
@@ -97,6 +87,8 @@ def test_command(
             paths = [e if e.startswith("/") else f"{workdir}/{e}" for e in user.pop("PYTHONPATH", "").split(":") if e]
             if paths:
                 envforge["ENVFORGE_PYTHONPATH"] = ":".join(paths)
+            if check.modules:
+                envforge["ENVFORGE_PROJECT_MODULES"] = ",".join(check.modules)
         # A whole-suite run (derivation) goes on past a module that does not import, and says why.
         extra = " --continue-on-collection-errors" if run.scope == "suite" else ""
         return (
