@@ -22,6 +22,7 @@ REJECTED = {  # the change had no failing-then-passing test
     "Fix #356: Improve RRCache performance.": "performance",
     'Drop support for passing "info" as fourth positional parameter of @cached.': "removal of deprecated or dropped support",
     "refactor: enable additional ruff rule categories (#620)": "non-behavioural conventional type",
+    "🔧 fix(type): resolve ty 0.0.25 type errors (#468)": "non-behavioural conventional type",  # platformdirs
 }
 ACCEPTED = [  # became tasks
     "TOML 1.1: Make seconds optional in Date-Time and Time (#203)",
@@ -46,6 +47,9 @@ def test_subjects_of_commits_without_a_failing_test_are_skipped_by_name_and_acce
         assert reason.startswith(f"{name} commit") and f"skip_subjects.{name}" in reason, (subject, reason)
     for subject in ACCEPTED:
         assert skip_reason(_commit(subject), filters) is None, subject
+    # a runtime TypeError fixed is a fix, and a fix in a package named like a scope is one too
+    assert skip_reason(_commit("fix: type error when the cache is None"), filters) is None
+    assert skip_reason(_commit("✨ feat(cache): typed keys"), filters) is None
     # the subject line only: a body that mentions performance does not make a fix a performance commit
     assert skip_reason(_commit("Fix the off-by-one in wait_chain\n\nNo performance impact."), filters) is None
     off = HistoryFilters.model_validate({"skip_subjects": {}})

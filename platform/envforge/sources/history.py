@@ -149,7 +149,9 @@ TOOLING_FILES = (
 # behaviour (refactors, lint, formatting, typing, performance) or change tooling, so no test fails
 # before them. Matched against the subject line only, case-insensitive; the name is the reason shown.
 SKIP_SUBJECTS = {
-    "non-behavioural conventional type": r"^(refactor|style|perf|chore|ci|build|docs?|tests?|typing|lint)(\([^)]*\))?!?:",
+    # gitmoji first (`🔧 fix(type): ...`) is still a conventional subject; a typing or lint scope of any type too
+    "non-behavioural conventional type": r"^\W*((refactor|style|perf|chore|ci|build|docs?|tests?|typing|lint)"
+    r"(\([^)]*\))?|\w+\((types?|typing|typecheck|lint|style|format|ci|docs?)\))!?:",
     "refactor or cleanup": r"^(minor |small |code |some )?(refactor\w*|clean[ -]?ups?|cleaned up|clean up|tidy\b)",
     "performance": r"\b(performance|speed[ -]?ups?|speed up|faster|optimi[sz]\w*|import time|memory usage)\b",
     "lint or format": r"\b(ruff|flake8|pylint|isort|pre-commit|black|lint\w*|reformat\w*|pyupgrade)\b",
