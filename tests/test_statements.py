@@ -209,3 +209,8 @@ def test_a_repair_never_leaves_less_than_a_statement():
     repair keeps the words there were, flagged, rather than an empty statement."""
     check = repair_statement("Ticket c-9: use sep", context(messages=()))
     assert check.verdict == "flagged" and len(check.statement) >= 10
+    # Its verdict is the shown text's: when dropping the leaking sentence left nothing and the cleaned words
+    # are shown after all, their leak is a finding (platformdirs' "✨ feat: add user_fonts_dir ...").
+    check = repair_statement("Ticket c-9: feat: `args2sh` takes `sep` (#491)", context(messages=()))
+    assert check.verdict == "flagged" and check.statement == "`args2sh` takes `sep`"
+    assert "leak.added_identifier" in rules(check.findings), check.findings

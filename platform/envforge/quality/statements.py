@@ -511,6 +511,7 @@ def repair_statement(text: str, context: StatementContext) -> StatementCheck:
         after = [f for f in after if not f.rule.startswith("underspecified.")]
     if len(repaired.strip()) < MIN_STATEMENT_CHARS:  # nothing usable left: keep the words there were, flagged
         repaired, leaks, added = (cleaned if len(cleaned.strip()) >= MIN_STATEMENT_CHARS else text), [], 0
+        after = check_statement(repaired, context)  # the verdict is the shown text's: its leaks included
     changed = bool(removed or leaks or added) and repaired != text  # whitespace alone is no repair
     repaired = repaired if changed else text
     verdict: Verdict = "flagged" if after else "repaired" if changed else "ok"
