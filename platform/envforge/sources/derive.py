@@ -534,11 +534,23 @@ def with_retry(fn: Callable[[], T], attempts: int = 2) -> T:
     raise AssertionError("unreachable")
 
 
+def build_or_problem(build: Callable[[], ImageBuild], origin: str) -> ImageBuild | Problem:
+    """The image `build()` makes (retried once for an infrastructure fault), or why it could not be made,
+    as the task's `environment` problem: one task's image never fails its batch."""
+    try:
+        return with_retry(build)
+    except ImageBuildError as exc:
+        return Problem(origin, "environment", str(exc))
+    except InfraError as exc:
+        return Problem(origin, "environment", f"infra: cannot build the environment: {exc}")
+
+
 __all__ = [
     "Classified",
     "Derivation",
     "Run",
     "Settled",
+    "build_or_problem",
     "cache_key",
     "classify",
     "derive_tasks",

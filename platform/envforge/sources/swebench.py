@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from envforge.errors import ImageBuildError, InfraError, Problem, SpecError
+from envforge.errors import Problem, SpecError
 from envforge.sources import guard
 from envforge.sources.candidate import check_repo_footprint, load_config, relative_to_source, slug
 from envforge.sources.environment import HistoryEnvironment, check_dockerfile, resolve_environment
@@ -237,7 +237,7 @@ def record_env_layers(settings: Settings, result: LoadResult, client: docker.Doc
     from envforge.sandbox.engine import docker_client
     from envforge.sandbox.images import build_base_image, build_task_image
     from envforge.sources.candidate import with_env_plugins
-    from envforge.sources.derive import recorded_images_of, with_retry
+    from envforge.sources.derive import build_or_problem, recorded_images_of
 
     needing = [t for t in result.tasks if t.spec.environment.needs_env_layer]
     if not needing:
@@ -246,13 +246,11 @@ def record_env_layers(settings: Settings, result: LoadResult, client: docker.Doc
     base = build_base_image(client, settings).tag
     kept: list[Task] = [t for t in result.tasks if not t.spec.environment.needs_env_layer]
     for task in needing:
-        try:
-            build = with_retry(partial(build_task_image, client, task, base, settings, repository_dir=repository_dir))
-        except ImageBuildError as exc:
-            result.rejects.append(Problem(task.origin, "environment", str(exc)))
-            continue
-        except InfraError as exc:
-            result.rejects.append(Problem(task.origin, "environment", f"infra: cannot build the environment: {exc}"))
+        build = build_or_problem(
+            partial(build_task_image, client, task, base, settings, repository_dir=repository_dir), task.origin
+        )
+        if isinstance(build, Problem):
+            result.rejects.append(build)
             continue
         tests = task.spec.verification.tests
         assert tests is not None  # every SWE-bench task has FAIL_TO_PASS tests

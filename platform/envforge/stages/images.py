@@ -8,13 +8,14 @@ run take it as an input instead of rebuilding or looking images up, and Dagster 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
 import docker
 
 from envforge.catalog import Catalog
 from envforge.config import Settings
-from envforge.errors import ImageBuildError, InfraError, Problem
+from envforge.errors import Problem
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import ImageBuild, build_base_image, build_task_image
 from envforge.sources.gitrepo import repository_dir
@@ -132,7 +133,7 @@ def build_images(
     A task recorded as built on other base/env images is a failure with the reason unless
     `config.rebuild`. A build killed from outside is retried once, then an `infra:` failure.
     """
-    from envforge.sources.derive import with_retry
+    from envforge.sources.derive import build_or_problem
 
     client = client or docker_client(settings)
     progress = context.progress
@@ -142,17 +143,21 @@ def build_images(
     result = ImagesResult(base=base, digests={base.tag: _digest(client, base.tag)})
     for i, task in enumerate(tasks, start=1):
         progress("images", task.id, i, total)
-        try:
-            build = with_retry(
-                lambda: build_task_image(
-                    client, task, base.tag, settings, log=log, rebuild=config.rebuild, repository_dir=repository_dir
-                )
-            )
-        except ImageBuildError as exc:
-            result.failures.append(Problem(task.origin, "environment", str(exc)))
-            continue
-        except InfraError as exc:
-            result.failures.append(Problem(task.origin, "environment", f"infra: {exc}"))
+        build = build_or_problem(
+            partial(
+                build_task_image,
+                client,
+                task,
+                base.tag,
+                settings,
+                log=log,
+                rebuild=config.rebuild,
+                repository_dir=repository_dir,
+            ),
+            task.origin,
+        )
+        if isinstance(build, Problem):
+            result.failures.append(build)
             continue
         result.builds.append((task, build))
         result.digests[build.tag] = _digest(client, build.tag)
