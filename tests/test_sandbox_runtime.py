@@ -147,3 +147,22 @@ def test_async_api_drives_sandboxes_concurrently(docker_client, task_image):
             await asyncio.gather(*(sb.aclose() for sb in boxes))
 
     assert asyncio.run(scenario()) == ["0", "1", "2", "3"]
+
+
+def test_a_patched_copy_lists_what_git_apply_wrote_from_stat_data(docker_client, task_image):
+    """The grader lists a patched copy's changed paths from stat data (only files whose mtime or size differ
+    from the template's index are hashed): a same-size edit, an added and a deleted file are all seen, as the
+    full read sees them; and `git apply` refuses a path inside .git, so .git needs restoring only after the
+    `patch` fallback."""
+    with Sandbox.start(docker_client, task_image) as sb:
+        sb.exec("sed -i '1s/./X/' inventory/stats.py && echo new > added.txt && rm inventory/stock.py")
+        patch = sb.diff()
+        sb.reset()
+        assert sb.changed_paths(patched_copy=True) == []
+        assert sb.apply_patch(patch) == "git_apply"
+        listed = sorted(sb.changed_paths(patched_copy=True))
+        assert listed == sorted(sb.changed_paths()) == ["added.txt", "inventory/stats.py", "inventory/stock.py"]
+        sb.reset()
+        into_git = "--- a/.git/description\n+++ b/.git/description\n@@ -1 +1 @@\n-x\n+y\n"
+        res = sb.exec("git apply --check -", stdin=into_git.encode())
+        assert res.exit_code != 0 and ".git" in res.err_text(), res.err_text()

@@ -90,8 +90,8 @@ class RemoteSandbox:
     async def adiff(self) -> str:
         return await self._acall("diff")
 
-    def changed_paths(self) -> list[str]:
-        return self._call("changed_paths")
+    def changed_paths(self, patched_copy: bool = False) -> list[str]:
+        return self._call("changed_paths", patched_copy)
 
     def restore_paths(self, paths: list[str]) -> None:
         self._call("restore_paths", list(paths))

@@ -535,9 +535,10 @@ class Sandbox:
         """Bytes of changed files a diff may take (`workspace.diff_input_limit`)."""
         return workspace.diff_input_limit(self.options.limits)
 
-    def changed_paths(self) -> list[str]:
-        """Workspace paths that differ from the task's initial state (`workspace.changed_paths`)."""
-        return workspace.changed_paths(self)
+    def changed_paths(self, patched_copy: bool = False) -> list[str]:
+        """Workspace paths that differ from the task's initial state (`workspace.changed_paths`; `patched_copy`:
+        only the grader wrote here since the reset, so stat data may be trusted)."""
+        return workspace.changed_paths(self, patched_copy)
 
     def restore_paths(self, paths: list[str]) -> None:
         """Put paths back as they are in the task's initial state (`workspace.restore_paths`)."""

@@ -72,6 +72,14 @@ WORKSPACE_READABLE = (
     " except OSError: pass'; " % WORKSPACE
 )
 GIT_OVER_WORKSPACE = WORKSPACE_READABLE + PRIVATE_GIT  # what every read of the workspace through git runs first
+# A copy that only the grader wrote to (a reset from the template, then `git apply` or `patch`) can be read from
+# stat data: the template's index records each file's mtime and size, `cp -a` keeps them, and whatever the patch
+# wrote has a new mtime; only those files are hashed (inode, device and ctime differ in every copy, so they are
+# not compared). Never for a workspace a policy touched: it can write a file and set its mtime back.
+GIT_OVER_PATCHED_COPY = (
+    GIT_OVER_WORKSPACE + "export GIT_CONFIG_COUNT=2 GIT_CONFIG_KEY_0=core.checkStat GIT_CONFIG_VALUE_0=minimal "
+    "GIT_CONFIG_KEY_1=core.trustctime GIT_CONFIG_VALUE_1=false; "
+)
 
 # apply_patch in one command: the patch arrives on stdin; each method's complaint goes to stderr
 # after a `@method` marker line; the method that worked is the last line of stdout.
@@ -83,8 +91,9 @@ APPLY_PATCH = (
     'p=$(mktemp /tmp/.envforge-apply-XXXXXXXX 2>&1) || { echo @stage_patch >&2; echo "$p" >&2; exit 1; }; '
     "trap 'rm -f \"$p\"' EXIT; "
     'if ! err=$(cat 2>&1 > "$p"); then echo @stage_patch >&2; echo "$err" >&2; exit 1; fi; '
-    "clean=$(git status --porcelain --untracked-files=all 2>/dev/null); "
     'echo @git_apply >&2; git apply --whitespace=nowarn "$p" >&2 && { echo git_apply; exit 0; }; '
+    # a failed `git apply` wrote nothing, so the tree's state is read only now (it hashes every file of a copy)
+    "clean=$(git status --porcelain --untracked-files=all 2>/dev/null); "
     'if [ -z "$clean" ]; then echo @git_apply_reject >&2; '
     'if git apply --reject --whitespace=nowarn "$p" >&2; then echo git_apply_reject; exit 0; fi; '
     "git checkout -q -- . && git clean -fdq; fi; "

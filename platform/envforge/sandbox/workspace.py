@@ -20,6 +20,7 @@ from envforge.sandbox.programs import (
     APPLY_STEPS,
     CHANGED_BYTES_AT_MOST,
     CLEAR_TMP,
+    GIT_OVER_PATCHED_COPY,
     GIT_OVER_WORKSPACE,
     RESTORE_GIT_DIR,
     RESTORE_PATHS,
@@ -107,10 +108,15 @@ def diff_input_limit(limits: Limits) -> int:
     return min(MAX_DIFF_INPUT, limits.tmp_mb << 19)
 
 
-def changed_paths(sandbox: Sandbox) -> list[str]:
-    """Workspace paths that differ from the task's initial state (added, modified, deleted, type-changed)."""
+def changed_paths(sandbox: Sandbox, patched_copy: bool = False) -> list[str]:
+    """Workspace paths that differ from the task's initial state (added, modified, deleted, type-changed).
+
+    `patched_copy`: only the grader wrote to this workspace since its reset (a patch applied), so stat data
+    tells which files changed and only those are hashed (`programs.GIT_OVER_PATCHED_COPY`); a workspace
+    a policy touched is always read in full."""
+    git = GIT_OVER_PATCHED_COPY if patched_copy else GIT_OVER_WORKSPACE
     res = sandbox.exec(
-        GIT_OVER_WORKSPACE + "git add -A && git diff --cached --no-renames --name-only -z HEAD",
+        git + "git add -A && git diff --cached --no-renames --name-only -z HEAD",
         timeout_s=120,
         output_cap=DIFF_CAP,
     )

@@ -152,9 +152,10 @@ class Grader:
                 return None, {}, [], ["patch_failed"]
             # The guard that does not depend on parsing the diff: whatever the applied diff
             # changed in the tree, protected paths go back to their initial state, and so
-            # does .git (a `patch` fallback can write into it).
-            sb.restore_git_dir()
-            touched = [p for p in sb.changed_paths() if matches(p, protected_globs(task))]
+            # does .git when the `patch` fallback applied it (`git apply` refuses paths in .git).
+            if method == "patch_fuzz":
+                sb.restore_git_dir()
+            touched = [p for p in sb.changed_paths(patched_copy=True) if matches(p, protected_globs(task))]
             if touched:
                 sb.restore_paths(touched)
                 failures += [f"protected_path_modified:{p}" for p in touched]
