@@ -46,7 +46,7 @@ from envforge.stages.images import build_images  # noqa: E402
 from envforge.stages.ingest import ingest  # noqa: E402
 from envforge.verify.config import GateConfig  # noqa: E402
 from envforge.errors import InfraError  # noqa: E402
-from envforge.verify.gate import MUTANT_TIMEOUT_FACTOR, MUTANT_TIMEOUT_MIN_S, validate_task  # noqa: E402
+from envforge.verify.gate import mutant_timeout_s, validate_task  # noqa: E402
 from envforge.verify.grader import Grader  # noqa: E402
 from envforge.verify.strength import measure_strength, not_applicable  # noqa: E402
 
@@ -79,9 +79,9 @@ def measure_task(args, grader: Grader, task, image: str, base: GateConfig, with_
         gated, seconds["gate_mutation"] = timed(lambda: validate_task(grader, task, image, with_mutation))
         seconds["added"] = round(seconds["gate_mutation"] - seconds["gate"], 2)
     ref = task.reference_patch or grader.solution_diff(task, image, "reference")[0]
-    # the mutant timeout the gate would use (10x the reference's grading, at least 60 s)
+    # the mutant timeout the gate would use (10x the reference's grading, at least the config's floor)
     reference_s = grader.grade(task, image, ref).duration_s
-    timeout_s = max(MUTANT_TIMEOUT_MIN_S, MUTANT_TIMEOUT_FACTOR * reference_s)
+    timeout_s = mutant_timeout_s(base, [reference_s])
     full, seconds["full"] = timed(lambda: measure_strength(
         grader, task, image, ref, max_mutants=args.max_mutants, threshold=base.min_strength, early_stop=False,
         timeout_s=timeout_s))

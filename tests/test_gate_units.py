@@ -14,7 +14,7 @@ from envforge.sources.runbooks import load_runbook
 from envforge.sources.specs import load_spec_file
 from envforge.verify.batch import Grading, grade_batch
 from envforge.verify.config import GateConfig
-from envforge.verify.gate import GateReport, _plan, gate_key, order_check_is_a_run
+from envforge.verify.gate import GateReport, _plan, gate_key, mutant_timeout_s, order_check_is_a_run
 from envforge.verify.grader import GradedCopy, PreparedDiff
 from envforge.verify.matching_text import matching_text
 from envforge.verify.probes import STANDARD_PROBES, scripts_run, verifier_inputs, applicable_probes
@@ -94,6 +94,16 @@ def test_the_gate_key_changes_with_content_image_and_parameters():
     assert "mutant_fail_fast" not in GateConfig().as_params()
     assert GateConfig(mutant_fail_fast=False).as_params()["mutant_fail_fast"] is False
     assert key != gate_key(task, "sha256:aaa", GateConfig(mutant_fail_fast=False))
+    # a right but slow mutant counts as killed under a lower limit: the limit is part of the verdict
+    assert key != gate_key(task, "sha256:aaa", GateConfig(mutant_timeout_min_s=60))
+
+
+def test_a_mutants_time_limit_is_ten_times_the_slowest_grading_at_least_the_floor():
+    assert mutant_timeout_s(GateConfig(), [0.4, 0.9]) == GateConfig().mutant_timeout_min_s == 15.0
+    assert mutant_timeout_s(GateConfig(), [2.0, 3.5]) == 35.0
+    assert mutant_timeout_s(GateConfig(mutant_timeout_min_s=60), []) == 60.0
+    with pytest.raises(ValueError, match="mutant_timeout_min_s"):
+        GateConfig(mutant_timeout_min_s=0)
 
 
 def test_the_order_check_is_one_of_the_reference_runs_in_the_default_gate():

@@ -15,7 +15,7 @@ from envforge.stages.gate import gate as gate_stage
 from envforge.stages.images import ImageSet
 from envforge.sources.specs import load_spec_file
 from envforge.verify.config import GateConfig
-from envforge.verify.gate import validate_task
+from envforge.verify.gate import mutant_timeout_s, validate_task
 from envforge.verify.mutants import file_diff
 from envforge.verify.strength import measure_strength
 from tests.test_strength_units import MERGE_BUGGY, MERGE_FIXED, STRONG_MERGE_TEST, WEAK_MERGE_TEST
@@ -141,6 +141,18 @@ def test_a_hanging_mutant_is_a_timeout_outcome_not_an_infrastructure_fault(make_
     task, image = make_task("digits", DIGITS_BUGGY, DIGITS_FIXED, DIGITS_TESTS, ["test_zero"], ["test_many"],
                             timeout_s=6)
     s = measure_strength(grader, task, image, task.reference_patch, max_mutants=40, early_stop=False)
+    assert s.timeouts >= 2 and s.survived == 0 and s.strength == 1.0, s
+
+
+def test_the_gate_gives_a_hanging_mutant_its_floor_not_the_tasks_timeout(make_task, grader):
+    """A task may allow its tests minutes; a mutant that never ends is killed at 10x the slowest reference/empty
+    grading or the config's floor, whichever is more, and the report says which limit applied."""
+    task, image = make_task("digits", DIGITS_BUGGY, DIGITS_FIXED, DIGITS_TESTS, ["test_zero"], ["test_many"],
+                            timeout_s=600)
+    config = GateConfig(**GATE, mutation_early_stop=False, mutant_timeout_min_s=2)
+    report = validate_task(grader, task, image, config)
+    s = report.strength
+    assert s is not None and s.timeout_s == mutant_timeout_s(config, report.verifier_seconds) < 600, s
     assert s.timeouts >= 2 and s.survived == 0 and s.strength == 1.0, s
 
 

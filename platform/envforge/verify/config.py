@@ -91,6 +91,14 @@ class GateConfig:
             "score is then a lower bound)"
         },
     )
+    mutant_timeout_min_s: float = field(
+        default=15.0,
+        metadata={
+            "help": "the least time a mutant's tests may run before it counts as hanging (killed); the limit is 10x "
+            "the slowest reference/empty grading when that is more. A mutant that hangs is killed either way: "
+            "this only bounds what it costs"
+        },
+    )
     mutant_fail_fast: bool = field(
         default=True,
         metadata={
@@ -112,6 +120,8 @@ class GateConfig:
                 raise ValueError(f"GateConfig.{name}: must be at least 1, got {getattr(self, name)}")
         if self.max_mutants < 1:
             raise ValueError(f"GateConfig.max_mutants: must be at least 1, got {self.max_mutants}")
+        if not self.mutant_timeout_min_s > 0:
+            raise ValueError(f"GateConfig.mutant_timeout_min_s: must be positive, got {self.mutant_timeout_min_s}")
         if not 0.0 <= self.min_strength <= 1.0:
             raise ValueError(f"GateConfig.min_strength: must be between 0 and 1, got {self.min_strength}")
         if self.weak_fail_to_pass not in WEAK_FAIL_TO_PASS:
@@ -142,6 +152,8 @@ class GateConfig:
                 mutation_early_stop=self.mutation_early_stop,
                 block_overfittable=self.block_overfittable,
                 weak_fail_to_pass=self.weak_fail_to_pass,
+                # a mutant slower than the limit but right would count as killed: the limit is part of the verdict
+                mutant_timeout_min_s=self.mutant_timeout_min_s,
             )
             if not self.mutant_fail_fast:  # absent when on (the default), so verdicts keep their keys
                 params["mutant_fail_fast"] = False

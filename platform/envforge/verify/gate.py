@@ -42,13 +42,26 @@ from envforge.verify.result import VerificationResult
 from envforge.verify.selection import SUITE, TARGETED, TestRun
 from envforge.verify.strength import StrengthReport, measure_strength
 
-__all__ = ["INFRA_RETRIES", "GateReport", "gate_key", "order_check_is_a_run", "probe_diff", "validate_task"]
+__all__ = [
+    "INFRA_RETRIES",
+    "GateReport",
+    "gate_key",
+    "mutant_timeout_s",
+    "order_check_is_a_run",
+    "probe_diff",
+    "validate_task",
+]
 
 ORDER_CHECK = TestRun("suite", "reverse")
-# A mutant's tests may run this many times the slowest reference/empty grading (at least the minimum)
-# before they count as hanging: a hanging mutant is killed either way, without the task's full timeout.
+# A mutant's tests may run this many times the slowest reference/empty grading (at least the configured
+# minimum) before they count as hanging: a hanging mutant is killed either way, without the task's full timeout.
 MUTANT_TIMEOUT_FACTOR = 10
-MUTANT_TIMEOUT_MIN_S = 60.0
+
+
+def mutant_timeout_s(config: GateConfig, verifier_seconds: list[float]) -> float:
+    """How long a mutant's tests may run: 10x the slowest reference/empty grading, at least the config's floor.
+    Each hanging mutant costs this much (one worker's slot), so the floor is what a hang costs a fast task."""
+    return max(config.mutant_timeout_min_s, MUTANT_TIMEOUT_FACTOR * max(verifier_seconds or [0.0]))
 
 
 @dataclass
@@ -319,7 +332,7 @@ def _judge_strength(
     grader: Grader, task: Task, image: str, ref_diff: str, config: GateConfig, report: GateReport
 ) -> None:
     """Measure the task's verifier strength and apply the gate's policy for weak ones."""
-    timeout_s = max(MUTANT_TIMEOUT_MIN_S, MUTANT_TIMEOUT_FACTOR * max(report.verifier_seconds or [0.0]))
+    timeout_s = mutant_timeout_s(config, report.verifier_seconds)
     report.strength = measure_strength(
         grader,
         task,

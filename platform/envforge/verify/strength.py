@@ -57,6 +57,7 @@ class StrengthReport:
     survived: int = 0
     equivalent: int = 0  # likely equivalent: same AST as the reference, and no test outcome changed
     timeouts: int = 0  # killed by a test timeout (a hanging mutant)
+    timeout_s: float | None = None  # the test timeout the mutants were graded under (None: the task's own)
     not_run: int = 0  # left ungraded once the score was decided
     survivors: list[dict] = field(default_factory=list)  # the wrong fixes the verification rewards
     equivalents: list[str] = field(default_factory=list)
@@ -249,6 +250,7 @@ def measure_strength(
         report.skipped = why
         return report
     task = _with_test_timeout(task, timeout_s)
+    report.timeout_s = timeout_s
     kept = grader.prepare(task, reference_diff).kept
     sections = split_diff(kept)
     mutable = sorted({s.paths[0] for s in sections if len(s.paths) == 1})  # a file changed in place or added
