@@ -36,7 +36,8 @@ dependency. See docs/verification.md.
 A mutant whose file has the same AST as the reference's (after normalisation: positions and
 formatting dropped), or that swaps the two arguments of `min` / `max`, is marked `equivalent`:
 it cannot change what any test observes except through the source text itself (or, for
-`min`/`max`, which of two equal values is returned).
+`min`/`max`, which of two equal values is returned). Each mutant is parsed and compared as the
+top-level statement that holds it (`_TopLevel`), which gives the same answer as whole files.
 """
 
 from __future__ import annotations
@@ -159,6 +160,53 @@ class _Source:
         return self.data[start:end].decode("utf-8", errors="surrogateescape")
 
 
+class _TopLevel:
+    """The module's top-level statements as byte spans, so a mutant is parsed and compared as the one statement
+    that holds it: the rest of the file is the reference's own text, so the file parses and has the reference's
+    tree exactly when that statement does (parsing whole files per mutant cost seconds per task on real
+    modules). A statement's span starts at its line's first decorator and ends where its last token does."""
+
+    def __init__(self, tree: ast.Module, src: _Source):
+        self.src = src
+        self.spans: list[tuple[int, int]] = []
+        # `__version__ = ...`, `__all__ = [...]`: same_ast leaves them out, so a mutant inside one keeps the tree
+        self.metadata = {i for i, node in enumerate(tree.body) if _metadata(node, None)}
+        for node in tree.body:
+            decorators = getattr(node, "decorator_list", [])
+            # a top-level decorator's `@` is its line's first character; a statement after `;` starts at its column
+            start = (
+                src.starts[decorators[0].lineno - 1] if decorators else src.starts[node.lineno - 1] + node.col_offset
+            )
+            self.spans.append((start, src.starts[node.end_lineno - 1] + node.end_col_offset))
+        self._dumps: dict[int, str] = {}
+
+    def text(self, index: int) -> str:
+        s, e = self.spans[index]
+        return self.src.data[s:e].decode("utf-8", errors="surrogateescape")
+
+    def holding(self, node: ast.AST) -> int:
+        start, end = self.src.span(node)
+        for i, (s, e) in enumerate(self.spans):
+            if s <= start and end <= e:
+                return i
+        raise ValueError("node outside every top-level statement")
+
+    def mutated(self, index: int, node: ast.AST, text: str) -> str:
+        """The text of top-level statement `index` with `node` replaced by `text`."""
+        s, e = self.spans[index]
+        start, end = self.src.span(node)
+        data = self.src.data
+        return (data[s:start] + text.encode("utf-8", errors="surrogateescape") + data[end:e]).decode(
+            "utf-8", errors="surrogateescape"
+        )
+
+    def dump(self, index: int) -> str:
+        """The reference's statement `index` as `ast.dump` gives it (positions left out)."""
+        if index not in self._dumps:
+            self._dumps[index] = ast.dump(ast.parse(self.text(index)))
+        return self._dumps[index]
+
+
 def _first_argument(fn: ast.AST | None, in_class: bool) -> str | None:
     if fn is None:
         return None
@@ -260,7 +308,8 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
         id(fn) for node, fn, _ in _walk(tree) if fn is not None and hasattr(node, "lineno") and node.lineno in lines
     }
     out: list[tuple[int, Mutant]] = []
-    seen: set[str] = {change.after}
+    top = _TopLevel(tree, src)
+    seen: set[tuple[int, str]] = set()
     for node, fn, in_class in _walk(tree):
         if not hasattr(node, "lineno") or isinstance(node, (*_FUNCTIONS, ast.ClassDef)) or _metadata(node, fn):
             continue
@@ -271,14 +320,15 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
         if on_changed and getattr(node, "lineno", 0) in lines:
             edits += value_edits(node, src.segment, fn)
         for operator, target, text, description in edits:
-            mutated = src.replaced(target, text)
-            if mutated in seen:
+            index = top.holding(target)
+            statement = top.mutated(index, target, text)
+            if (index, statement) in seen or statement == top.text(index):
                 continue
             try:
-                ast.parse(mutated)
+                same_tree = ast.dump(ast.parse(statement)) == top.dump(index) or index in top.metadata
             except (SyntaxError, ValueError):
                 continue  # a rewrite that does not fit its context (an elif's span, a decorator)
-            seen.add(mutated)
+            seen.add((index, statement))
             commutative = (
                 operator == "swap_args"
                 and isinstance(target.func, ast.Name)
@@ -295,9 +345,9 @@ def _python_mutants(change: SourceChange) -> list[tuple[int, Mutant]]:
                         operator,
                         change.path,
                         target.lineno,
-                        mutated,
+                        src.replaced(target, text),
                         description,
-                        commutative or same_ast(mutated, change.after),
+                        commutative or same_tree,
                         changed_here,
                     ),
                 )
