@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from envforge.sources.ci_installs import CiInstall, read_ci_installs
 from envforge.sources.infer import infer_environment
 from tests.test_history_sources import commit, git
@@ -31,6 +33,7 @@ jobs:
     steps:
       - uses: actions/checkout@v4
       - run: pip install ruff mypy && ruff check .
+      - run: echo "pytest runs in the tests job"
   tests:
     runs-on: ${{ matrix.os }}
     strategy:
@@ -162,10 +165,15 @@ unit:
   extends: .unit
   image: python:3.12
 integration:
-  before_script: [uv pip install --system --group integration]
+  before_script: [uv pip install --system --group integration > /dev/null]
   script: [make test]
 pages:
   script: [pip install mkdocs, mkdocs build]
+listing:
+  script:
+    - !reference [.unit, script]
+    - pip install sphinx
+    - pip list | grep pytest
 """
     found = read_ci_installs(Tree({".gitlab-ci.yml": gitlab, "requirements-ci.txt": "freezegun\n"}))
     assert found.jobs == [".gitlab-ci.yml:unit", ".gitlab-ci.yml:integration"]
@@ -205,24 +213,26 @@ stages:
         CiInstall("extra", "tests", origin),
         CiInstall("package", "pytest-xdist", origin),
         CiInstall("extra", "speedups", origin),
-        CiInstall("group", "dev", origin),  # what `uv sync` installs unless told --no-dev
+        CiInstall("group", "dev", origin, implied=True),  # what `uv sync` installs unless told --no-dev
     ]
 
 
 def test_a_malformed_or_odd_ci_file_is_skipped_with_the_reason_and_the_others_still_read():
     good = "jobs:\n  t:\n    steps:\n      - run: pip install pytest-mock && pytest\n"
     found = read_ci_installs(Tree({
-        ".github/workflows/a.yml": "jobs:\n  t:\n    steps: [\n",  # not valid YAML
-        ".github/workflows/b.yml": "- just\n- a list\n",
+        ".github/workflows/a.yml": "jobs:\n  t:\n    steps: [{run: pytest}\n",  # not valid YAML
+        ".github/workflows/b.yml": "- pytest\n- a list\n",
+        ".github/workflows/release.yml": "jobs: [\n",  # names no test runner: not parsed
         ".github/workflows/c.yml": "jobs: {t: {steps: [{run: \"pip install 'unbalanced && pytest\"}]}}\n",
         ".github/workflows/d.yml": good,
         ".github/workflows/nested/e.yml": good.replace("pytest-mock", "nested"),  # not a workflow
-        ".gitlab-ci.yml": "a: &a [*a]\n",  # a recursive alias
+        ".gitlab-ci.yml": "a: &a [*a]\nb: {script: [pytest]}\n",  # a recursive alias
     }))
     assert found.installs == [CiInstall("package", "pytest-mock", ".github/workflows/d.yml:t")]
     assert any(s.startswith(".github/workflows/a.yml: not valid YAML at line") for s in found.skipped)
     assert ".github/workflows/b.yml: not a mapping of jobs" in found.skipped
     assert any(s.startswith(".gitlab-ci.yml: YAML refused: a recursive alias") for s in found.skipped)
+    assert not any("release.yml" in s for s in found.skipped)
 
 
 def _repo(tmp_path: Path, files: dict[str, str]) -> tuple[Path, str]:
@@ -289,6 +299,25 @@ def test_tests_requirements_are_the_last_resort(tmp_path):
     assert infer_environment(repo, sha).pip == ["attrs", "-r requirements-test.txt"]
 
 
+def _ticket_source(tmp_path: Path, pyproject: str, workflow: str, test: str, fixed_test: str) -> Path:
+    """A repository whose fix commit makes `fixed_test` pass, and a ticket source naming that fix."""
+    repo, _ = _repo(tmp_path, {
+        "pyproject.toml": pyproject, ".github/workflows/tests.yml": workflow,
+        "clock.py": "def now():\n    return 0\n", "tests/test_clock.py": test,
+    })
+    fix = commit(repo, "now() returns 1", {"clock.py": "def now():\n    return 1\n",
+                                           "tests/test_clock.py": fixed_test}, 1)
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "t.jsonl").write_text(json.dumps({"key": "CLK-1", "fields": {
+        "summary": "now() returns 0 instead of 1", "description": "clock.now() must return 1, it returns 0.",
+        "customfield_1": fix}}) + "\n")
+    (source / "tickets.yaml").write_text(
+        f"repository: {repo}\nproject: clock\nexports:\n"
+        "  - file: t.jsonl\n    preset: jira\n    fields: {fix_commit: fields.customfield_1}\n")
+    return source / "tickets.yaml"
+
+
 def test_a_ticket_source_infers_what_only_ci_names_and_the_scan_shows_it(tmp_path, allow_tmp_sources):
     """End to end on a real repository tree: a ticket whose fix commit is in a repository that declares
     its test extra only by name in CI; the candidate's environment (what its env layer installs) holds
@@ -299,22 +328,9 @@ def test_a_ticket_source_infers_what_only_ci_names_and_the_scan_shows_it(tmp_pat
     from envforge.sandbox.envlayer import env_recipe
     from envforge.sources.tickets import load_ticket_source
 
-    repo, _ = _repo(tmp_path, {
-        "pyproject.toml": PYPROJECT, ".github/workflows/tests.yml": WORKFLOW,
-        "clock.py": "def now():\n    return 0\n", "tests/test_clock.py": "def test_x():\n    pass\n",
-    })
-    fix = commit(repo, "now() returns 1", {"clock.py": "def now():\n    return 1\n",
-                                           "tests/test_clock.py": "import clock\n\ndef test_x():\n"
-                                                                  "    assert clock.now() == 1\n"}, 1)
-    source = tmp_path / "src"
-    source.mkdir()
-    (source / "t.jsonl").write_text(json.dumps({"key": "CLK-1", "fields": {
-        "summary": "now() returns 0 instead of 1", "description": "clock.now() must return 1, it returns 0.",
-        "customfield_1": fix}}) + "\n")
-    (source / "tickets.yaml").write_text(
-        f"repository: {repo}\nproject: clock\nexports:\n"
-        "  - file: t.jsonl\n    preset: jira\n    fields: {fix_commit: fields.customfield_1}\n")
-    [cand] = load_ticket_source(source / "tickets.yaml").candidates
+    config = _ticket_source(tmp_path, PYPROJECT, WORKFLOW, "def test_x():\n    pass\n",
+                            "import clock\n\ndef test_x():\n    assert clock.now() == 1\n")
+    [cand] = load_ticket_source(config).candidates
     task = cand.provisional_task()
     env = task.spec.environment
     assert env.pip == ["setuptools>=61", "wheel", "attrs", "freezegun==1.5.1", "ujson", "pytest-asyncio", "ruff"]
@@ -323,7 +339,46 @@ def test_a_ticket_source_infers_what_only_ci_names_and_the_scan_shows_it(tmp_pat
     recipe = env_recipe("clock", "envforge/base:test", env, lambda p: None)
     assert "freezegun==1.5.1\nujson\npytest-asyncio\n" in recipe.requirements_txt()
 
-    result = CliRunner().invoke(app, ["sources", "scan", "--json", str(source / "tickets.yaml")])
+    result = CliRunner().invoke(app, ["sources", "scan", "--json", str(config)])
     assert result.exit_code == 0, result.output
     [row] = [r for r in json.loads(result.output)["records"] if r["becomes"] == "candidate"]
     assert row["environment"] == "inferred from pyproject.toml, .github/workflows/tests.yml:test"
+
+
+CLOCK_TEST = """\
+import clock
+from freezegun import freeze_time
+
+
+@freeze_time("2024-01-01")
+def test_now(mocker):
+    spy = mocker.spy(clock, "now")
+    assert clock.now() == {expected}
+    assert spy.call_count == 1
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_task_is_derived_with_what_only_the_ci_installs(tmp_path, allow_tmp_sources, settings, docker_client):
+    """On the engine: the fix's test imports freezegun (the `ci` extra, which only the workflow names) and
+    uses pytest-mock's `mocker` (a package only the workflow installs, a plugin loaded by name). Without
+    the CI's installs the suite cannot be collected and the ticket is rejected; with them it derives."""
+    from envforge.sources.derive import derive_tasks
+    from envforge.sources.tickets import load_ticket_source
+
+    pyproject = ('[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+                 '[project]\nname = "clock"\nversion = "1.0"\n[project.optional-dependencies]\nci = ["freezegun"]\n'
+                 '[tool.setuptools]\npy-modules = ["clock"]\n')
+    workflow = ("jobs:\n  test:\n    runs-on: ubuntu-latest\n    steps:\n"
+                "      - run: pip install -e .[ci] pytest-mock\n      - run: pytest\n")
+    config = _ticket_source(tmp_path, pyproject, workflow, "def test_other():\n    pass\n",
+                            CLOCK_TEST.format(expected=1))
+    result = derive_tasks(settings, load_ticket_source(config).candidates, client=docker_client)
+    assert not result.rejects, [r.reason for r in result.rejects]
+    [task] = result.tasks
+    assert task.spec.verification.tests.fail_to_pass == ["tests/test_clock.py::test_now"]
+    images = task.spec.metadata["images"]
+    installed = {line.split("==")[0].lower().replace("_", "-") for line in images["env_freeze"]}
+    assert {"freezegun", "pytest-mock"} <= installed
+    assert "pytest_mock" in images["env_plugins"]

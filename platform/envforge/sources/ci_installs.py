@@ -63,6 +63,8 @@ _TEST_RUN = re.compile(
     r"(^|[\s/(])(pytest|py\.test)(\s|$)|-m\s+(pytest|unittest)\b|\bsetup\.py\s+test\b"
     r"|\bmake\s+(test|tests|check|unittest)\b"
 )
+_MAY_RUN_TESTS = re.compile(r"pytest|py\.test|unittest|setup\.py\s+test|\b(tox|nox|make)\b")
+_NOT_RUNS = frozenset("echo printf grep which cat ls test [".split())  # commands that name pytest, not run it
 _RUNNERS = {"tox": ("-e", "--env"), "nox": ("-s", "--session", "--sessions")}
 # Factors of tox environment / nox session names: one that runs tests, one that does something else.
 _TEST_FACTOR = re.compile(r"(py|pypy)?\d*(\.\d+)?|tests?|testing|unit|unittests?|\$\{\{\}\}")
@@ -98,6 +100,7 @@ class CiInstall:
     kind: InstallKind
     value: str
     origin: str
+    implied: bool = False  # not named: `uv sync` installs the `dev` group unless told not to
 
 
 @dataclass
@@ -108,8 +111,8 @@ class CiInstalls:
     jobs: list[str] = field(default_factory=list)  # `FILE:JOB` of every job that runs tests
     skipped: list[str] = field(default_factory=list)
 
-    def add(self, kind: InstallKind, value: str, origin: str) -> None:
-        item = CiInstall(kind, value, origin)
+    def add(self, kind: InstallKind, value: str, origin: str, implied: bool = False) -> None:
+        item = CiInstall(kind, value, origin, implied)
         if not any((i.kind, i.value) == (kind, value) for i in self.installs):
             self.installs.append(item)
 
@@ -141,6 +144,10 @@ def read_ci_installs(tree: Tree, policy: SourcePolicy | None = None) -> CiInstal
         if len(text.encode("utf-8", "replace")) > _MAX_BYTES:
             out.skipped.append(f"{path}: larger than 1 MiB")
             continue
+        if not _MAY_RUN_TESTS.search(text):
+            continue  # a release, label or docs workflow: not worth parsing (most of the cost is YAML)
+        if path == GITLAB_FILE:  # GitLab's `!reference [.job, script]`: a plain list here, never a command
+            text = re.sub(r"!reference\b", "", text)
         try:
             data = guard.load_yaml(text, path, policy)
         except SpecError as exc:
@@ -305,6 +312,8 @@ def _read_job(origin: str, steps: list[_Step], tree: Tree, out: CiInstalls) -> N
             kind = _install_kind(tokens)
             if kind:
                 installs.append((tokens, kind, cwd))
+            elif tokens[0] in _NOT_RUNS:
+                continue
             elif _TEST_RUN.search(text):
                 direct = True
             elif _runs_tests_through_runner(tokens):
@@ -323,8 +332,6 @@ def _read_job(origin: str, steps: list[_Step], tree: Tree, out: CiInstalls) -> N
 def _runs_tests_through_runner(tokens: list[str]) -> bool:
     """`tox`, `tox -e py311`, `python -m tox -e ${{ matrix.tox }}`, `nox -s tests`: a test run; `tox -e docs`,
     `tox -e mypy-test`, `nox -s lint` are not (a name counts when a factor runs tests and none is another tool's)."""
-    if tokens[0] in ("echo", "printf"):
-        return False
     for i, tok in enumerate(tokens):
         runner = tok.rsplit("/", 1)[-1]
         if runner not in _RUNNERS:
@@ -386,6 +393,8 @@ def _read_install(tokens: list[str], kind: str, cwd: str, origin: str, tree: Tre
     i = 0
     while i < len(args):
         tok = args[i]
+        if re.match(r"\d*[<>]", tok):  # a redirection ends the arguments (`> /dev/null`, `2>&1`)
+            break
         opt, eq, inline = tok.partition("=") if tok.startswith("--") else (tok, "", "")
         takes_value = opt in ("-r", "--requirement", "-c", "--constraint", "-e", "--editable", "--group", "--extra")
         short = re.fullmatch(r"-([rce])(.+)", tok)
@@ -416,7 +425,7 @@ def _read_install(tokens: list[str], kind: str, cwd: str, origin: str, tree: Tre
         elif not tok.startswith("-"):
             targets.append(tok)
     if uv_dev:
-        out.add("group", "dev", origin)
+        out.add("group", "dev", origin, implied=True)
     for target in targets:
         _target(target, cwd, origin, out)
 

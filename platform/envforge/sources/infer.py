@@ -408,7 +408,8 @@ def _ci(tree: RepoTree, inf: InferredEnvironment) -> None:
         else:
             for name in list(group_names.values()) if values == [ALL] else values:
                 if _canonical(name) not in group_names:
-                    inf.skipped.append(f"{where}: pyproject.toml has no dependency group {name!r}")
+                    if not item.implied:
+                        inf.skipped.append(f"{where}: pyproject.toml has no dependency group {name!r}")
                     continue
                 try:
                     lines = _dependency_group(groups, name)
