@@ -180,12 +180,15 @@ class RepoTree:
         self.git_dir, self.commit = git_dir, commit
         proc = git(git_dir, "ls-tree", "-r", "--name-only", "-z", commit)
         self.paths = set(proc.stdout.decode(errors="replace").split("\0")) - {""} if proc.returncode == 0 else set()
+        self._read: dict[str, str | None] = {}  # pyproject.toml is read by several readers: one `git show`
 
     def read(self, path: str) -> str | None:
         if path not in self.paths:
             return None
-        proc = git(self.git_dir, "show", f"{self.commit}:{path}")
-        return proc.stdout.decode("utf-8", errors="replace") if proc.returncode == 0 else None
+        if path not in self._read:
+            proc = git(self.git_dir, "show", f"{self.commit}:{path}")
+            self._read[path] = proc.stdout.decode("utf-8", errors="replace") if proc.returncode == 0 else None
+        return self._read[path]
 
     def exists(self, path: str) -> bool:
         return path in self.paths
@@ -382,7 +385,7 @@ def _ci(tree: RepoTree, inf: InferredEnvironment) -> None:
     found = read_ci_installs(tree)
     inf.ci_jobs = found.jobs
     inf.skipped += [f"CI {s}" for s in found.skipped]
-    groups = _groups_table(tree)
+    groups = _pyproject_table(tree, "dependency-groups")
     group_names = {_canonical(str(g)): str(g) for g in groups}
     own = _project_name(tree)
     for item in found.installs:
@@ -424,19 +427,20 @@ def _ci(tree: RepoTree, inf: InferredEnvironment) -> None:
         inf.declares_tests |= item.origin in inf.origins
 
 
+def _pyproject_table(tree: RepoTree, key: str) -> dict:
+    """One top-level table of pyproject.toml (empty when absent or not valid TOML, which the
+    pyproject.toml reader reports)."""
+    try:
+        table = tomllib.loads(tree.read("pyproject.toml") or "").get(key)
+    except tomllib.TOMLDecodeError:
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
 def _project_name(tree: RepoTree) -> str | None:
     """The canonical `[project].name` of pyproject.toml, if it has one."""
-    text = tree.read("pyproject.toml") or ""
-    m = re.search(r'(?m)^name\s*=\s*["\']([^"\']+)["\']', text)
-    return _canonical(m.group(1)) if m else None
-
-
-def _groups_table(tree: RepoTree) -> dict:
-    try:
-        groups = tomllib.loads(tree.read("pyproject.toml") or "").get("dependency-groups")
-    except tomllib.TOMLDecodeError:
-        return {}  # already reported by the pyproject.toml reader
-    return groups if isinstance(groups, dict) else {}
+    name = _pyproject_table(tree, "project").get("name")
+    return _canonical(name) if isinstance(name, str) and name.strip() else None
 
 
 def _tox_deps(lines: list[str]) -> list[str]:
