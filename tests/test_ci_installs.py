@@ -138,6 +138,7 @@ jobs:
   docs:
     steps:
       - run: uvx --with=tox-uv tox run -e docs-doctests,changelog
+      - run: tox -edocs
   lint:
     steps:
       - run: nox --session=lint
@@ -147,6 +148,52 @@ jobs:
     assert found.installs == []
     assert ".github/workflows/ci.yml:main: runs the tests through tox or nox; what it installs sets up the runner" \
         in found.skipped
+
+
+NOXFILE = """\
+import nox
+
+TEST_DEPS = ["pytest-asyncio", "hypothesis>=6"]
+
+
+@nox.session(python=["3.11", "3.12"])
+def tests(session: nox.Session) -> None:
+    session.install("-e", ".[test]")
+    session.install(*TEST_DEPS)
+    session.install("-r", "requirements/test.txt")
+    for dep in ["x"]:
+        session.install(dep)
+    session.run("pytest")
+
+
+@nox.session(name="test-minimal")
+def minimal(session):
+    session.install("pytest")
+
+
+@nox.session
+def lint(session):
+    session.install("ruff")
+"""
+
+
+def test_the_noxfile_sessions_a_ci_test_job_runs_are_read_statically():
+    workflow = "jobs:\n  t:\n    steps:\n      - run: pip install nox\n      - run: nox -s tests-3.12 lint\n"
+    tree = Tree({".github/workflows/ci.yml": workflow, "noxfile.py": NOXFILE, "requirements/test.txt": "mock\n"})
+    found = read_ci_installs(tree)
+    assert found.jobs == [".github/workflows/ci.yml:t", "noxfile.py:tests"]
+    assert found.installs == [
+        CiInstall("extra", "test", "noxfile.py:tests"),
+        CiInstall("package", "pytest-asyncio", "noxfile.py:tests"),
+        CiInstall("package", "hypothesis>=6", "noxfile.py:tests"),
+        CiInstall("requirements", "requirements/test.txt", "noxfile.py:tests"),
+    ]
+    assert "noxfile.py:tests: line 12: an argument of session.install is not a literal" in found.skipped
+    # Without a CI job naming sessions: every session whose name runs tests (not lint).
+    found = read_ci_installs(Tree({"noxfile.py": NOXFILE, "requirements/test.txt": "mock\n"}))
+    assert found.jobs == ["noxfile.py:tests", "noxfile.py:test-minimal"]
+    assert CiInstall("package", "pytest", "noxfile.py:test-minimal") in found.installs
+    assert read_ci_installs(Tree({"noxfile.py": "def (:\n"})).skipped == ["noxfile.py: not parseable as Python"]
 
 
 def test_gitlab_jobs_with_templates_and_default_before_script():

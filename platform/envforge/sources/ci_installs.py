@@ -12,7 +12,9 @@ Read, in this order (each file with the bounded YAML loader sources use, `guard.
 - GitLab: `.gitlab-ci.yml`, each job's `before_script` (its own, else `default:`'s or the top
   level one) and `script`, following `extends:` of templates in the same file;
 - Azure Pipelines: `azure-pipelines.yml` / `.azure-pipelines.yml`, the `script:` / `bash:` steps of
-  each job (top-level `steps:`, `jobs:`, or `stages:` -> `jobs:`).
+  each job (top-level `steps:`, `jobs:`, or `stages:` -> `jobs:`);
+- then `noxfile.py`, statically (never run): the `session.install(...)` calls of the sessions the CI's
+  test jobs run (`nox -s tests-3.12`), or of every session whose name runs tests when no job names one.
 
 Only jobs that run tests count: a command (outside the install commands) runs pytest / py.test,
 `python -m unittest`, `setup.py test` or `make test|tests|check`. A job that runs them only through
@@ -110,6 +112,7 @@ class CiInstalls:
     installs: list[CiInstall] = field(default_factory=list)
     jobs: list[str] = field(default_factory=list)  # `FILE:JOB` of every job that runs tests
     skipped: list[str] = field(default_factory=list)
+    nox_sessions: list[str] = field(default_factory=list)  # sessions test jobs run (`nox -s tests-3.12`)
 
     def add(self, kind: InstallKind, value: str, origin: str, implied: bool = False) -> None:
         item = CiInstall(kind, value, origin, implied)
@@ -164,6 +167,7 @@ def read_ci_installs(tree: Tree, policy: SourcePolicy | None = None) -> CiInstal
             jobs = _azure_jobs(data)
         for job, steps in jobs:
             _read_job(f"{path}:{job}", steps, tree, out)
+    _noxfile(tree, out)
     return out
 
 
@@ -316,7 +320,7 @@ def _read_job(origin: str, steps: list[_Step], tree: Tree, out: CiInstalls) -> N
                 continue
             elif _TEST_RUN.search(text):
                 direct = True
-            elif _runs_tests_through_runner(tokens):
+            elif _runs_tests_through_runner(tokens, out):
                 via_runner = True
     if not (direct or via_runner):
         return
@@ -329,9 +333,10 @@ def _read_job(origin: str, steps: list[_Step], tree: Tree, out: CiInstalls) -> N
         _read_install(tokens, kind, cwd, origin, tree, out)
 
 
-def _runs_tests_through_runner(tokens: list[str]) -> bool:
+def _runs_tests_through_runner(tokens: list[str], out: CiInstalls) -> bool:
     """`tox`, `tox -e py311`, `python -m tox -e ${{ matrix.tox }}`, `nox -s tests`: a test run; `tox -e docs`,
-    `tox -e mypy-test`, `nox -s lint` are not (a name counts when a factor runs tests and none is another tool's)."""
+    `tox -e mypy-test`, `nox -s lint` are not (a name counts when a factor runs tests and none is another tool's).
+    The nox sessions a test run names are kept (`nox_sessions`): the noxfile's installs are read for them."""
     for i, tok in enumerate(tokens):
         runner = tok.rsplit("/", 1)[-1]
         if runner not in _RUNNERS:
@@ -340,16 +345,92 @@ def _runs_tests_through_runner(tokens: list[str]) -> bool:
         rest = tokens[i + 1 :]
         for j, arg in enumerate(rest):
             opt, eq, inline = arg.partition("=")
+            if re.fullmatch(r"-[es].+", arg):  # `tox -edocs`
+                opt, eq, inline = arg[:2], "=", arg[2:]
             if opt in _RUNNERS[runner]:
                 value = inline if eq else (rest[j + 1] if j + 1 < len(rest) else "")
                 names += [n for n in re.split(r"[,\s]+", value) if n]
-        if not names:
-            return True  # the default environments / sessions
-        for name in names:
-            factors = name.lower().split("-")
-            if any(_TEST_FACTOR.fullmatch(f) for f in factors) and not any(f in _OTHER_FACTORS for f in factors):
-                return True
+        tests = [n for n in names if _test_name(n)]
+        if runner == "nox":
+            out.nox_sessions += [n for n in tests if n not in out.nox_sessions and not _dropped(n)]
+        if tests or not names:  # no names: the default environments / sessions
+            return True
     return False
+
+
+def _test_name(name: str) -> bool:
+    """A tox environment or nox session name that runs tests (`py311`, `tests-3.12`), not another tool."""
+    factors = name.lower().split("-")
+    return any(_TEST_FACTOR.fullmatch(f) for f in factors) and not any(f in _OTHER_FACTORS for f in factors)
+
+
+def _noxfile(tree: Tree, out: CiInstalls) -> None:
+    """The `session.install(...)` calls of noxfile.py's test sessions, read statically (never run): the
+    sessions the CI's test jobs name (`nox -s tests-3.12` is session `tests`), else every session whose
+    name runs tests. Literal arguments only (and `*NAME` of a module-level literal list)."""
+    import ast
+
+    text = tree.read("noxfile.py")
+    if text is None:
+        return
+    try:
+        module = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        out.skipped.append("noxfile.py: not parseable as Python")
+        return
+    names = {
+        t.id: n.value for n in module.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+    }
+    wanted = {re.sub(r"-(\d+(\.\d+)*|pypy\S*)$", "", n) for n in out.nox_sessions}
+    for fn in module.body:
+        if not isinstance(fn, ast.FunctionDef) or not fn.args.args:
+            continue
+        name = _nox_session_name(fn)
+        if name is None or not (name in wanted if wanted else _test_name(name)):
+            continue
+        origin, arg = f"noxfile.py:{name}", fn.args.args[0].arg
+        out.jobs.append(origin)
+        for call in ast.walk(fn):
+            if not (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "install"
+                and isinstance(call.func.value, ast.Name)
+                and call.func.value.id == arg
+            ):
+                continue
+            tokens: list[str] = []
+            for a in call.args:
+                node = names.get(a.value.id) if isinstance(a, ast.Starred) and isinstance(a.value, ast.Name) else a
+                try:
+                    value = ast.literal_eval(node) if node is not None else None
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    value = None
+                values = list(value) if isinstance(a, ast.Starred) and isinstance(value, (list, tuple)) else [value]
+                strings = [v for v in values if isinstance(v, str)]
+                if len(strings) == len(values):
+                    tokens += strings
+                else:
+                    out.skipped.append(f"{origin}: line {call.lineno}: an argument of session.install is not a literal")
+            _read_install(["pip", "install", *tokens], "pip", ".", origin, tree, out)
+
+
+def _nox_session_name(fn: Any) -> str | None:
+    """The session name of a function decorated with `@nox.session` / `@session(...)` (its `name=`, else
+    the function's name); None for another function."""
+    import ast
+
+    for dec in fn.decorator_list:
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        if (isinstance(target, ast.Attribute) and target.attr == "session") or (
+            isinstance(target, ast.Name) and target.id == "session"
+        ):
+            if isinstance(dec, ast.Call):
+                for kw in dec.keywords:
+                    if kw.arg == "name" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                        return kw.value.value
+            return fn.name
+    return None
 
 
 def _install_kind(tokens: list[str]) -> str | None:

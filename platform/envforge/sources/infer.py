@@ -25,7 +25,8 @@ to the list; duplicates are dropped, pip merges specifiers of one package):
 6. what the repository's own CI installs in the jobs that run its tests (`sources/ci_installs.py`):
    the project's extras (`pip install -e .[testing]`) and dependency groups (`--group test`) it
    names, resolved against the manifests above (any extra or group, not only test-named ones),
-   requirements files and named packages. Added to what the manifests say, not instead of it: the
+   requirements files and named packages, and `noxfile.py`'s `session.install(...)` calls of its test
+   sessions. Added to what the manifests say, not instead of it: the
    CI is what the suite actually runs with, and what the two share is installed once;
 7. only when none of the above names a test dependency: requirements files in `tests/` or `test/`
    (`tests/requirements.txt`, `tests/requirements-ci.txt`), the last place a suite's needs are kept.
