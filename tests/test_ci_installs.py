@@ -280,6 +280,17 @@ def test_a_malformed_or_odd_ci_file_is_skipped_with_the_reason_and_the_others_st
     assert ".github/workflows/b.yml: not a mapping of jobs" in found.skipped
     assert any(s.startswith(".gitlab-ci.yml: YAML refused: a recursive alias") for s in found.skipped)
     assert not any("release.yml" in s for s in found.skipped)
+    odd = {  # shapes no CI system accepts: read as far as they make sense, never an exception
+        ".github/workflows/f.yml": "jobs: [pytest]\n",
+        ".github/workflows/g.yml": "jobs: {a: {steps: pytest}, b: {steps: [{run: 3}, pytest], defaults: 1}}\n",
+        ".github/workflows/h.yml": "defaults: {run: [1]}\njobs: {a: {steps: [{run: pytest, working-directory: 7}]}}\n",
+        ".gitlab-ci.yml": "a: {extends: [b, 3], script: {x: pytest}}\nb: {extends: a}\nc: {extends: c, script: pytest}\n",
+        "azure-pipelines.yml": "stages: [{jobs: pytest}, 1, {jobs: [{steps: [{bash: [pytest]}]}]}]\n",
+        "noxfile.py": "import nox\n@nox.session\ndef tests():\n    pass\n@nox.session\ndef test(s):\n"
+                      "    s.install(*missing, **{'a': 1})\n",
+    }
+    found = read_ci_installs(Tree(odd))
+    assert found.installs == [] and ".github/workflows/f.yml: no `jobs:` mapping" in found.skipped
 
 
 def _repo(tmp_path: Path, files: dict[str, str]) -> tuple[Path, str]:
@@ -390,6 +401,8 @@ def test_a_ticket_source_infers_what_only_ci_names_and_the_scan_shows_it(tmp_pat
     assert result.exit_code == 0, result.output
     [row] = [r for r in json.loads(result.output)["records"] if r["becomes"] == "candidate"]
     assert row["environment"] == "inferred from pyproject.toml, .github/workflows/tests.yml:test"
+    table = CliRunner().invoke(app, ["sources", "scan", str(config)], env={"COLUMNS": "400"})
+    assert "inferred from pyproject.toml, .github/workflows/tests.yml:test" in table.output, table.output
 
 
 CLOCK_TEST = """\
