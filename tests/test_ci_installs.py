@@ -346,6 +346,17 @@ def test_inference_adds_what_the_ci_installs_with_provenance(tmp_path):
     assert "-r tests/requirements.txt" not in inf.pip
 
 
+def test_a_package_the_fixs_workflow_starts_installing_is_installed_with_the_workspaces(tmp_path):
+    from envforge.sources.environment import HistoryEnvironment, resolve_environment
+
+    repo, parent = _repo(tmp_path, {"pyproject.toml": PYPROJECT, ".github/workflows/tests.yml": WORKFLOW})
+    fix = commit(repo, "test with respx", {".github/workflows/tests.yml": WORKFLOW.replace(
+        "pytest-asyncio", "pytest-asyncio respx")}, 1)
+    env = resolve_environment(HistoryEnvironment(), repo, parent, "tickets.yaml", fix)
+    assert env.fields["pip"][-1] == "respx"
+    assert env.metadata["environment"]["inferred"]["added_by_change"] == ["respx"]
+
+
 def test_tests_requirements_are_the_last_resort(tmp_path):
     files = {"pyproject.toml": PYPROJECT.split("[project.optional")[0], "tests/requirements.txt": "pytest\n",
              "tests/requirements-extra.txt": "mock\n", "tests/data/requirements.txt": "no\n"}
