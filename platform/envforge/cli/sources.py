@@ -57,7 +57,8 @@ def sources_scan(
     data_dir: Optional[Path] = DataDir,
 ) -> None:
     """A dry run: every record the sources hold and what it would become (a task, a candidate whose tests are
-    derived at ingest, skipped or rejected, with why), and the statement check's verdict on each. Nothing runs
+    derived at ingest, skipped or rejected, with why), where its environment comes from (declared, or the
+    manifests and CI jobs it was inferred from), and the statement check's verdict on each. Nothing runs
     in a sandbox and nothing is written."""
     from envforge.quality.source_scan import scan_rows
     from envforge.sources import load_by_source, scan_sources
@@ -74,6 +75,7 @@ def sources_scan(
             "reason": p.reason,
             "statement": "-",
             "findings": [],
+            "environment": "-",
         }
         for p in problems
     ]
@@ -90,12 +92,13 @@ def sources_scan(
         title=f"{len(rows)} record(s) in {len(found.refs)} source(s): "
         + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
     )
-    for col in ("record", "kind", "becomes", "statement", "why"):
+    for col in ("record", "kind", "becomes", "statement", "environment", "why"):
         table.add_column(col, overflow="fold")
     for r in rows:
         # Reasons quote author names and patterns (`dependabot[bot]`, `*[bot]*`) that rich would read as markup.
         why = r["reason"] or "; ".join(r["findings"][:3])
-        table.add_row(*(escape(str(v)) for v in (r["record"], r["kind"], r["becomes"], r["statement"], why)))
+        cells = (r["record"], r["kind"], r["becomes"], r["statement"], r["environment"], why)
+        table.add_row(*(escape(str(v)) for v in cells))
     out.print(table)
 
 

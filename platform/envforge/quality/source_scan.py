@@ -2,7 +2,8 @@
 
 Tasks (specs, runbooks, SWE-bench instances) are ready as they are; candidates (tickets, reviews,
 history commits) would have their tests derived at ingest; skipped commits and rejects say why.
-Each task and candidate also gets the statement check's verdict as far as it can be known
+Each task and candidate says where its environment's packages come from (declared, or the manifests
+and CI jobs inference read them from) and gets the statement check's verdict as far as it can be known
 before derivation (without the failure the tests will show, so a bare title stays flagged here
 and may be repaired at ingest).
 """
@@ -28,6 +29,18 @@ def _statement(task: Task, reader: WorkspaceReader) -> tuple[str, list[str]]:
     return check.verdict, [f"{f.rule}: {f.evidence}" for f in check.findings]
 
 
+def environment_from(task: Task) -> str:
+    """Where the task's packages come from: `declared`, or the files and CI jobs inference read them from
+    (`metadata.environment.inferred.from`), `-` when the source says nothing about it."""
+    about = task.spec.metadata.get("environment")
+    if not isinstance(about, dict):
+        return "-"
+    if about.get("declared"):
+        return "declared"
+    found = (about.get("inferred") or {}).get("from") or []
+    return "inferred from " + ", ".join(found) if found else "inferred: nothing found"
+
+
 def scan_rows(loaded: Sequence[tuple[SourceRef, LoadResult]], data_dir: Path | None = None) -> list[dict[str, Any]]:
     """One row per record: source, kind, record, what it becomes, why (skips and rejects), statement verdict."""
     reader = WorkspaceReader(WorkspaceScan(), data_dir)
@@ -45,10 +58,12 @@ def scan_rows(loaded: Sequence[tuple[SourceRef, LoadResult]], data_dir: Path | N
                     "reason": "",
                     "statement": verdict,
                     "findings": findings,
+                    "environment": environment_from(task),
                 }
             )
         for cand in res.candidates:
-            verdict, findings = _statement(cand.provisional_task(), reader)
+            provisional = cand.provisional_task()
+            verdict, findings = _statement(provisional, reader)
             rows.append(
                 {
                     "source": source,
@@ -58,6 +73,7 @@ def scan_rows(loaded: Sequence[tuple[SourceRef, LoadResult]], data_dir: Path | N
                     "reason": "tests derived at ingest (FAIL_TO_PASS by running the suite before and after)",
                     "statement": verdict,
                     "findings": findings,
+                    "environment": environment_from(provisional),
                 }
             )
         for kind, problems in (("skipped", res.skipped), ("rejected", res.rejects)):
@@ -71,9 +87,10 @@ def scan_rows(loaded: Sequence[tuple[SourceRef, LoadResult]], data_dir: Path | N
                         "reason": f"{p.field}: {p.reason}" if p.field else p.reason,
                         "statement": "-",
                         "findings": [],
+                        "environment": "-",
                     }
                 )
     return rows
 
 
-__all__ = ["scan_rows"]
+__all__ = ["environment_from", "scan_rows"]

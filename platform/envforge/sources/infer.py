@@ -21,7 +21,17 @@ to the list; duplicates are dropped, pip merges specifiers of one package):
    environments named `test`, `tests` or `testing`, and of the Python-version environments the
    test runs are usually declared in (`[testenv:py{38,39}]`, `[testenv:py311]`, `[env.py312]`:
    every name a section generates is a Python factor alone), without tox substitutions; and their
-   `setenv` / `set_env` variables (the test environment's, e.g. `THREADING_TESTS = 1`).
+   `setenv` / `set_env` variables (the test environment's, e.g. `THREADING_TESTS = 1`);
+6. what the repository's own CI installs in the jobs that run its tests (`sources/ci_installs.py`):
+   the project's extras (`pip install -e .[testing]`) and dependency groups (`--group test`) it
+   names, resolved against the manifests above (any extra or group, not only test-named ones),
+   requirements files and named packages, and `noxfile.py`'s `session.install(...)` calls of its test
+   sessions. Added to what the manifests say, not instead of it: the
+   CI is what the suite actually runs with, and what the two share is installed once;
+7. only when none of the above names a test dependency: requirements files in `tests/` or `test/`
+   (`tests/requirements.txt`, `tests/requirements-ci.txt`), the last place a suite's needs are kept.
+
+Each requirement's source is recorded (`from`: the manifest file, or `FILE:JOB` of a CI job).
 
 Whether the project itself is installed (`editable` when there is a pyproject.toml or a
 setup.py) and whether its version comes from VCS metadata (setuptools_scm, hatch-vcs,
@@ -38,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from envforge.environment import check_requirement
+from envforge.sources.ci_installs import ALL, read_ci_installs
 from envforge.sources.gitrepo import git
 
 TEST_GROUPS = ("test", "tests", "testing")
@@ -46,6 +57,7 @@ TEST_GROUPS = ("test", "tests", "testing")
 # isolation, so the env layer has to hold these too.
 EDITABLE_REQUIRES = {"hatchling": ["editables"], "setuptools": ["wheel"]}
 FALLBACK_GROUPS = ("dev",)
+BASE_REQUIREMENTS = ("requirements.txt", "requirements/base.txt", "requirements/main.txt")
 _VCS_BACKENDS = {
     "setuptools_scm": "setuptools_scm",
     "setuptools-scm": "setuptools_scm",
@@ -73,12 +85,24 @@ class InferredEnvironment:
     dev_groups: list[tuple[list[str], str]] = field(default_factory=list)  # used only when no test group exists
     errors: list[str] = field(default_factory=list)  # manifests that say something impossible (an include-group cycle)
     env: dict[str, str] = field(default_factory=dict)  # tox's set_env of the base (and test) run environment
+    origins: list[str] = field(default_factory=list)  # where requirements came from: files, `FILE:JOB` of CI jobs
+    declares_tests: bool = False  # a test extra/group, test requirements file, tox deps or CI job named something
+    # Every extra of the manifests by name (requirement lines, where), for the extras a CI job installs.
+    extras: dict[str, tuple[list[str], str]] = field(default_factory=dict)
+    ci_jobs: list[str] = field(default_factory=list)  # `FILE:JOB` of the CI jobs that run tests
 
-    def add_group(self, available: dict, where: str, lines_of=lambda value: value) -> None:
-        """The test extras/groups of one manifest table; `dev` ones are kept aside as a fallback."""
+    def add_group(self, available: dict, where: str, lines_of=lambda value: value, extras: bool = True) -> None:
+        """The test extras/groups of one manifest table; `dev` ones are kept aside as a fallback.
+        Every extra is remembered (`extras`) for a CI job that installs it by name."""
+        if extras:
+            for name, value in available.items():
+                lines = (
+                    [v for v in lines_of(value) if isinstance(v, str)] if isinstance(value, (str, list, tuple)) else []
+                )
+                self.extras.setdefault(_canonical(str(name)), (lines, f"{where}.{name}"))
         for name in TEST_GROUPS:
             if name in available:
-                self.found_test_group = True
+                self.found_test_group = self.declares_tests = True
                 self.add([v for v in lines_of(available[name]) if isinstance(v, str)], f"{where}.{name}")
         for name in FALLBACK_GROUPS:
             if name in available:
@@ -86,19 +110,29 @@ class InferredEnvironment:
                     ([v for v in lines_of(available[name]) if isinstance(v, str)], f"{where}.{name}")
                 )
 
-    def add(self, lines: list[str], where: str, build: bool = False) -> None:
-        kept = []
+    def add(self, lines: list[str], where: str, build: bool = False, origin: str | list[str] | None = None) -> None:
+        """Requirement lines from `where` (`origin`: the file(s) or CI job they come from, by default
+        the first word of `where`); a line that is not a requirement is skipped with the reason."""
+        kept, named = [], False
         for line in lines:
             try:
                 req = check_requirement(_strip_comment(line))
             except ValueError as exc:
                 self.skipped.append(f"{where}: {exc}")
                 continue
+            named = True
             target = self.build_requires if build else self.pip
             if req not in target:
                 target.append(req)
                 kept.append(req)
         self.read.append(f"{where} ({len(kept)})")
+        if named:
+            self._origin(origin if origin is not None else where.split(" ")[0])
+
+    def _origin(self, origin: str | list[str]) -> None:
+        for o in [origin] if isinstance(origin, str) else origin:
+            if o not in self.origins:
+                self.origins.append(o)
 
     def as_metadata(self) -> dict:
         return {
@@ -106,6 +140,8 @@ class InferredEnvironment:
             "skipped": self.skipped,
             "dynamic_version": self.dynamic_version,
             "requires_python": self.python,
+            "from": self.origins,
+            **({"ci_jobs": self.ci_jobs} if self.ci_jobs else {}),
             **({"env": self.env} if self.env else {}),
         }
 
@@ -125,6 +161,13 @@ class InferredEnvironment:
                 kept += 1
         if kept:
             self.read.append(f"{where} ({kept})")
+            self._origin(where.split(" ")[0])
+
+
+def _canonical(name: str) -> str:
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(name)
 
 
 def _strip_comment(line: str) -> str:
@@ -138,12 +181,15 @@ class RepoTree:
         self.git_dir, self.commit = git_dir, commit
         proc = git(git_dir, "ls-tree", "-r", "--name-only", "-z", commit)
         self.paths = set(proc.stdout.decode(errors="replace").split("\0")) - {""} if proc.returncode == 0 else set()
+        self._read: dict[str, str | None] = {}  # pyproject.toml is read by several readers: one `git show`
 
     def read(self, path: str) -> str | None:
         if path not in self.paths:
             return None
-        proc = git(self.git_dir, "show", f"{self.commit}:{path}")
-        return proc.stdout.decode("utf-8", errors="replace") if proc.returncode == 0 else None
+        if path not in self._read:
+            proc = git(self.git_dir, "show", f"{self.commit}:{path}")
+            self._read[path] = proc.stdout.decode("utf-8", errors="replace") if proc.returncode == 0 else None
+        return self._read[path]
 
     def exists(self, path: str) -> bool:
         return path in self.paths
@@ -190,7 +236,7 @@ def _pyproject(tree: RepoTree, inf: InferredEnvironment) -> None:
         inf.add(requires, "pyproject.toml [build-system].requires", build=True)
         backend = str(build.get("build-backend") or "").split(".")[0].split(":")[0]
         if backend in EDITABLE_REQUIRES:
-            inf.add(EDITABLE_REQUIRES[backend], f"the editable build of {backend}", build=True)
+            inf.add(EDITABLE_REQUIRES[backend], f"the editable build of {backend}", build=True, origin="pyproject.toml")
     project = data.get("project") or {}
     if build or project:
         inf.install = "editable"
@@ -206,7 +252,7 @@ def _pyproject(tree: RepoTree, inf: InferredEnvironment) -> None:
                 expanded[name] = _dependency_group(groups, name)
             except DependencyGroupError as exc:
                 inf.errors.append(f"pyproject.toml {exc}")
-        inf.add_group(expanded, "pyproject.toml [dependency-groups]")
+        inf.add_group(expanded, "pyproject.toml [dependency-groups]", extras=False)
     if isinstance(project.get("requires-python"), str):
         inf.python = project["requires-python"]
     tool = data.get("tool") or {}
@@ -247,6 +293,7 @@ def _setup_cfg(tree: RepoTree, inf: InferredEnvironment) -> None:
     for key in ("install_requires", "tests_require"):
         if opts.get(key):
             inf.add(_cfg_list(opts[key]), f"setup.cfg [options] {key}")
+            inf.declares_tests |= key == "tests_require"
     if opts.get("setup_requires"):
         inf.add(_cfg_list(opts["setup_requires"]), "setup.cfg [options] setup_requires", build=True)
     if opts.get("python_requires") and not inf.python:
@@ -292,6 +339,7 @@ def _setup_py(tree: RepoTree, inf: InferredEnvironment) -> None:
             value = _literal(kwargs[key], names) if key in kwargs else None
             if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
                 inf.add(list(value), f"setup.py {key}")
+                inf.declares_tests |= key == "tests_require"
             elif key in kwargs:
                 inf.skipped.append(f"setup.py {key}: not a literal list")
         value = _literal(kwargs["setup_requires"], names) if "setup_requires" in kwargs else None
@@ -314,10 +362,86 @@ def requirement_files(tree: RepoTree) -> list[str]:
         and (("/" not in p and "requirement" in p.lower()) or PurePosixPath(p).parent.as_posix() == "requirements")
     )
     stem = {p: PurePosixPath(p).stem.lower() for p in found}
-    base = [p for p in found if p in ("requirements.txt", "requirements/base.txt", "requirements/main.txt")]
+    base = [p for p in found if p in BASE_REQUIREMENTS]
     tests = [p for p in found if "test" in stem[p]]
     dev = [] if tests else [p for p in found if "dev" in stem[p]]
     return list(dict.fromkeys(base + tests + dev))
+
+
+def test_requirement_files(tree: RepoTree) -> list[str]:
+    """Requirements files kept with the tests (`tests/requirements.txt`, `test/requirements-ci.txt`):
+    read only when nothing else names a test dependency."""
+    return sorted(
+        p
+        for p in tree.paths
+        if PurePosixPath(p).parent.as_posix() in ("tests", "test")
+        and p.endswith(".txt")
+        and PurePosixPath(p).name.lower().startswith("requirements")
+    )
+
+
+def _ci(tree: RepoTree, inf: InferredEnvironment) -> None:
+    """What the CI's test jobs install (`sources/ci_installs.py`), each item with its `FILE:JOB`: extras and
+    groups are resolved against the manifests (pip installs none of an extra no manifest defines)."""
+    found = read_ci_installs(tree)
+    inf.ci_jobs = found.jobs
+    inf.skipped += [f"CI {s}" for s in found.skipped]
+    groups = _pyproject_table(tree, "dependency-groups")
+    group_names = {_canonical(str(g)): str(g) for g in groups}
+    own = _project_name(tree)
+    for item in found.installs:
+        where = f"{item.origin} {item.kind} {item.value}"
+        kind, values = item.kind, [item.value]
+        if kind == "package" and own:
+            from packaging.requirements import Requirement
+
+            req = Requirement(item.value)  # ci_installs kept only valid requirements
+            if _canonical(req.name) == own:  # `pip install "mypkg[test]"`: the project's own extras
+                kind, values = "extra", sorted(req.extras)
+        if kind == "package":
+            inf.add([item.value], where, origin=item.origin)
+        elif kind in ("requirements", "constraints"):
+            inf.add([f"{'-c' if kind == 'constraints' else '-r'} {item.value}"], where, origin=item.origin)
+        elif kind == "extra":
+            for name in list(inf.extras) if values == [ALL] else [_canonical(v) for v in values]:
+                if name not in inf.extras:
+                    inf.skipped.append(f"{where}: no manifest defines the extra {name!r}")
+                    continue
+                lines, defined = inf.extras[name]
+                inf.add(lines, f"{where} ({defined})", origin=item.origin)
+        else:
+            for name in list(group_names.values()) if values == [ALL] else values:
+                if _canonical(name) not in group_names:
+                    if not item.implied:
+                        inf.skipped.append(f"{where}: pyproject.toml has no dependency group {name!r}")
+                    continue
+                try:
+                    lines = _dependency_group(groups, name)
+                except DependencyGroupError as exc:
+                    inf.skipped.append(f"{where}: pyproject.toml {exc}")
+                    continue
+                inf.add(
+                    lines,
+                    f"{where} (pyproject.toml [dependency-groups].{group_names[_canonical(name)]})",
+                    origin=item.origin,
+                )
+        inf.declares_tests |= item.origin in inf.origins
+
+
+def _pyproject_table(tree: RepoTree, key: str) -> dict:
+    """One top-level table of pyproject.toml (empty when absent or not valid TOML, which the
+    pyproject.toml reader reports)."""
+    try:
+        table = tomllib.loads(tree.read("pyproject.toml") or "").get(key)
+    except tomllib.TOMLDecodeError:
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def _project_name(tree: RepoTree) -> str | None:
+    """The canonical `[project].name` of pyproject.toml, if it has one."""
+    name = _pyproject_table(tree, "project").get("name")
+    return _canonical(name) if isinstance(name, str) and name.strip() else None
 
 
 def _tox_deps(lines: list[str]) -> list[str]:
@@ -365,6 +489,7 @@ def _tox_ini(text: str, where: str, inf: InferredEnvironment) -> None:
             lines = _tox_deps(cfg[section]["deps"].splitlines())
             if lines:
                 inf.add(lines, f"{where} [{section}] deps")
+                inf.declares_tests = True
         for option in ("setenv", "set_env"):
             if cfg.has_option(section, option):
                 inf.add_env(_tox_ini_setenv(cfg[section][option]), f"{where} [{section}] {option}")
@@ -394,6 +519,7 @@ def _tox_toml(table: dict, where: str, inf: InferredEnvironment) -> None:
         lines = _tox_deps([d for d in deps if isinstance(d, str)]) if isinstance(deps, list) else []
         if lines:
             inf.add(lines, f"{where} [{name}] deps")
+            inf.declares_tests = True
         set_env = section.get("set_env") if isinstance(section, dict) else None
         if isinstance(set_env, dict):
             inf.add_env({k: v for k, v in set_env.items() if isinstance(v, str)}, f"{where} [{name}] set_env")
@@ -434,27 +560,53 @@ def infer_environment(git_dir: Path, commit: str) -> InferredEnvironment:
     _setup_py(tree, inf)
     files = requirement_files(tree)
     if files:
-        inf.add([f"-r {f}" for f in files], "requirements files " + ", ".join(files))
+        inf.add([f"-r {f}" for f in files], "requirements files " + ", ".join(files), origin=files)
+        inf.declares_tests |= any(f not in BASE_REQUIREMENTS for f in files)
     _tox(tree, inf)
     if not inf.found_test_group:
         for lines, where in inf.dev_groups:
             inf.add(lines, where)
-    inf.pip = [line for line in inf.pip if not _names_project(line, tree)]
+            inf.declares_tests = True
+    _ci(tree, inf)
+    if not inf.declares_tests:
+        files = test_requirement_files(tree)
+        if files:
+            inf.add([f"-r {f}" for f in files], "test requirements files " + ", ".join(files), origin=files)
+    inf.pip = _own_extras_expanded(inf, tree)
     if tree.exists("versioneer.py"):
         inf.dynamic_version = inf.dynamic_version or "versioneer"
     return inf
 
 
-def _names_project(line: str, tree: RepoTree) -> bool:
-    """A requirement on the project itself (`pkg[test]` in its own extras) is satisfied by the editable install."""
-    text = tree.read("pyproject.toml") or ""
-    m = re.search(r'(?m)^name\s*=\s*["\']([^"\']+)["\']', text)
-    if not m or line.startswith("-"):
-        return False
+def _own_extras_expanded(inf: InferredEnvironment, tree: RepoTree) -> list[str]:
+    """The pip lines with requirements on the project itself (`pkg[speedups]` in its own `test` extra)
+    replaced by the lines of the extras they name, as pip resolves them; the editable install provides
+    the project. An extra no manifest defines adds nothing (pip warns and goes on)."""
+    own = _project_name(tree)
+    if not own:
+        return inf.pip
     from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
 
-    return canonicalize_name(Requirement(line).name) == canonicalize_name(m.group(1))
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def expand(line: str) -> None:
+        if line.startswith("-") or _canonical(Requirement(line).name) != own:
+            if line not in out:
+                out.append(line)
+            return
+        for extra in sorted(_canonical(e) for e in Requirement(line).extras):
+            if extra in inf.extras and extra not in seen:
+                seen.add(extra)
+                for sub in inf.extras[extra][0]:
+                    try:
+                        expand(check_requirement(_strip_comment(sub)))
+                    except ValueError:
+                        pass  # already listed under `skipped` if the extra was read
+
+    for line in inf.pip:
+        expand(line)
+    return out
 
 
 def nearest_version(git_dir: Path, commit: str) -> str:
@@ -477,4 +629,5 @@ __all__ = [
     "infer_environment",
     "nearest_version",
     "requirement_files",
+    "test_requirement_files",
 ]
