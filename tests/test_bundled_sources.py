@@ -69,13 +69,15 @@ def test_cli_ingest_yields_every_valid_task_and_every_precise_reject(ingested):
 
 def test_every_bundled_task_passes_with_its_reference_and_fails_empty(ingested, docker_client, grader):
     from envforge.sandbox.images import build_base_image, build_task_image
+    from envforge.sources.gitrepo import repository_dir
 
     data, _ = ingested
     settings = Settings.from_env().with_data_dir(data)
     base = build_base_image(docker_client, settings).tag
     failures = []
     for task in Catalog(settings.catalog_path).load_tasks():
-        image = build_task_image(docker_client, task, base, settings).tag
+        # as the images stage does: a commit outside the commit store is read from the source's repository
+        image = build_task_image(docker_client, task, base, settings, repository_dir=repository_dir).tag
         diff, problems = grader.solution_diff(task, image, "reference")
         reference = grader.grade(task, image, diff, solution="reference")
         empty = grader.grade(task, image, "", solution="empty")
