@@ -177,7 +177,8 @@ class _TopLevel:
             start = (
                 src.starts[decorators[0].lineno - 1] if decorators else src.starts[node.lineno - 1] + node.col_offset
             )
-            self.spans.append((start, src.starts[node.end_lineno - 1] + node.end_col_offset))
+            end_line, end_col = node.end_lineno or node.lineno, node.end_col_offset or 0  # always set by ast.parse
+            self.spans.append((start, src.starts[end_line - 1] + end_col))
         self._dumps: dict[int, str] = {}
 
     def text(self, index: int) -> str:
