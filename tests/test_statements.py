@@ -165,7 +165,7 @@ def test_internals_and_how_to_steps_still_leak():
 
 
 def test_short_and_prose_like_parameters_are_seen_when_the_sentence_names_them_as_code():
-    for text in ("Use n in pad.", "Pass key=str.upper to pad.", "Use `key` before padding.", "Call key(text) first."):
+    for text in ("Use n in both.", "Pass key=str.upper too.", "Use `key` first.", "Call key() on it first."):
         assert "leak.solution_step" in rules(leak_findings(text, feature())), text
     # the same words as English: no step named ("a" and "key" are code in the reference too)
     for text in ("Use a separator in both.", "Use the key of the record to sort the output.",
