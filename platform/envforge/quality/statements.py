@@ -14,7 +14,7 @@ observable failure of the FAIL_TO_PASS tests as a reporter would describe it (th
 messages recorded when the tests were derived, with the hidden test names taken out, and the
 interface names they found missing: "`calc.safe_div` does not exist"). The task's interface (the
 names the reference adds and the hidden tests call, `interface_identifiers`) is no leak: a policy
-cannot pass the tests without being told what to name. The
+cannot pass the tests without being told what to call what it writes. The
 repaired text is checked again by the same rules, so what is shown is measured not to hand
 over the fix. The policy (`StatementPolicy`) decides what happens to a statement that is still
 flagged: `strict` keeps the task out, `flag` keeps it with its verdict, `off` skips the check.
@@ -616,7 +616,8 @@ def missing_interface(context: StatementContext) -> list[str]:
 
 def repair_statement(text: str, context: StatementContext) -> StatementCheck:
     """Clean, drop leaking sentences, describe the observed failure (and the interface names the tests
-    found missing) when the rest says too little; then the rules again on the result (the verdict says whether anything is still wrong)."""
+    found missing) when the rest says too little; then the rules again on the result (the verdict says
+    whether anything is still wrong)."""
     original = check_statement(text, context)
     cleaned, removed = clean_statement(text, context.kind)
     leaks = leak_findings(cleaned, context)
