@@ -120,12 +120,18 @@ def test_a_message_too_short_to_state_a_task_keeps_its_candidate_for_the_repair(
     assert result.rejects == []
     [short] = [c for c in result.candidates if c.metadata["fix_commit"] == sha]
     assert short.instruction == f"Commit {sha[:12]}: sub"
-    context = StatementContext(kind="history", failure_messages=(
-        ("tests/test_sub.py::test_sub", "ImportError: cannot import name 'sub' from 'calc'"),))
+    failure = (("tests/test_sub.py::test_sub", "ImportError: cannot import name 'sub' from 'calc'"),)
+    context = StatementContext(kind="history", failure_messages=failure)
     check = repair_statement(short.instruction, context)
     assert check.verdict == "repaired" and check.added_failures == 1, check
     assert check.statement.startswith("sub.") and "Commit" not in check.statement
     assert "cannot import name 'sub'" in check.statement
+    # with the commit's own change and tests, `sub` is the interface: the repair says it is missing, and no leak
+    task = short.provisional_task()
+    context = StatementContext.of_task(task.model_copy(update={"spec": task.spec.model_copy(
+        update={"metadata": {"failure_messages": dict(failure)}})}))
+    check = repair_statement(short.instruction, context)
+    assert check.verdict == "repaired" and "`calc.sub` does not exist." in check.statement, check
 
 
 def test_history_sources_are_discovered_as_their_own_kind(calc, tmp_path):

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from envforge.quality.statement_policy import apply_statement_policy
-from envforge.quality.statements import (StatementContext, added_identifiers, check_statement, clean_statement,
-                                         hidden_test_names, leak_findings, repair_statement)
+from envforge.quality.statements import (_IDENT, StatementContext, added_identifiers, check_statement,
+                                         clean_statement, hidden_test_names, interface_identifiers, leak_findings,
+                                         missing_interface, repair_statement, used_by_tests)
 from envforge.stages.configs import IngestConfig
 from envforge.task import Task, TaskSpec
 from envforge.verify.parsers import parse_failure_messages, parse_report
@@ -49,7 +50,6 @@ FAILURE = "TypeError: args2sh() got an unexpected keyword argument 'sep'"
 
 def context(kind: str = "ticket", messages: tuple = ()) -> StatementContext:
     text = "\n".join(body for _, body in WORKSPACE)
-    from envforge.quality.statements import _IDENT
     return StatementContext(kind=kind, reference_patch=REFERENCE, test_patch=TESTS,
                             fail_to_pass=("tests/test_sep.py::test_args2sh_sep", "tests/test_sep.py::test_args2cmd_sep"),
                             failure_messages=messages, existing_identifiers=frozenset(_IDENT.findall(text)),
@@ -58,6 +58,54 @@ def context(kind: str = "ticket", messages: tuple = ()) -> StatementContext:
 
 def rules(findings) -> set[str]:
     return {f.rule for f in findings}
+
+
+# A feature commit: `safe_div` (and its `default=` keyword) is what the hidden tests call; `_nonzero` is a helper
+# they never see, and `n` / `key` are short and prose-like parameters of a second change.
+FEATURE = '''diff --git a/calc.py b/calc.py
+--- a/calc.py
++++ b/calc.py
+@@ -1,5 +1,14 @@
+ def div(a, b):
+     return a / b
+ 
+-def pad(text):
+-    return text + " "
++def pad(text, n=1, key=None):
++    text = key(text) if key else text
++    return text + " " * n
++
++def _nonzero(b):
++    return b != 0
++
++def safe_div(a, b, default=None):
++    """Divide, or return the default when the divisor is zero: a separator of cases."""
++    return a / b if _nonzero(b) else default
+'''
+FEATURE_TESTS = """diff --git a/tests/test_safe.py b/tests/test_safe.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_safe.py
+@@ -0,0 +1,9 @@
++import calc
++from calc import safe_div
++
++def test_safe_div_by_zero():
++    \"\"\"The helper must not raise on zero
++    (a _nonzero check, say).\"\"\"
++    assert safe_div(1, 0, default=0) == 0
++    assert getattr(calc, "safe_div")(4, 2) == 2  # pad would not do
++    assert calc.pad("a", n=2) == "a  ", "pad is wrong"
+"""
+FEATURE_WORKSPACE = "def div(a, b):\n    return a / b\n\ndef pad(text):\n    return text + ' '\n"
+IMPORT_FAILURE = "ImportError: cannot import name 'safe_div' from 'calc' (/repo/calc.py)"
+
+
+def feature(kind: str = "history", messages: tuple = ()) -> StatementContext:
+    return StatementContext(kind=kind, reference_patch=FEATURE, test_patch=FEATURE_TESTS,
+                            fail_to_pass=("tests/test_safe.py::test_safe_div_by_zero",), failure_messages=messages,
+                            existing_identifiers=frozenset(_IDENT.findall(FEATURE_WORKSPACE)),
+                            existing_text=FEATURE_WORKSPACE)
 
 
 def test_cleaning_removes_trailers_references_and_the_ticket_prefix():
@@ -82,9 +130,48 @@ def test_hidden_test_names_and_new_test_files_are_leaks():
 
 def test_identifiers_only_the_reference_adds_leak_but_the_problems_vocabulary_does_not():
     assert added_identifiers(REFERENCE, context().existing_identifiers) == {"sep"}
-    assert rules(leak_findings("Use sep in both.", context())) >= {"leak.added_identifier", "leak.solution_step"}
+    # `sep` is the interface (the hidden tests pass `sep=`), so naming it is no added_identifier leak; telling how to
+    # use it is still a solution step
+    assert interface_identifiers(context()) == {"sep"}
+    assert rules(leak_findings("Use sep in both.", context())) == {"leak.solution_step"}
     # names that exist before the fix describe the problem: not a leak
     assert leak_findings("`args2sh` joins its arguments with a space; the output is wrong on Windows.", context()) == []
+
+
+def test_the_interface_is_what_the_reference_adds_and_the_hidden_tests_use():
+    """Calls, imports, keywords and whole-string names count; words of a docstring, a comment or a message do not."""
+    assert {"safe_div", "default", "calc", "pad", "getattr", "n"} <= used_by_tests(FEATURE_TESTS)
+    assert not {"_nonzero", "helper", "wrong", "would"} & used_by_tests(FEATURE_TESTS)
+    assert interface_identifiers(feature()) == {"safe_div", "default"}
+    assert interface_identifiers(StatementContext(reference_patch=FEATURE)) == set()  # no tests: no interface
+
+
+def test_a_feature_statement_naming_its_interface_is_no_leak():
+    for text in ("Add `safe_div(a, b, default)` that returns the default instead of raising when b is zero.",
+                 "Implement safe_div: dividing by zero must give the default value.",
+                 "`safe_div` should accept a `default` keyword for a zero divisor."):
+        assert leak_findings(text, feature()) == [], text
+
+
+def test_internals_and_how_to_steps_still_leak():
+    """A helper the tests never call is how the reference was written; an instruction that says how to use even
+    an interface name is a step of the fix."""
+    text = "Add `safe_div()` using a `_nonzero` helper."
+    assert {(f.rule, f.evidence) for f in leak_findings(text, feature())} >= {
+        ("leak.added_identifier", "_nonzero"), ("leak.solution_step", text)}
+    assert "leak.solution_step" in rules(leak_findings("Call _nonzero(b) instead of comparing.", feature()))
+    assert "leak.solution_step" in rules(leak_findings("Use default in safe_div.", feature()))
+    assert "leak.solution_step" in rules(leak_findings("Use sep in both.", context("history")))
+
+
+def test_short_and_prose_like_parameters_are_seen_when_the_sentence_names_them_as_code():
+    for text in ("Use n in both.", "Pass key=str.upper too.", "Use `key` first.", "Call key() on it first."):
+        assert "leak.solution_step" in rules(leak_findings(text, feature())), text
+    # the same words as English: no step named ("a" and "key" are code in the reference too)
+    for text in ("Use a separator in both.", "Use the key of the record to sort the output.",
+                 "Add padding, e.g. for tables; the result is wrong when it is too short."):
+        assert leak_findings(text, feature()) == [], text
+        assert leak_findings(text, context("history")) == [], text
 
 
 def test_add_a_test_instructions_and_reference_lines_are_leaks():
@@ -122,6 +209,40 @@ def test_failure_messages_are_masked_and_dropped_when_they_would_leak():
     check = repair_statement("Ticket 9: args2sh separator", context(messages=(leaky,)))
     assert "return sep.join" not in check.statement
     assert check.verdict == "flagged"  # nothing safe to show: still a bare title
+
+
+def test_a_thin_feature_statement_is_repaired_with_the_names_the_tests_found_missing():
+    check = repair_statement("✨ feat: add safe_div", feature(messages=(("tests/test_safe.py::test_safe_div_by_zero",
+                                                                        IMPORT_FAILURE),)))
+    assert check.verdict == "repaired" and not check.findings, check
+    assert check.statement.startswith("add safe_div.\n\n`calc.safe_div` does not exist.\n\nObserved behaviour:")
+    assert IMPORT_FAILURE in check.statement and check.added_failures == 1
+    assert leak_findings(check.statement, feature()) == []  # the interface is no leak: the repair stands
+    # a leaking sentence goes, the missing name is still said; an attribute error reads the same
+    attribute = "AttributeError: module 'calc' has no attribute 'safe_div'"
+    check = repair_statement("Commit 0123456789ab: :sparkles: Add safe_div. Call _nonzero(b) first.",
+                             feature(messages=(("tests/test_safe.py::test_safe_div_by_zero", attribute),)))
+    assert check.verdict == "repaired" and "_nonzero" not in check.statement, check
+    assert "`calc.safe_div` does not exist." in check.statement and "leak.solution_step" in rules(check.repaired)
+
+
+def test_only_interface_names_are_described_as_missing():
+    messages = (("a", "ModuleNotFoundError: No module named 'dateutil.parser'"),
+                ("b", "AttributeError: module 'calc' has no attribute '_nonzero'"),
+                ("c", "TypeError: safe_div() got an unexpected keyword argument 'default'"),
+                ("d", IMPORT_FAILURE), ("e", IMPORT_FAILURE))
+    assert missing_interface(feature(messages=messages)) == ["`safe_div()` takes no `default` argument.",
+                                                             "`calc.safe_div` does not exist."]
+    assert missing_interface(context(messages=(("t", FAILURE),))) == ["`args2sh()` takes no `sep` argument."]
+
+
+def test_gitmoji_are_cleaned_from_commit_subjects():
+    for subject in (":bug: Fix x", "🐛 Fix x", ":sparkles: fix: Fix x", "✨ feat(cli)!: Fix x", "fix: 🐛 Fix x",
+                    "Commit 0123456789ab: 🧑‍💻 Fix x", "⚡️ Fix x"):
+        cleaned, removed = clean_statement(subject, "history")
+        assert cleaned == "Fix x" and removed, subject
+    assert clean_statement(":bug: Fix x", "spec")[0] == ":bug: Fix x"  # an author's text keeps its words
+    assert clean_statement("Fix x: y", "history")[0] == "Fix x: y"
 
 
 def test_a_good_report_is_left_alone():
@@ -211,6 +332,10 @@ def test_a_repair_never_leaves_less_than_a_statement():
     assert check.verdict == "flagged" and len(check.statement) >= 10
     # Its verdict is the shown text's: when dropping the leaking sentence left nothing and the cleaned words
     # are shown after all, their leak is a finding (platformdirs' "✨ feat: add user_fonts_dir ...").
+    check = repair_statement("Commit 0123456789ab: feat: `safe_div` uses `_nonzero` (#491)", feature(messages=()))
+    assert check.verdict == "flagged" and check.statement == "`safe_div` uses `_nonzero`"
+    assert rules(check.findings) >= {"leak.added_identifier"}, check.findings
+    # naming only the interface is no leak: such a subject is flagged as thin, nothing else
     check = repair_statement("Ticket c-9: feat: `args2sh` takes `sep` (#491)", context(messages=()))
     assert check.verdict == "flagged" and check.statement == "`args2sh` takes `sep`"
-    assert "leak.added_identifier" in rules(check.findings), check.findings
+    assert {f.rule.split(".")[0] for f in check.findings} == {"underspecified"}, check.findings

@@ -8,10 +8,13 @@ grounds; commit-derived tasks (tickets, reviews, plain history) fail them often,
 commit message describes the change, not the problem.
 
 `check_statement` reports findings with their evidence; `repair_statement` cleans what is
-noise (trailers, PR and issue references, envforge's own `Ticket X:` / `Commit X:` prefix, conventional-commit
-types), drops the sentences that leak and, when what is left says too little, adds the
+noise (trailers, PR and issue references, envforge's own `Ticket X:` / `Commit X:` prefix, gitmoji,
+conventional-commit types), drops the sentences that leak and, when what is left says too little, adds the
 observable failure of the FAIL_TO_PASS tests as a reporter would describe it (the assertion
-messages recorded when the tests were derived, with the hidden test names taken out). The
+messages recorded when the tests were derived, with the hidden test names taken out, and the
+interface names they found missing: "`calc.safe_div` does not exist"). The task's interface (the
+names the reference adds and the hidden tests call, `interface_identifiers`) is no leak: a policy
+cannot pass the tests without being told what to call what it writes. The
 repaired text is checked again by the same rules, so what is shown is measured not to hand
 over the fix. The policy (`StatementPolicy`) decides what happens to a statement that is still
 flagged: `strict` keeps the task out, `flag` keeps it with its verdict, `off` skips the check.
@@ -89,6 +92,12 @@ _CONVENTIONAL = re.compile(
     r"(?:\([^)]{0,40}\))?!?:\s*",
     re.I,
 )
+# A gitmoji before or after the conventional type (`:bug: Fix x`, `🐛 Fix x`, `✨ feat: add x`): decoration, not words.
+_GITMOJI = re.compile(
+    r"^\s*(?::[a-z0-9_+-]{1,40}:|[\u2190-\u21ff\u2300-\u23ff\u2460-\u27bf\u2900-\u2bff\U0001f000-\U0001faff]"
+    r"[\ufe0f\u200d\u2190-\u21ff\u2300-\u23ff\u2460-\u27bf\u2900-\u2bff\U0001f000-\U0001faff\U0001f3fb-\U0001f3ff]*)"
+    r"\s*:?\s*"
+)
 
 _ADD_TEST = re.compile(
     r"\b(?:add(?:s|ed|ing)?|write|writes|wrote|include[sd]?|introduc(?:e|es|ed|ing)|new)\b"
@@ -126,6 +135,26 @@ only also both either new old value values data file files name names type types
 item items result results error errors test tests case cases time date self cls args kwargs true false none
 return raise def class import from pass else elif while for try except finally lambda yield async await""".split()
 )
+# Short English words (and the letters of "e.g.", "i.e."): a parameter so named is told apart from prose only when
+# the sentence marks it as code.
+_SHORT_WORDS = frozenset(
+    "a e g i s t am an as at be by do go he if in is it me my no of ok on or so to up us we vs id".split()
+)
+# Instruction verbs that say WHAT to provide (a name, a parameter), not how to write it: with the task's interface
+# names they describe a feature, with internals they still hand over the fix.
+_PROVIDE = re.compile(r"^\s*(?:[-*]\s*)?(?:add|introduce|implement|rename)\b", re.I)
+_ANY_STRING = re.compile(r"""(?P<q>['"])(?:\\.|(?!(?P=q)).)*(?P=q)""")
+_NAME_STRING = re.compile(r"""^['"]([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)['"]$""")
+_TRIPLE = re.compile(r"\"\"\"|'''")
+_TRIPLE_SPAN = re.compile(r"\"\"\".*?\"\"\"|'''.*?'''")
+# A test's failure that says a name is missing (import, module attribute, class attribute, keyword argument).
+_MISSING = (
+    re.compile(r"\bcannot import name '(?P<name>\w+)' from '(?P<owner>[\w.]+)'"),
+    re.compile(r"\bmodule '(?P<owner>[\w.]+)' has no attribute '(?P<name>\w+)'"),
+    re.compile(r"\btype object '(?P<owner>[\w.]+)' has no attribute '(?P<name>\w+)'"),
+    re.compile(r"\bNo module named '(?P<owner>[\w.]+)\.(?P<name>\w+)'"),
+)
+_MISSING_ARGUMENT = re.compile(r"\b(?P<owner>[\w.]+)\(\) got an unexpected keyword argument '(?P<name>\w+)'")
 
 
 @dataclass(frozen=True)
@@ -254,10 +283,14 @@ def _code(line: str) -> str:
 def added_identifiers(patch: str, existing: frozenset[str] = frozenset()) -> set[str]:
     """Identifiers the patch's added code introduces: in added lines, in no removed or context line and
     nowhere in the workspace before the change (`existing`)."""
+    return {i for i in _new_names(patch, existing) if len(i) >= 3}
+
+
+def _new_names(patch: str, existing: frozenset[str]) -> set[str]:
     lines = patch_lines(patch)
     before = existing | {m for ln in (*lines.removed, *lines.context) for m in _IDENT.findall(ln)}
     after = {m for ln in lines.added for m in _IDENT.findall(_strip_strings(_code(ln)))}
-    return {i for i in after - before if len(i) >= 3 and not keyword.iskeyword(i)}
+    return {i for i in after - before if not keyword.iskeyword(i)}
 
 
 def added_literals(patch: str, existing_text: str = "") -> set[str]:
@@ -289,13 +322,58 @@ def hidden_test_names(context: StatementContext) -> set[str]:
     return {n for n in names if n and len(n) >= 5}
 
 
+def _code_lines(lines: Iterable[str]) -> list[str]:
+    """The code of diff lines read in order: comments, string literals and the prose of triple-quoted
+    docstrings (which span lines) taken out, so only what a program names is left."""
+    out: list[str] = []
+    inside = ""
+    for line in lines:
+        text = line
+        if inside:
+            if inside not in text:
+                continue
+            text, inside = text.split(inside, 1)[1], ""
+        text = _TRIPLE_SPAN.sub(" ", text)
+        opening = _TRIPLE.search(text)
+        if opening:
+            text, inside = text[: opening.start()], opening.group(0)
+        out.append(_ANY_STRING.sub(" ", text).split("#", 1)[0])
+    return out
+
+
+def used_by_tests(test_patch: str) -> set[str]:
+    """Names the held-back tests' added lines use as code (call, import, pass as a keyword, read as an
+    attribute) or spell as a whole string (`getattr(mod, "name")`, `mock.patch("pkg.mod.name")`);
+    words of their messages, comments and docstrings do not count."""
+    added = patch_lines(test_patch).added
+    names = {m for ln in _code_lines(added) for m in _IDENT.findall(ln)}
+    for line in added:
+        for m in _ANY_STRING.finditer(_code(line)):
+            spelled = _NAME_STRING.match(m.group(0))
+            if spelled:
+                names.update(spelled.group(1).split("."))
+    return {n for n in names if not keyword.iskeyword(n)}
+
+
+def interface_identifiers(context: StatementContext) -> set[str]:
+    """The task's interface: names the reference adds AND the held-back tests use.
+
+    A feature commit's tests call what it adds (`user_config_path()`, a `sep=` keyword): a policy
+    cannot pass them without being told those names, so a statement that names them says WHAT to
+    provide and hands over nothing the grading does not already require. Names the reference adds
+    that the tests never use (private helpers, local variables) are how it was written: they stay
+    leaks."""
+    added = added_identifiers(context.reference_patch, context.existing_identifiers)
+    return added & used_by_tests(context.test_patch) if added else set()
+
+
 # ---------------------------------------------------------------------------------------------- cleaning
 
 
 def clean_statement(text: str, kind: str = "") -> tuple[str, list[str]]:
     """The statement without what is noise to a policy: trailers, merge lines, PR/issue references and
-    links, and for commit-derived kinds the `Ticket X:` / `Commit X:` prefix, a tracker key and a conventional-commit
-    type. Returns (text, what was removed)."""
+    links, and for commit-derived kinds the `Ticket X:` / `Commit X:` prefix, a gitmoji, a tracker key and a
+    conventional-commit type. Returns (text, what was removed)."""
     removed: list[str] = []
 
     def cut(pattern: re.Pattern, value: str, repl: str = "") -> str:
@@ -307,7 +385,7 @@ def clean_statement(text: str, kind: str = "") -> tuple[str, list[str]]:
         out = cut(pattern, out)
     if kind in COMMIT_DERIVED_KINDS:
         first, sep, rest = out.partition("\n")
-        for pattern in (_ENVFORGE_PREFIX, _TRACKER_KEY_PREFIX, _CONVENTIONAL):
+        for pattern in (_ENVFORGE_PREFIX, _GITMOJI, _TRACKER_KEY_PREFIX, _CONVENTIONAL, _GITMOJI):
             first = cut(pattern, first)
         out = first + sep + rest
     out = re.sub(r"[ \t]+\n", "\n", out)
@@ -353,7 +431,9 @@ def leak_findings(text: str, context: StatementContext) -> list[Finding]:
             findings.append(Finding("leak.test_file", path, "names a test file the held-back test change adds"))
     quoted, squashed = _quoted_spans(text), _squash(text)
     sentences = split_sentences(text)
-    for ident in sorted(added_identifiers(context.reference_patch, context.existing_identifiers)):
+    added = added_identifiers(context.reference_patch, context.existing_identifiers)
+    interface = interface_identifiers(context)
+    for ident in sorted(added - interface):
         if not _word_in(ident, text) or ident.lower() in _PROSE:
             continue
         imperative = any(_IMPERATIVE.match(s) and _word_in(ident, s) for s in sentences)
@@ -362,23 +442,7 @@ def leak_findings(text: str, context: StatementContext) -> list[Finding]:
                 Finding("leak.added_identifier", ident, "uses an identifier only the reference solution introduces")
             )
     if context.kind in COMMIT_DERIVED_KINDS:
-        touched = {
-            i
-            for ln in patch_lines(context.reference_patch).added
-            for i in _IDENT.findall(_code(ln))
-            if len(i) >= 3 and i.lower() not in _PROSE and not keyword.iskeyword(i)
-        }
-        for sentence in sentences:
-            if _IMPERATIVE.match(sentence):
-                named = sorted(i for i in touched if _word_in(i, sentence))
-                if named:
-                    findings.append(
-                        Finding(
-                            "leak.solution_step",
-                            sentence.strip()[:160],
-                            f"tells how to change the code the fix changes ({', '.join(named[:3])})",
-                        )
-                    )
+        findings.extend(_solution_steps(sentences, context, interface))
     for literal in sorted(added_literals(context.reference_patch, context.existing_text)):
         # an expected output quoted in a report is the spec; a literal in an instruction is the fix
         if any(_IMPERATIVE.match(s) and literal in s for s in sentences):
@@ -395,6 +459,47 @@ def leak_findings(text: str, context: StatementContext) -> list[Finding]:
             )
         )
     return _unique(findings)
+
+
+def _solution_steps(sentences: Sequence[str], context: StatementContext, interface: set[str]) -> list[Finding]:
+    """Instruction sentences naming code the fix changes (a commit message's voice: "Use sep in both",
+    "call _helper() instead"). An instruction that says what to provide ("Add `foo()` returning X")
+    is a feature's description when everything it names is the interface or was there before; it is a
+    step when it names an internal the reference adds or a private name the tests do not use."""
+    lines = patch_lines(context.reference_patch).added
+    code = {i for ln in _code_lines(lines) for i in _IDENT.findall(ln) if not keyword.iskeyword(i)}
+    touched = {i for i in code if len(i) >= 3 and i.lower() not in _PROSE}
+    # short or prose-like names count too, where the sentence names them as code (`n`, `key=`)
+    as_code = code - touched
+    tested = used_by_tests(context.test_patch)
+    new = _new_names(context.reference_patch, context.existing_identifiers)
+    findings = []
+    for sentence in sentences:
+        if not _IMPERATIVE.match(sentence):
+            continue
+        named = {i for i in touched if _word_in(i, sentence)} | {i for i in as_code if _names_as_code(i, sentence)}
+        if _PROVIDE.match(sentence):
+            named = {i for i in named if i not in interface and (i in new or (i.startswith("_") and i not in tested))}
+        if named:
+            findings.append(
+                Finding(
+                    "leak.solution_step",
+                    sentence.strip()[:160],
+                    f"tells how to change the code the fix changes ({', '.join(sorted(named)[:3])})",
+                )
+            )
+    return findings
+
+
+def _names_as_code(name: str, sentence: str) -> bool:
+    """Whether a sentence names a short or prose-like identifier as code rather than as a word: quoted
+    as code, called, indexed, assigned or dotted into (`key=`, `value.strip`), or, for a name that is no
+    English word (`n`, `fn`), standing on its own."""
+    if _word_in(name, _quoted_spans(sentence)):
+        return True
+    if re.search(rf"(?<![\w.]){re.escape(name)}(?:\(|\[|\s?=(?!=)|\.\w)", sentence):
+        return True
+    return name.lower() not in _PROSE and name.lower() not in _SHORT_WORDS and _word_in(name, sentence)
 
 
 def underspecified_findings(text: str, kind: str = "") -> list[Finding]:
@@ -489,30 +594,52 @@ def observed_failures(context: StatementContext) -> list[str]:
     return shown
 
 
+def missing_interface(context: StatementContext) -> list[str]:
+    """The interface names the FAIL_TO_PASS tests found missing before the fix, said as a reporter would
+    ("`calc.safe_div` does not exist", "`args2sh()` takes no `sep` argument"), read from their recorded
+    failures (`cannot import name 'safe_div' from 'calc'`, `module 'calc' has no attribute 'safe_div'`,
+    `got an unexpected keyword argument 'sep'`). Only interface names: a missing dependency or any other
+    name is the environment's problem, not the task's; each sentence is checked not to leak."""
+    interface = interface_identifiers(context)
+    said: list[str] = []
+    for _test_id, message in context.failure_messages:
+        for pattern in _MISSING:
+            for m in pattern.finditer(message):
+                if m.group("name") in interface:
+                    said.append(f"`{m.group('owner')}.{m.group('name')}` does not exist.")
+        for m in _MISSING_ARGUMENT.finditer(message):
+            if m.group("name") in interface:
+                said.append(f"`{m.group('owner')}()` takes no `{m.group('name')}` argument.")
+    unique = list(dict.fromkeys(said))
+    return [s for s in unique if not leak_findings(s, context)][:MAX_FAILURES_SHOWN]
+
+
 def repair_statement(text: str, context: StatementContext) -> StatementCheck:
-    """Clean, drop leaking sentences, describe the observed failure when the rest says too little;
-    then the rules again on the result (the verdict says whether anything is still wrong)."""
+    """Clean, drop leaking sentences, describe the observed failure (and the interface names the tests
+    found missing) when the rest says too little; then the rules again on the result (the verdict says
+    whether anything is still wrong)."""
     original = check_statement(text, context)
     cleaned, removed = clean_statement(text, context.kind)
     leaks = leak_findings(cleaned, context)
     repaired = _drop_leaking_sentences(cleaned, leaks) if leaks else cleaned
-    added = 0
+    added, described = 0, False
     if underspecified_findings(repaired, context.kind):
-        failures = observed_failures(context)
+        failures, missing = observed_failures(context), missing_interface(context)
+        parts = [repaired.rstrip(".") + "."] if repaired else []
+        parts += [" ".join(missing)] if missing else []
         if failures:
-            lead = repaired.rstrip(".") + "." if repaired else ""
             body = "\n".join(f"- {f}" for f in failures)
-            repaired = (
-                f"{lead}\n\n" if lead else ""
-            ) + f"Observed behaviour: with the code as it is, the project's tests report:\n{body}"
-            added = len(failures)
+            parts.append(f"Observed behaviour: with the code as it is, the project's tests report:\n{body}")
+        if failures or missing:
+            repaired, added, described = "\n\n".join(parts), len(failures), True
     after = check_statement(repaired, context)
-    if added:  # the observed failures are the behaviour; thinness of the title alone is no longer a finding
+    if described:  # the observed failures are the behaviour; thinness of the title alone is no longer a finding
         after = [f for f in after if not f.rule.startswith("underspecified.")]
     if len(repaired.strip()) < MIN_STATEMENT_CHARS:  # nothing usable left: keep the words there were, flagged
-        repaired, leaks, added = (cleaned if len(cleaned.strip()) >= MIN_STATEMENT_CHARS else text), [], 0
+        repaired = cleaned if len(cleaned.strip()) >= MIN_STATEMENT_CHARS else text
+        leaks, added, described = [], 0, False
         after = check_statement(repaired, context)  # the verdict is the shown text's: its leaks included
-    changed = bool(removed or leaks or added) and repaired != text  # whitespace alone is no repair
+    changed = bool(removed or leaks or described) and repaired != text  # whitespace alone is no repair
     repaired = repaired if changed else text
     verdict: Verdict = "flagged" if after else "repaired" if changed else "ok"
     return StatementCheck(
@@ -570,9 +697,12 @@ __all__ = [
     "check_statement",
     "clean_statement",
     "hidden_test_names",
+    "interface_identifiers",
     "leak_findings",
+    "missing_interface",
     "observed_failures",
     "patch_lines",
     "repair_statement",
+    "used_by_tests",
     "underspecified_findings",
 ]
