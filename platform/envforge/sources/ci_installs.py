@@ -41,6 +41,7 @@ here raises on a repository's content.
 
 from __future__ import annotations
 
+import ast
 import posixpath
 import re
 import shlex
@@ -50,6 +51,7 @@ from typing import Any, Literal, Protocol
 from envforge.errors import SpecError
 from envforge.sources import guard
 from envforge.sources.policy import SourcePolicy
+from envforge.sources.static_python import literal, parse_module
 
 InstallKind = Literal["extra", "group", "requirements", "constraints", "package"]
 ALL = "*"  # the value of an `extra` or `group` item that stands for all of them (`--all-extras`)
@@ -368,19 +370,14 @@ def _noxfile(tree: Tree, out: CiInstalls) -> None:
     """The `session.install(...)` calls of noxfile.py's test sessions, read statically (never run): the
     sessions the CI's test jobs name (`nox -s tests-3.12` is session `tests`), else every session whose
     name runs tests. Literal arguments only (and `*NAME` of a module-level literal list)."""
-    import ast
-
     text = tree.read("noxfile.py")
     if text is None:
         return
-    try:
-        module = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    parsed = parse_module(text)
+    if parsed is None:
         out.skipped.append("noxfile.py: not parseable as Python")
         return
-    names = {
-        t.id: n.value for n in module.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
-    }
+    module, names = parsed
     wanted = {re.sub(r"-(\d+(\.\d+)*|pypy\S*)$", "", n) for n in out.nox_sessions}
     for fn in module.body:
         if not isinstance(fn, ast.FunctionDef) or not fn.args.args:
@@ -401,11 +398,7 @@ def _noxfile(tree: Tree, out: CiInstalls) -> None:
                 continue
             tokens: list[str] = []
             for a in call.args:
-                node = names.get(a.value.id) if isinstance(a, ast.Starred) and isinstance(a.value, ast.Name) else a
-                try:
-                    value = ast.literal_eval(node) if node is not None else None
-                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                    value = None
+                value = literal(a.value if isinstance(a, ast.Starred) else a, names)
                 values = list(value) if isinstance(a, ast.Starred) and isinstance(value, (list, tuple)) else [value]
                 strings = [v for v in values if isinstance(v, str)]
                 if len(strings) == len(values):
@@ -418,8 +411,6 @@ def _noxfile(tree: Tree, out: CiInstalls) -> None:
 def _nox_session_name(fn: Any) -> str | None:
     """The session name of a function decorated with `@nox.session` / `@session(...)` (its `name=`, else
     the function's name); None for another function."""
-    import ast
-
     for dec in fn.decorator_list:
         target = dec.func if isinstance(dec, ast.Call) else dec
         if (isinstance(target, ast.Attribute) and target.attr == "session") or (

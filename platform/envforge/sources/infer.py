@@ -50,6 +50,7 @@ from pathlib import Path, PurePosixPath
 from envforge.environment import check_requirement
 from envforge.sources.ci_installs import ALL, read_ci_installs
 from envforge.sources.gitrepo import git
+from envforge.sources.static_python import literal, parse_module
 
 TEST_GROUPS = ("test", "tests", "testing")
 # What build backends ask for on top of their own requirements to build an editable wheel
@@ -302,15 +303,6 @@ def _setup_cfg(tree: RepoTree, inf: InferredEnvironment) -> None:
         inf.add_group(dict(cfg["options.extras_require"]), "setup.cfg [options.extras_require]", _cfg_list)
 
 
-def _literal(node: ast.AST, names: dict[str, ast.AST]):
-    if isinstance(node, ast.Name) and node.id in names:
-        node = names[node.id]
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return None
-
-
 def _setup_py(tree: RepoTree, inf: InferredEnvironment) -> None:
     text = tree.read("setup.py")
     if text is None:
@@ -320,14 +312,11 @@ def _setup_py(tree: RepoTree, inf: InferredEnvironment) -> None:
         inf.dynamic_version = inf.dynamic_version or "setuptools_scm"
     if "versioneer" in text:
         inf.dynamic_version = inf.dynamic_version or "versioneer"
-    try:
-        module = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    parsed = parse_module(text)
+    if parsed is None:
         inf.skipped.append("setup.py: not parseable as Python")
         return
-    names = {
-        t.id: n.value for n in module.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
-    }
+    module, names = parsed
     calls = [
         n
         for n in ast.walk(module)
@@ -336,19 +325,19 @@ def _setup_py(tree: RepoTree, inf: InferredEnvironment) -> None:
     for call in calls[:1]:
         kwargs = {k.arg: k.value for k in call.keywords if k.arg}
         for key in ("install_requires", "tests_require"):
-            value = _literal(kwargs[key], names) if key in kwargs else None
+            value = literal(kwargs[key], names) if key in kwargs else None
             if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
                 inf.add(list(value), f"setup.py {key}")
                 inf.declares_tests |= key == "tests_require"
             elif key in kwargs:
                 inf.skipped.append(f"setup.py {key}: not a literal list")
-        value = _literal(kwargs["setup_requires"], names) if "setup_requires" in kwargs else None
+        value = literal(kwargs["setup_requires"], names) if "setup_requires" in kwargs else None
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             inf.add(list(value), "setup.py setup_requires", build=True)
-        extras = _literal(kwargs["extras_require"], names) if "extras_require" in kwargs else None
+        extras = literal(kwargs["extras_require"], names) if "extras_require" in kwargs else None
         if isinstance(extras, dict):
             inf.add_group({k: v for k, v in extras.items() if isinstance(v, (list, tuple))}, "setup.py extras_require")
-        py = _literal(kwargs["python_requires"], names) if "python_requires" in kwargs else None
+        py = literal(kwargs["python_requires"], names) if "python_requires" in kwargs else None
         if isinstance(py, str) and not inf.python:
             inf.python = py
 
