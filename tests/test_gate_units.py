@@ -128,6 +128,18 @@ def test_the_order_check_is_one_of_the_reference_runs_in_the_default_gate():
     assert sum(n.startswith("reference:run") for n, _ in plan(GateConfig(runs=3, shuffle=False, probes=False))) == 3
 
 
+def test_the_repeated_runs_start_fresh_interpreters_and_the_probes_may_fork():
+    """Forks of one preloaded interpreter share the string hash seed (sandbox/forkserver.py), so the runs
+    repeated to see what varies between runs start fresh; a probe is graded once, and may be a fork."""
+    task = _spec("inventory-median-even")
+    plan = _plan(task, "fix", GateConfig(), None, "img", GateReport("t", "h", False))
+    fresh = {g.name for g in plan if g.run.fresh_interpreter}
+    assert fresh == {g.name for g in plan if g.name.startswith(("reference:", "empty:"))} and len(fresh) == 10
+    probes = [g for g in plan if g.name.startswith("probe:")]
+    assert probes and not any(g.run.fresh_interpreter for g in probes)
+    assert TestRun(fail_fast=True, fresh_interpreter=True).without_fail_fast() == TestRun(fresh_interpreter=True)
+
+
 class FakeGrader:
     """Grades a diff as resolved when it contains 'fix'; counts copies; can fail once with an infra fault."""
 

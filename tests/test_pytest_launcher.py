@@ -16,7 +16,7 @@ import pytest
 from envforge.environment import WORKSPACE
 from envforge.sources.import_roots import import_names
 from envforge.task import TestCheckpoint as Check
-from envforge.verify.checkpoints import RUNNER_DIR
+from envforge.verify.checkpoints import RUNNER_DIR, launcher_program, literal_words
 from envforge.verify.checkpoints import test_command as make_test_command
 from envforge.verify.selection import TARGETED
 
@@ -46,6 +46,25 @@ def test_the_task_modules_reach_the_launcher_and_only_through_it():
     assert "ENVFORGE_PROJECT_MODULES" not in make_test_command(Check(fail_to_pass=["t"]), TARGETED)[2]
     with pytest.raises(ValueError, match="'a.b' is not a top-level import name"):
         Check(fail_to_pass=["t"], modules=["a.b"])
+
+
+def test_only_a_launcher_command_the_shell_would_not_expand_is_said_as_data():
+    """A fork of a preloaded interpreter gets the words as data, so the command may hold nothing the
+    shell would expand or parse: then the words are exactly what bash would pass."""
+    assert literal_words("tests -x -k 'a and not b' -o addopts= '' x'y'z") == [
+        "tests", "-x", "-k", "a and not b", "-o", "addopts=", "", "xyz"]
+    for text in ("$TESTS", "tests/*.py", 'tests "-x"', "a\\ b", "x; rm -rf /", "a | b", "~/t", "a#b", "'open",
+                 "{a,b}", "$(id)", "`id`", "a > b"):
+        assert literal_words(text) is None, text
+    check = Check(fail_to_pass=["t"], plugins=["pytest_asyncio.plugin"], command="python3 -m pytest -k 'not slow' tests")
+    cmd, _, _ = make_test_command(check, TARGETED)
+    program = launcher_program(cmd)
+    assert program is not None and program.script == f"{RUNNER_DIR}/pytest_launcher.py"
+    assert program.args[:3] == ("-k", "not slow", "tests") and "pytest_asyncio.plugin" in program.args
+    assert program.preload == ("pytest",) and program.flags == ("-P",) and program.interpreter == "python3"
+    assert launcher_program(make_test_command(Check(fail_to_pass=["t"], command="python3 -m pytest $ARGS"),
+                                              TARGETED)[0]) is None
+    assert launcher_program("cd sub && python3 -m pytest") is None
 
 
 def test_import_names_read_flat_and_src_layouts():

@@ -21,6 +21,7 @@ import os
 import select
 import selectors
 import signal
+import socket
 import sys
 import time
 
@@ -232,26 +233,218 @@ class Spawner:
 SPAWNER = Spawner()
 
 
+# The fork server's source (forkserver.py), set ahead of this file by the host (container.AGENT_SOURCE).
+FORKSERVER_SOURCE = globals().get("FORKSERVER_SOURCE")
+# Variables that reach a process's dynamic loader or C library before Python runs: a run with any of
+# them starts its own interpreter, since a fork server (root) must not start with them and a fork
+# would not see them take effect.
+_LOADER_VARS = ("GCONV_PATH", "LOCPATH", "NLSPATH", "PYTHONHOME", "PYTHONPLATLIBDIR", "PYTHONEXECUTABLE")
+FORKSERVER_START_S = 60.0
+
+
+def _startup_var(name):
+    """Whether the interpreter reads the variable when it starts (so forks of one server share it)."""
+    return name.startswith(("PYTHON", "LC_")) or name in ("LANG", "LANGUAGE", "PATH", "HOME")
+
+
+def resolve_interpreter(name, path):
+    """The file the shell would run for `name` under PATH, or None when a fork server cannot stand in
+    for it: the file, or a PATH entry searched before it, lies where the sandbox user can write
+    (something could be planted there later), or the entry is relative."""
+    if "/" in name:
+        return None
+    for entry in path.split(":"):
+        if not entry.startswith("/") or _writable_place(entry):
+            return None
+        candidate = os.path.join(entry, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return None if _writable_place(candidate) else candidate
+    return None
+
+
+def _writable_place(path):
+    real = os.path.realpath(path)
+    return any(real == w or real.startswith(w + "/") for w in WRITABLE.split())
+
+
+class ForkServers:
+    """Fork servers (forkserver.py) by interpreter and start-up environment, started on first use.
+
+    A run it cannot serve (see `forkserver_key`) or a server that fails in any way falls back to the
+    shell; a broken server is killed and started again on a later run."""
+
+    MAX = 2
+
+    def __init__(self):
+        self.servers = {}  # key -> (pid, socket), least recently used first
+
+    def key(self, python, env):
+        if FORKSERVER_SOURCE is None or env.get("PYTHONNOUSERSITE") != "1":
+            return None  # a user site-packages directory is looked up in /tmp at start-up
+        if any(k.startswith("LD_") or k in _LOADER_VARS or k == "PYTHONPYCACHEPREFIX" for k in env):
+            return None
+        interpreter = resolve_interpreter(python["interpreter"], env.get("PATH", ""))
+        if interpreter is None:
+            return None
+        startup = tuple(sorted((k, v) for k, v in env.items() if _startup_var(k)))
+        return json.dumps([interpreter, python["interpreter"], python["flags"], python["preload"], startup])
+
+    def spawn(self, python, cwd, env, report_w):
+        """Start the run in a fork; (pid, stdin_w, stdout_r, stderr_r, server socket) or None."""
+        key = self.key(python, env)
+        if key is None:
+            return None
+        server = self.servers.pop(key, None) or self._start(key)
+        if server is None:
+            return None
+        pid, sock = server
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        theirs = [in_r, out_w, err_w] + ([report_w] if report_w is not None else [])
+        # What the waiting shell adds to the environment of the command it runs (it starts in / and cds).
+        env = dict(env, PWD=cwd, OLDPWD="/", SHLVL="1", _=json.loads(key)[0])
+        request = {"script": python["script"], "args": python["args"], "cwd": cwd, "env": env}
+        try:
+            socket.send_fds(sock, [json.dumps(request).encode()], theirs)
+            sock.settimeout(FORKSERVER_START_S)
+            reply = json.loads(sock.recv(65536) or b"{}")
+            sock.settimeout(None)
+        except (OSError, ValueError):
+            reply = {}
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        if "pid" not in reply:
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            self._stop(pid, sock)  # a server that cannot fork (pids, memory) is started afresh next time
+            return None
+        if report_w is not None:
+            os.close(report_w)
+        self.servers[key] = (pid, sock)
+        while len(self.servers) > self.MAX:
+            self._stop(*self.servers.pop(next(iter(self.servers))))
+        return reply["pid"], in_w, out_r, err_r, sock
+
+    def _start(self, key):
+        interpreter, argv0, flags, preload, startup = json.loads(key)
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            pid = os.fork()
+        except OSError:
+            a.close()
+            b.close()
+            return None
+        if pid == 0:  # the server: root, like the agent; fd 0 the socket, 1 and 2 /dev/null
+            try:
+                null = os.open("/dev/null", os.O_RDWR)
+                os.dup2(b.fileno(), 0)
+                os.dup2(null, 1)
+                os.dup2(null, 2)
+                for fd in (0, 1, 2):
+                    os.set_inheritable(fd, True)
+                for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
+                    if fd > 2:
+                        try:
+                            os.close(fd)
+                        except OSError:
+                            pass
+                os.chdir("/")
+                os.execve(interpreter, [argv0, *flags, "-c", FORKSERVER_SOURCE, json.dumps(preload)], dict(startup))
+            finally:
+                os._exit(127)
+        b.close()
+        try:
+            a.settimeout(FORKSERVER_START_S)
+            ready = json.loads(a.recv(65536) or b"{}").get("ready")
+            a.settimeout(None)
+        except (OSError, ValueError):
+            ready = False
+        if not ready:
+            self._stop(pid, a)
+            return None
+        return pid, a
+
+    def _stop(self, pid, sock):
+        sock.close()
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+    def forget(self, sock):
+        """Drop a server whose socket closed under a run (it died): the next run starts another."""
+        for key, (pid, server) in list(self.servers.items()):
+            if server is sock:
+                del self.servers[key]
+                self._stop(pid, server)
+
+
+FORK_SERVERS = ForkServers()
+
+
+def _forked_exit(sock, pid, block):
+    """The exit code the fork server reports for its child `pid` (None: not yet).
+
+    A server that died under the run (the memory cgroup's OOM killer) cannot say: its child's group
+    is killed and the run ends as killed (137)."""
+    try:
+        sock.setblocking(block)
+        data = sock.recv(65536)
+    except BlockingIOError:
+        return None
+    except OSError:
+        data = b""
+    finally:
+        sock.setblocking(True)
+    try:
+        return json.loads(data)["exit"]
+    except (ValueError, KeyError):
+        _kill_group(pid)
+        FORK_SERVERS.forget(sock)
+        return -signal.SIGKILL
+
+
+def _kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        try:  # not yet its own group leader
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 REPORT_CAP = 64 << 20
 SNAPSHOT_CAP = 256 << 20
 
 
-def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, on_chunk=None, report=False):
+def run_command(
+    cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, on_chunk=None, report=False, python=None
+):
     """Run cmd as the sandbox user in its own session; kill the whole group at the timeout.
 
     With report=True the command gets a write-only pipe on fd 3 whose other end only the
     agent holds (`pytest --junitxml=/dev/fd/3`): a report no file in the sandbox can replace.
+    With `python` ({interpreter, flags, script, args, preload}: what cmd runs, said as data) the
+    run may be a fork of a server that has imported `preload` already (forkserver.py).
     """
     started = time.monotonic()
-    rep_r = None
+    rep_r = rep_w = server = script = None
+    full_env = dict(CHILD_ENV, **(env or {}))
     try:
         if report:
             rep_r, rep_w = os.pipe()
             # Reopening /dev/fd/3 checks the pipe inode's mode, and the agent (root) owns it.
             os.fchmod(rep_w, 0o622)
-            pid, in_w, out_r, err_r, script = SPAWNER.spawn_with_report(cmd, cwd, dict(CHILD_ENV, **(env or {})), rep_w)
+        forked = FORK_SERVERS.spawn(python, cwd, full_env, rep_w) if python else None
+        if forked is not None:
+            pid, in_w, out_r, err_r, server = forked
+        elif report:
+            pid, in_w, out_r, err_r, script = SPAWNER.spawn_with_report(cmd, cwd, full_env, rep_w)
         else:
-            pid, in_w, out_r, err_r, script = SPAWNER.spawn(cmd, cwd, dict(CHILD_ENV, **(env or {})))
+            pid, in_w, out_r, err_r, script = SPAWNER.spawn(cmd, cwd, full_env)
     except OSError as exc:
         # fork() -> EAGAIN: the sandbox's own processes fill its pids limit; ENOMEM: they fill its
         # memory. Either is the command's outcome (as it would be for a shell), not an
@@ -288,12 +481,18 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
     deadline = started + timeout
     timed_out = False
     status = None
-    # A pidfd becomes readable when the shell exits, even while background jobs hold its pipes.
-    try:
-        pidfd = os.pidfd_open(pid)
-        sel.register(pidfd, selectors.EVENT_READ, "exit")
-    except (AttributeError, OSError):
-        pidfd = None
+    # A pidfd becomes readable when the shell exits, even while background jobs hold its pipes; a fork
+    # server's socket, when it has reaped its child.
+    pidfd = None
+    if server is not None:
+        sel.register(server, selectors.EVENT_READ, "exit")
+    else:
+        try:
+            pidfd = os.pidfd_open(pid)
+            sel.register(pidfd, selectors.EVENT_READ, "exit")
+        except (AttributeError, OSError):
+            pass
+    watching_exit = server is not None or pidfd is not None
 
     def take(name, data):
         room = caps[name] - len(bufs[name])
@@ -306,7 +505,9 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
 
     def reap(block):
         nonlocal status
-        if status is None:
+        if status is None and server is not None:
+            status = _forked_exit(server, pid, block)
+        elif status is None:
             done, st = os.waitpid(pid, 0 if block else os.WNOHANG)
             if done:
                 status = os.waitstatus_to_exitcode(st)
@@ -320,14 +521,14 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
         if reap(False) is not None:
             break
         keys = [k for k in sel.get_map().values() if k.data != "stdin"]
-        if pidfd is None and not any(k.data in ("stdout", "stderr", "report") for k in keys):
+        if not watching_exit and not any(k.data in ("stdout", "stderr", "report") for k in keys):
             time.sleep(min(0.002, deadline - now))
             continue
-        wait = deadline - now if pidfd is not None else min(0.01, deadline - now)
+        wait = deadline - now if watching_exit else min(0.01, deadline - now)
         for key, _ in sel.select(timeout=wait):
             name = key.data
             if name == "exit":
-                sel.unregister(pidfd)
+                sel.unregister(key.fileobj)
                 continue
             if name == "stdin":
                 try:
@@ -345,10 +546,7 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
             else:
                 sel.unregister(key.fd)
     if timed_out:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(pid)
     exit_code = reap(True)
     # Drain what is already buffered; background jobs that keep the pipes open are not waited for.
     for key in list(sel.get_map().values()):
@@ -371,10 +569,11 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
     os.close(err_r)
     if rep_r is not None:
         os.close(rep_r)
-    try:
-        os.unlink(script)
-    except OSError:
-        pass
+    if script is not None:
+        try:
+            os.unlink(script)
+        except OSError:
+            pass
     exit_code = 128 - exit_code if exit_code < 0 else exit_code
     # 137 = SIGKILL, of the shell itself or (reported by the shell) of the command it ran.
     oom = exit_code == 137 and not timed_out and oom_killed_since_last_look()
@@ -394,6 +593,7 @@ def run_command(cmd, timeout, env=None, cwd=WORKSPACE, stdin=b"", cap=1 << 20, o
         "duration": time.monotonic() - started,
         "timed_out": timed_out,
         "oom_killed": oom,
+        "forked": server is not None,
     }
 
 
@@ -573,6 +773,7 @@ def handle(line, send):
                 int(req.get("cap", 1 << 20)),
                 on_chunk,
                 bool(req.get("report")),
+                req.get("python"),
             )
         elif op == "reset":
             result = restore(req.get("snapshot"))

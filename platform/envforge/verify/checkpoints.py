@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envforge.environment import PythonEnvironment, merge_env, split_assignments
-from envforge.sandbox.container import Sandbox
+from envforge.sandbox.container import PythonCommand, Sandbox
 from envforge.task import VERIFIER_DIR, WORKSPACE, ShellCheckpoint, Task, TestCheckpoint
 from envforge.verify.parsers import (
     ReportError,
@@ -29,7 +29,11 @@ _RUNNERS = {
 }
 # pytest from the system, before anything in the workspace can shadow it, and the project's own
 # modules from the work tree (runners/pytest_launcher.py says how).
-_PYTEST = f"python3 -P {RUNNER_DIR}/pytest_launcher.py"
+_LAUNCHER = f"{RUNNER_DIR}/pytest_launcher.py"
+_PYTEST = f"python3 -P {_LAUNCHER}"
+# What bash would expand or treat as syntax outside single quotes: a command with any of them is
+# never said as data (PythonCommand), so its words are exactly what the shell would pass.
+_SHELL_SYNTAX = frozenset('$`"\\*?[]{}~;&|<>()#!\n\t')
 # Test runs must not pick up plugins or start-up hooks the workspace could smuggle in.
 CLEAN_ENV = {
     "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
@@ -103,6 +107,47 @@ def test_command(
     return command or "", False, env
 
 
+def literal_words(text: str) -> list[str] | None:
+    """The words bash passes for `text` when it expands nothing: plain words and single-quoted
+    parts only (as shlex.quote writes them); None for anything else (variables, globs, double
+    quotes, backslashes, operators)."""
+    words: list[str] = []
+    current: list[str] = []
+    in_word = False
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "'":
+            end = text.find("'", i + 1)
+            if end < 0:
+                return None
+            current.append(text[i + 1 : end])
+            in_word, i = True, end + 1
+        elif c == " ":
+            if in_word:
+                words.append("".join(current))
+                current, in_word = [], False
+            i += 1
+        elif c in _SHELL_SYNTAX:
+            return None
+        else:
+            current.append(c)
+            in_word, i = True, i + 1
+    if in_word:
+        words.append("".join(current))
+    return words
+
+
+def launcher_program(command: str) -> PythonCommand | None:
+    """The pytest launcher's command said as data, so the sandbox may run it as a fork of an
+    interpreter that has imported pytest already (what the launcher imports first, with the work
+    tree off sys.path, so a fork imports the same); None when the command is anything else."""
+    if not command.startswith(_PYTEST + " "):
+        return None
+    args = literal_words(command[len(_PYTEST) :])
+    return None if args is None else PythonCommand(_LAUNCHER, tuple(args), preload=("pytest",))
+
+
 @dataclass(frozen=True)
 class SuiteRun:
     """One run of a test command: statuses by id, problems with the run, and collection errors."""
@@ -123,7 +168,8 @@ def _run_reported(
     """
     cmd, reports, env = test_command(check, run, environment)
     workdir = environment.command_workdir() if environment else WORKSPACE
-    res = sandbox.exec(cmd, timeout_s=check.timeout_s, env=env, report=reports, workdir=workdir)
+    python = None if run.fresh_interpreter else launcher_program(cmd)
+    res = sandbox.exec(cmd, timeout_s=check.timeout_s, env=env, report=reports, workdir=workdir, python=python)
     sandbox.kill_processes()
     reasons: list[str] = []
     collect_errors: dict[str, str] = {}

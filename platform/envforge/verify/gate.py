@@ -52,7 +52,8 @@ __all__ = [
     "validate_task",
 ]
 
-ORDER_CHECK = TestRun("suite", "reverse")
+# Repeated runs start fresh interpreters: they are there to see what varies between runs (selection.py).
+ORDER_CHECK = TestRun("suite", "reverse", fresh_interpreter=True)
 # A mutant's tests may run this many times the slowest reference/empty grading (at least the configured
 # minimum) before they count as hanging: a hanging mutant is killed either way, without the task's full timeout.
 MUTANT_TIMEOUT_FACTOR = 10
@@ -226,8 +227,9 @@ def _plan(
     run = SUITE if config.full_suite else TARGETED
     share = not config.full_suite
     ref_runs = config.runs - 1 if order_check_is_a_run(config) else config.runs
-    ref = [Grading(f"reference:run{i}", ref_diff, run, share=False) for i in range(1, ref_runs + 1)]
-    empty = [Grading(f"empty:run{i}", "", run, share=False) for i in range(1, config.runs + 1)]
+    repeated = replace(run, fresh_interpreter=True)
+    ref = [Grading(f"reference:run{i}", ref_diff, repeated, share=False) for i in range(1, ref_runs + 1)]
+    empty = [Grading(f"empty:run{i}", "", repeated, share=False) for i in range(1, config.runs + 1)]
     plan = [ref[0], empty[0]]
     if config.shuffle:
         plan.append(Grading("reference:order", ref_diff, ORDER_CHECK, share=False))

@@ -28,7 +28,7 @@ and `fail_fast` changes nothing.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from envforge.task import TestCheckpoint
@@ -50,6 +50,10 @@ class TestRun:
     """What a grading runs: the verdict-deciding test files or the whole suite, in collection
     order or reversed; with `fail_fast`, FAIL_TO_PASS first, stopping at the first that fails.
 
+    `fresh_interpreter`: the test command starts a new interpreter even where it could be a fork of
+    a preloaded one (sandbox/forkserver.py). Forks of one server share the string hash seed, so runs
+    that are repeated to see what varies between runs (the gate's flakiness runs) start fresh.
+
     Reversed is the order check's permutation: it runs every pair of tests in the opposite
     order from the default, so a test that passes only when another one has (or has not)
     run before it fails in one of the two orders; a random shuffle gives no such guarantee.
@@ -60,10 +64,11 @@ class TestRun:
     scope: Scope = "targeted"
     order: Order = "default"
     fail_fast: bool = False
+    fresh_interpreter: bool = False
 
     def without_fail_fast(self) -> "TestRun":
         """The same run in full: its graded copy answers every question a fail-fast one does."""
-        return TestRun(self.scope, self.order)
+        return replace(self, fail_fast=False)
 
 
 TARGETED = TestRun()
