@@ -85,26 +85,49 @@ def test_apply_patch_methods(docker_client, task_image):
         assert "Patched docstring" in sb.read_file("/workspace/inventory/stats.py").decode()
 
 
-def test_reset_restores_a_byte_identical_workspace_without_leftovers(docker_client, task_image):
+@pytest.mark.parametrize("changed_only", [False, True], ids=["full", "changed-only"])
+def test_reset_restores_a_byte_identical_workspace_without_leftovers(docker_client, task_image, changed_only):
+    """Both resets: the full one (wipe and copy) and the one after trusted code (only what changed)."""
     with Sandbox.start(docker_client, task_image) as fresh:
         pristine = fresh.exec(TREE_HASH).text()
     rng = random.Random(7)
     with Sandbox.start(docker_client, task_image) as sb:
         for round_ in range(3):
+            if changed_only:
+                sb.trust_until_reset()
             files = sb.exec("cd /workspace && find . -type f -not -path './.git/*'").text().split()
             for path in rng.sample(files, 3):
                 sb.exec(f"echo junk{round_} >> {path}")
             sb.exec(f"rm -f {rng.choice(files)}; mkdir -p deep/er && echo x > deep/er/new && "
                     "chmod 000 deep/er && chmod 777 inventory && chmod 600 README.md 2>/dev/null; "
-                    "ln -s /etc/passwd link; echo tmpjunk > /tmp/junk; "
+                    "rm -rf .git/refs && mkdir .git/refs && chmod 000 .git/refs; "
+                    "ln -s /etc/passwd link; echo tmpjunk > /tmp/junk; echo shm > /dev/shm/junk; "
                     "(sleep 1000 &) ; (while :; do sleep 1; done &) ; nohup sleep 999 >/dev/null 2>&1 &")
             assert sb.exec(TREE_HASH).text() != pristine
             took = sb.reset()
             assert sb.exec(TREE_HASH).text() == pristine
-            assert sb.exec("ls -A /tmp").text() == ""
+            assert sb.exec("ls -A /tmp /dev/shm").text().split() == ["/dev/shm:", "/tmp:"]
             leftovers = sb.exec("ps -u sandbox -o args= | grep -v -e '_go' -e '^ps ' -e '^grep'").text()
             assert leftovers.strip() == "", leftovers
             assert took < 5
+        assert sb.stats.changed_only_resets == (3 if changed_only else 0)
+
+
+def test_a_changed_only_reset_is_asked_for_once_and_cannot_see_a_write_that_keeps_size_and_time(
+    docker_client, task_image
+):
+    """Why only trusted code may precede it: a same-size rewrite with its old time put back survives
+    it (the full reset that follows, unasked, removes it)."""
+    hide = "cp -p inventory/stats.py /tmp/r && sed -i '1s/./X/' inventory/stats.py && touch -r /tmp/r inventory/stats.py"
+    with Sandbox.start(docker_client, task_image) as sb:
+        original = sb.read_file("/workspace/inventory/stats.py")
+        sb.trust_until_reset()
+        sb.exec(hide)
+        sb.reset()
+        assert sb.read_file("/workspace/inventory/stats.py") != original and sb.stats.changed_only_resets == 1
+        sb.exec(hide)
+        sb.reset()
+        assert sb.read_file("/workspace/inventory/stats.py") == original and sb.stats.changed_only_resets == 1
 
 
 def test_snapshot_and_reset_to_it(docker_client, task_image):

@@ -203,6 +203,7 @@ class SandboxStats:
     execs: int = 0
     fallback_execs: int = 0
     resets: int = 0
+    changed_only_resets: int = 0  # resets that restored only what changed (trust_until_reset)
     agent_alive: bool = True
     agent_failure: str | None = None
 
@@ -222,6 +223,7 @@ class Sandbox:
         self.tainted: str | None = None  # why this sandbox must not be reused, if it must not
         self._network = None
         self._oom_seen = 0  # the memory cgroup's OOM-kill count when the agent last looked
+        self._trusted = False  # only trusted code ran since the last reset (trust_until_reset)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -614,6 +616,17 @@ class Sandbox:
             raise InfraError("snapshot_failed", msg.get("error", ""))
         return snap
 
+    def trust_until_reset(self) -> None:
+        """Say that until the next reset only code that does not hide its changes runs here: the
+        task's own tests and reference, envforge's mutants and probes (the gate), never a policy's.
+
+        That reset then restores only the files whose type, mode, size or time differ from the
+        task's initial state (agent.restore_changed), a fraction of a full restore's cost. It cannot
+        see a write that keeps size and time (a shared mmap on tmpfs), which a policy could use to
+        carry state into the next episode or grading; hence it is asked for, once, per use.
+        """
+        self._trusted = True
+
     def reset(self, snapshot: Snapshot = INITIAL) -> float:
         """Kill every sandbox-user process, empty /workspace and /tmp, and restore `snapshot`.
 
@@ -627,12 +640,14 @@ class Sandbox:
     def _restore(self, snapshot: Snapshot) -> None:
         if snapshot.name is not None and not _SNAPSHOT_NAME.match(snapshot.name):
             raise ValueError(f"invalid snapshot name {snapshot.name!r}")
+        changed_only, self._trusted = self._trusted and snapshot.name is None, False
         if self.agent_alive:
-            msg = self._agent({"op": "reset", "snapshot": snapshot.name}, 180)
+            msg = self._agent({"op": "reset", "snapshot": snapshot.name, "changed_only": changed_only}, 180)
             if not msg.get("ok"):
                 self.tainted = f"reset failed: {msg.get('error')}"
                 raise InfraError("reset_failed", msg.get("error", ""))
             self._oom_seen = msg.get("oom_seen", self._oom_seen)
+            self.stats.changed_only_resets += bool(msg.get("changed_only"))
             return
         if snapshot.name is not None:
             raise InfraError("agent_unavailable", "resetting to a snapshot needs the in-sandbox agent")

@@ -140,6 +140,13 @@ def serve(sock):
 def main():
     sock = socket.socket(fileno=0)
     try:
+        # Under memory pressure the OOM killer takes commands (1000) first, then this server, and the
+        # agent (0) last: a lost server costs only a fall-back to the shell.
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("500")
+    except OSError:
+        pass
+    try:
         preload(json.loads(sys.argv[1]))
     except BaseException as exc:  # noqa: BLE001 - said to the agent, which then runs commands without us
         sock.send(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"[:500]}).encode())

@@ -35,7 +35,7 @@ from envforge.sandbox.container import Sandbox
 from envforge.task import Task
 from envforge.verify.batch import INFRA_RETRIES, Grading, grade_batch, with_retries
 from envforge.verify.config import GateConfig
-from envforge.verify.grader import Grader, options_for
+from envforge.verify.grader import Grader
 from envforge.verify.probes import STANDARD_PROBES, Probe, applicable_probes, guard_for
 from envforge.verify.protect import split_diff
 from envforge.verify.result import VerificationResult
@@ -175,7 +175,7 @@ def gate_key(task: Task, image_digest: str, config: GateConfig) -> str:
 
 def probe_diff(grader: Grader, task: Task, image: str, probe: Probe, reference_paths: tuple[str, ...] = ()) -> str:
     """Run a probe's script as a policy's commands would run, and return the workspace diff it leaves."""
-    sandbox: Sandbox = grader.pool.acquire(image, options_for(task))
+    sandbox: Sandbox = grader.acquire(task, image)
     try:
         env = task.spec.environment
         sandbox.exec(

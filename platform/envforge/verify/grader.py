@@ -63,12 +63,25 @@ class GradedCopy:
 
 
 class Grader:
-    """Grades diffs for tasks; owns (or borrows) a sandbox pool so graders reuse warm sandboxes."""
+    """Grades diffs for tasks; owns (or borrows) a sandbox pool so graders reuse warm sandboxes.
 
-    def __init__(self, client: docker.DockerClient, pool: SandboxPool | None = None):
+    `trusted`: what this grader grades is the task's own reference and envforge's mutants and probes
+    (the gate), never a policy's diff; its sandboxes are then reset by restoring only what changed
+    (`Sandbox.trust_until_reset`).
+    """
+
+    def __init__(self, client: docker.DockerClient, pool: SandboxPool | None = None, trusted: bool = False):
         self.client = client
         self._own_pool = pool is None
         self.pool = pool or SandboxPool(client, max_idle_per_key=4)
+        self.trusted = trusted
+
+    def acquire(self, task: Task, image: str) -> Sandbox:
+        """A pristine sandbox of the task's image from the pool (release it to the pool)."""
+        sandbox = self.pool.acquire(image, options_for(task))
+        if self.trusted and isinstance(sandbox, Sandbox):
+            sandbox.trust_until_reset()
+        return sandbox
 
     def close(self) -> None:
         if self._own_pool:
@@ -104,7 +117,7 @@ class Grader:
     def run_copy(self, task: Task, image: str, kept: str, run: TestRun = TARGETED) -> GradedCopy:
         """Apply an already filtered diff to a fresh (or freshly reset) sandbox and run the task's checks."""
         started = time.perf_counter()
-        sandbox = self.pool.acquire(image, options_for(task))
+        sandbox = self.acquire(task, image)
         annotate(**{"envforge.grading_container_id": sandbox.id})
         try:
             method, tests, checkpoints, failures = self._grade_in(sandbox, task, kept, run)
@@ -188,7 +201,7 @@ class Grader:
         """Run commands as a policy would (fresh sandbox, workspace as cwd); returns (diff, failures).
 
         Raises PolicyOutcome when the commands leave a workspace that cannot be diffed."""
-        sandbox = self.pool.acquire(image, options_for(task))
+        sandbox = self.acquire(task, image)
         try:
             failures = []
             env = task.spec.environment

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from envforge.errors import PolicyOutcome
 from envforge.task import WORKSPACE, Task
 from envforge.verify.batch import Grading, grade_batch
-from envforge.verify.grader import Grader, options_for
+from envforge.verify.grader import Grader
 from envforge.verify.mutants import Mutant, SourceChange, file_diff, generate_mutants
 from envforge.verify.protect import DiffSection, split_diff
 from envforge.verify.result import VerificationResult
@@ -125,7 +125,7 @@ def _workspace_texts(
 ) -> tuple[list[SourceChange], dict[str, str]]:
     """(the changed files before and after the reference, the test files after the test patch), read
     from one pool sandbox as the graded copy would see them."""
-    sandbox = grader.pool.acquire(image, options_for(task))
+    sandbox = grader.acquire(task, image)
     try:
         before = {p: _read(sandbox, p) for p in paths}
         sandbox.apply_patch(kept_diff)
