@@ -144,3 +144,12 @@ def test_a_run_a_fork_cannot_stand_in_for_runs_in_the_shell(docker_client, task_
         res = sb.exec(CMD, env=env, report=True, python=PROGRAM)
         assert not res.forked, why
         assert res.exit_code == 0 and json.loads(res.text())["argv"][1:] == ["a b", "--x"]
+
+
+def test_a_server_that_cannot_preload_is_not_started_again_and_its_runs_use_the_shell(docker_client, task_image):
+    broken = PythonCommand(SCRIPT, ("a b", "--x"), preload=("no_such_module_here",))
+    with Sandbox.start(docker_client, task_image) as sb:
+        _install(sb, probe=PROBE)
+        runs = [sb.exec(CMD, env=ENV, report=True, python=broken) for _ in range(2)]
+        assert [(r.forked, r.exit_code, r.report) for r in runs] == [(False, 0, b"report")] * 2
+        assert sb.exec(CMD, env=ENV, report=True, python=PROGRAM).forked  # another preload list, another server

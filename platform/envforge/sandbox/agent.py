@@ -278,6 +278,7 @@ class ForkServers:
 
     def __init__(self):
         self.servers = {}  # key -> (pid, socket), least recently used first
+        self.unstartable = set()  # keys whose server did not get ready: not tried again
 
     def key(self, python, env):
         if FORKSERVER_SOURCE is None or env.get("PYTHONNOUSERSITE") != "1":
@@ -295,8 +296,11 @@ class ForkServers:
         key = self.key(python, env)
         if key is None:
             return None
+        if key in self.unstartable:
+            return None
         server = self.servers.pop(key, None) or self._start(key)
         if server is None:
+            self.unstartable.add(key)
             return None
         pid, sock = server
         in_r, in_w = os.pipe()
