@@ -9,9 +9,12 @@ derived with the default gate (mutation on), in this process, one side after the
 
 - `before`: the code path as it was: every derivation runs the reversed after-run
   (`run_derivation(always_reverse=True)`), every mutant's tests run in full
-  (`GateConfig(mutant_fail_fast=False)`);
+  (`GateConfig(mutant_fail_fast=False)`), every test command starts a fresh interpreter
+  (`checkpoints.launcher_program` answers None: no fork server) and every reset is a full one
+  (`Sandbox.trust_until_reset` does nothing);
 - `after`: the defaults (the reversed run is left out when the first two runs already reject;
-  mutants graded fail-fast).
+  mutants graded fail-fast; test commands forked from a preloaded interpreter where they can be;
+  the gate's and the derivation's sandboxes reset by restoring only what changed).
 
 Pairs alternate which side goes first, so load drift on the shared machine falls on both sides; the
 figure to quote is the median of the per-pair ratios. Per run it counts where the time went: suite
@@ -47,6 +50,7 @@ sys.path.insert(0, str(REPO / "platform"))
 from envforge.catalog import Catalog  # noqa: E402
 from envforge.config import Settings  # noqa: E402
 from envforge.sandbox import pool as pool_mod  # noqa: E402
+from envforge.sandbox.container import Sandbox  # noqa: E402
 from envforge.sandbox.engine import docker_client  # noqa: E402
 from envforge.sources import derive  # noqa: E402
 from envforge.stages.configs import ImagesConfig, IngestConfig  # noqa: E402
@@ -59,9 +63,17 @@ from envforge.verify.config import GateConfig  # noqa: E402
 from envforge.verify.grader import Grader  # noqa: E402
 
 SIDES = {
-    "before": {"always_reverse": True, "gate": GateConfig(force=True, mutant_fail_fast=False)},
-    "after": {"always_reverse": False, "gate": GateConfig(force=True)},
+    "before": {"always_reverse": True, "gate": GateConfig(force=True, mutant_fail_fast=False), "cuts": False},
+    "after": {"always_reverse": False, "gate": GateConfig(force=True), "cuts": True},
 }
+ORIGINAL_LAUNCHER_PROGRAM = checkpoints.launcher_program
+ORIGINAL_TRUST = Sandbox.trust_until_reset
+
+
+def use_cuts(on: bool) -> None:
+    """The fork server and the changed-only resets on (the defaults) or off (the code path before them)."""
+    checkpoints.launcher_program = ORIGINAL_LAUNCHER_PROGRAM if on else (lambda command: None)
+    Sandbox.trust_until_reset = ORIGINAL_TRUST if on else (lambda self: None)  # type: ignore[method-assign]
 
 
 def log(msg: str) -> None:
@@ -113,6 +125,7 @@ def load() -> float:
 
 def one_side(side: str, source: Path, tmp: Path, run_no: int) -> dict:
     derive.run_derivation = functools.partial(ORIGINAL_RUN_DERIVATION, always_reverse=SIDES[side]["always_reverse"])
+    use_cuts(SIDES[side]["cuts"])
     settings = Settings.from_env().with_data_dir(tmp / f"{side}-{run_no}")
     settings.ensure_dirs()
     client = docker_client(settings)
@@ -158,6 +171,7 @@ def one_side(side: str, source: Path, tmp: Path, run_no: int) -> dict:
         "verdicts": verdicts,
     }
     derive.run_derivation = ORIGINAL_RUN_DERIVATION
+    use_cuts(True)
     return row
 
 

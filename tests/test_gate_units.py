@@ -207,6 +207,14 @@ def test_batch_shares_copies_runs_in_parallel_and_stops_early():
     assert out.shared_with == {"probe:a": "empty:run1", "probe:c": "probe:b"}
     assert grader.copies == [("", TARGETED), ("hack", fast), ("hack", TARGETED)]
 
+    # A probe (which may fork) takes a copy a fresh interpreter graded (the gate's repeated runs).
+    fresh = TestRun(fresh_interpreter=True)
+    grader = FakeGrader()
+    out = grade_batch(grader, _Task(), "img", [
+        Grading("empty:run1", "", fresh, share=False), Grading("probe:a", "protected x", fast),
+        Grading("empty:run2", "", fresh, share=False)], workers=1)
+    assert out.shared_with == {"probe:a": "empty:run1"} and grader.copies == [("", fresh), ("", fresh)]
+
     grader = FakeGrader()
     out = grade_batch(grader, _Task(), "img", gradings, workers=1, stop=lambda name, r: not r.resolved)
     assert list(out.results) == ["reference:run1", "empty:run1"] and out.not_run == [g.name for g in gradings[2:]]

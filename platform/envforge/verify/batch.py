@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence, TypeVar
 
 from envforge.errors import InfraError
@@ -82,13 +82,16 @@ class _Copies:
     def claim(self, key: tuple[str, TestRun], name: str, share: bool) -> tuple[str, Future] | None:
         """The (owner, future) of an existing copy to reuse, or None after registering `name` as its owner.
 
-        A fail-fast grading takes the copy of the same run in full when there is one."""
+        A fail-fast grading takes the copy of the same run in full when there is one, and a grading
+        that may fork takes one graded by a fresh interpreter (it answers the same questions)."""
         kept, run = key
         with self._lock:
-            if share and run.fail_fast and (kept, run.without_fail_fast()) in self._futures:
-                return self._futures[(kept, run.without_fail_fast())]
-            if share and key in self._futures:
-                return self._futures[key]
+            if share:
+                runs = [run, run.without_fail_fast()] if run.fail_fast else [run]
+                runs += [replace(r, fresh_interpreter=True) for r in runs if not r.fresh_interpreter]
+                for candidate in runs:
+                    if (kept, candidate) in self._futures:
+                        return self._futures[(kept, candidate)]
             if key not in self._futures:
                 self._futures[key] = (name, Future())
             return None
