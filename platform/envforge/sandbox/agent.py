@@ -271,14 +271,15 @@ def _writable_place(path):
 class ForkServers:
     """Fork servers (forkserver.py) by interpreter and start-up environment, started on first use.
 
-    A run it cannot serve (see `forkserver_key`) or a server that fails in any way falls back to the
-    shell; a broken server is killed and started again on a later run."""
+    A run it cannot serve (see `key`) or a server that fails in any way falls back to the shell; a
+    broken server is killed and started again on a later run, unless it failed to import its preload
+    list (that would fail again: `unstartable`)."""
 
     MAX = 2
 
     def __init__(self):
         self.servers = {}  # key -> (pid, socket), least recently used first
-        self.unstartable = set()  # keys whose server did not get ready: not tried again
+        self.unstartable = set()  # keys whose server could not import its preload list: not tried again
 
     def key(self, python, env):
         if FORKSERVER_SOURCE is None or env.get("PYTHONNOUSERSITE") != "1":
@@ -300,7 +301,6 @@ class ForkServers:
             return None
         server = self.servers.pop(key, None) or self._start(key)
         if server is None:
-            self.unstartable.add(key)
             return None
         pid, sock = server
         in_r, in_w = os.pipe()
@@ -364,7 +364,9 @@ class ForkServers:
             ready = json.loads(a.recv(65536) or b"{}").get("ready")
             a.settimeout(None)
         except (OSError, ValueError):
-            ready = False
+            ready = None  # it died or hung (memory, pids): it may start another time
+        if ready is False:
+            self.unstartable.add(key)
         if not ready:
             self._stop(pid, a)
             return None
