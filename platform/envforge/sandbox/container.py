@@ -618,12 +618,13 @@ class Sandbox:
 
     def trust_until_reset(self) -> None:
         """Say that until the next reset only code that does not hide its changes runs here: the
-        task's own tests and reference, envforge's mutants and probes (the gate), never a policy's.
+        task's own tests and reference, envforge's mutants and probes (the gate, the derivation),
+        never a policy's.
 
-        That reset then restores only the files whose type, mode, size or time differ from the
-        task's initial state (agent.restore_changed), a fraction of a full restore's cost. It cannot
-        see a write that keeps size and time (a shared mmap on tmpfs), which a policy could use to
-        carry state into the next episode or grading; hence it is asked for, once, per use.
+        That reset then keeps what is unchanged since the previous restore and puts back the rest
+        (agent.restore_changed), a fraction of a full restore's cost. A write timed into the clock
+        tick of its record could pass unseen, which a policy could aim for to carry state into the
+        next episode or grading; hence it is asked for per use and lasts one reset.
         """
         self._trusted = True
 
