@@ -754,9 +754,9 @@ def restore_changed(record):
     and its type, mode, size and mtime equal the template's; everything else is removed and copied
     again, and directory modes and times are put back. So a reset after a grading that changed a few
     files costs two walks instead of deleting and copying every file (~0.1 s of CPU for a 1,500-file
-    repository). What it cannot see: a write through a shared mmap (tmpfs does not time-stamp it),
-    and a write whose ctime falls in the same clock tick as the record. The host asks for it only
-    after code it trusts not to play with either (the gate's gradings, `Sandbox.trust_until_reset`),
+    repository). What it cannot see: a write whose ctime falls in the same clock tick as the record
+    (a write through a shared mmap on tmpfs does set it on this kernel: tested). The host asks for it
+    only after code it trusts not to aim for that (the gate's gradings, `Sandbox.trust_until_reset`),
     never after a policy's. Runs as the sandbox user (`as_sandbox_user`); any error fails it.
     """
     for place in WRITABLE.split()[1:]:
