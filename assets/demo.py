@@ -53,20 +53,29 @@ class DemoConfig:
     """Overrides of the assets' own defaults; None keeps the default a user gets from the UI."""
 
     gate_runs: int | None = None
+    gate_max_mutants: int | None = None
     sft_epochs: int | None = None
     rl_rounds: int | None = None
     rl_group_size: int | None = None
     rollout_samples: int | None = None
+    max_tokens: int | None = None
     rollout_policy: str = "replay"
 
     @classmethod
     def quick(cls) -> "DemoConfig":
-        """A shortened demo for tests: fewer gate runs, samples and training steps, same graph."""
-        return cls(gate_runs=2, sft_epochs=2, rl_rounds=1, rl_group_size=2, rollout_samples=2)
+        """A shortened demo for tests: fewer gate runs, mutants, samples, training steps and completion tokens, same
+        graph. Mutation stays on (the bundled tasks must still clear the default strength bar), on the 12 most
+        telling mutants a task (hunk reverts and changed lines first) instead of 24."""
+        return cls(
+            gate_runs=2, gate_max_mutants=12, sft_epochs=1, rl_rounds=1, rl_group_size=2, rollout_samples=2,
+            max_tokens=32,
+        )
 
     def main_run_config(self) -> dict:
-        training = {"sft_epochs": self.sft_epochs, "rl_rounds": self.rl_rounds, "group_size": self.rl_group_size}
-        return _run_config({"validated_tasks": {"runs": self.gate_runs}}, resources={"training": training})
+        training = {"sft_epochs": self.sft_epochs, "rl_rounds": self.rl_rounds, "group_size": self.rl_group_size,
+                    "max_tokens": self.max_tokens}
+        gate = {"runs": self.gate_runs, "max_mutants": self.gate_max_mutants}
+        return _run_config({"validated_tasks": gate}, resources={"training": training})
 
     def rollout_run_config(self) -> dict:
         return _run_config({"rollout_batch": {"n_samples": self.rollout_samples}})
