@@ -23,14 +23,14 @@ def test_demo_preset_pairs_every_mode_on_the_same_sft_weights(tmp_path, docker_c
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "train_async.py"), "--preset", "demo", "--quick",
                            "--seeds", "0", "--modes", ",".join(MODES), "--demo-rl-epochs-per-batch", "2",
-                           "--demo-rl-lr", "1e-4", "--demo-eval-samples", "3", "--data-dir", str(tmp_path / "data"),
+                           "--demo-rl-lr", "1e-4", "--demo-eval-samples", "1", "--data-dir", str(tmp_path / "data"),
                            "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert json.loads(out.read_text()) == doc
     training = doc["config"]["learning_demo"]["training"]
     assert training["rl_epochs_per_batch"] == 2 and training["rl_lr"] == 1e-4  # the update's cost, for every mode
-    assert doc["config"]["learning_demo"]["eval_samples"] == 3
+    assert doc["config"]["learning_demo"]["eval_samples"] == 1  # not quick()'s 2: the option reaches the run
     assert doc["preset"] == "demo" and len(doc["load_average_before"]) == 3 and len(doc["load_average_after"]) == 3
     (seed,) = doc["per_seed"]
     assert seed["seed"] == 0 and seed["train_tasks"] == 8 and seed["held_out_tasks"] == 4
