@@ -72,7 +72,7 @@ class LearningDemoConfig:
     def quick(cls, training: TrainingConfig = DEMO_TRAINING) -> "LearningDemoConfig":
         """A shortened run for tests: one seed, fewer tasks, SFT epochs, GRPO rounds and samples."""
         return cls(
-            replace(training, sft_epochs=8, rl_rounds=2, group_size=2, tasks_per_round=4),
+            replace(training, sft_epochs=4, rl_rounds=2, group_size=2, tasks_per_round=4),
             seeds=(training.seed,),
             train_per_chore=2,
             held_out_per_chore=1,
