@@ -22,7 +22,7 @@ from envforge.config import Settings
 from envforge.errors import InfraError
 from envforge.fleet.dispatcher import FleetDispatcher, NodeState
 from envforge.fleet.images import ImageRecipe, parent_of
-from envforge.sandbox.container import INITIAL, ExecResult, SandboxOptions, Snapshot, run_blocking
+from envforge.sandbox.container import INITIAL, ExecResult, PythonCommand, SandboxOptions, Snapshot, run_blocking
 from envforge.sandbox.pool import PoolStats
 from envforge.task import Task
 
@@ -55,10 +55,11 @@ class RemoteSandbox:
         on_output=None,
         output_cap: int | None = None,
         report: bool = False,
+        python: PythonCommand | None = None,
     ) -> ExecResult:
         if on_output is not None:
             raise ValueError("streaming output (on_output) is not available on fleet sandboxes")
-        return self._call("exec", command, **_exec_kwargs(timeout_s, env, workdir, stdin, output_cap, report))
+        return self._call("exec", command, **_exec_kwargs(timeout_s, env, workdir, stdin, output_cap, report, python))
 
     async def aexec(
         self,
@@ -69,8 +70,11 @@ class RemoteSandbox:
         stdin: bytes | None = None,
         output_cap: int | None = None,
         report: bool = False,
+        python: PythonCommand | None = None,
     ) -> ExecResult:
-        return await self._acall("exec", command, **_exec_kwargs(timeout_s, env, workdir, stdin, output_cap, report))
+        return await self._acall(
+            "exec", command, **_exec_kwargs(timeout_s, env, workdir, stdin, output_cap, report, python)
+        )
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         self._call("write_file", path, data, mode)
@@ -129,7 +133,7 @@ class RemoteSandbox:
         await self._pool.arelease(self)
 
 
-def _exec_kwargs(timeout_s, env, workdir, stdin, output_cap, report) -> dict[str, Any]:
+def _exec_kwargs(timeout_s, env, workdir, stdin, output_cap, report, python) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "timeout_s": timeout_s,
         "env": dict(env) if env else None,
@@ -139,6 +143,8 @@ def _exec_kwargs(timeout_s, env, workdir, stdin, output_cap, report) -> dict[str
     }
     if workdir is not None:
         kwargs["workdir"] = workdir
+    if python is not None:  # the command said as data: the node's agent may fork it (sandbox/forkserver.py)
+        kwargs["python"] = python
     return kwargs
 
 
