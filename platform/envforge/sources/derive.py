@@ -72,10 +72,14 @@ from envforge.task import Task
 from envforge.verify.checkpoints import SuiteRun, install_verifier_files, run_suite
 from envforge.verify.grader import PURGE_CACHES, Grader
 from envforge.verify.parsers import error_summary
-from envforge.verify.selection import SUITE, TestRun
+from envforge.verify.selection import TestRun
 
 CACHE_VERSION = "derive-v7"  # v7: runs keep their failure messages (statements describe the observed failure)
-REVERSED_SUITE = TestRun("suite", "reverse")
+# The suite runs start fresh interpreters: they are compared with each other to find what varies
+# between runs (ids with an object's address or a time in them, order dependence), and forks of one
+# preloaded interpreter share its memory layout and hash seed (sandbox/forkserver.py).
+WHOLE_SUITE = TestRun("suite", fresh_interpreter=True)
+REVERSED_SUITE = TestRun("suite", "reverse", fresh_interpreter=True)
 GRADER_CHECKS = 2
 DERIVATION_ATTEMPTS = 3  # as the gate's: a lost node costs one; a second fault in a row is still not a verdict
 # The sandboxes one derivation acquires at most: three suite runs, the lone before-run, and
@@ -243,7 +247,7 @@ def _trusted_grader(pool: Pool) -> Grader:
     return Grader(pool.client, pool, trusted=True)
 
 
-def _run(pool: Pool, task: Task, image: str, patches: Sequence[str], run: TestRun = SUITE) -> Run:
+def _run(pool: Pool, task: Task, image: str, patches: Sequence[str], run: TestRun = WHOLE_SUITE) -> Run:
     """One run of the whole suite (in collection order, or reversed) after applying the patches."""
     check = task.spec.verification.tests
     assert check is not None
