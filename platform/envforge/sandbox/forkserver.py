@@ -15,8 +15,9 @@ taken off `sys.path` while it imports (the agent also refuses an interpreter tha
 
 What a forked run shares with the other forks of its server, and a fresh interpreter would not: the
 string hash seed (fixed when an interpreter starts; `random` is reseeded in every child by the
-standard library itself). Runs whose point is to see what varies between runs (the gate's repeated
-gradings) therefore start fresh interpreters; see `verify.selection.TestRun.fresh_interpreter`.
+standard library itself) and the memory layout (an object's address, which some test ids hold). Runs
+whose point is to see what varies between runs (the gate's repeated gradings, the derivation's suite
+runs) therefore start fresh interpreters; see `verify.selection.TestRun.fresh_interpreter`.
 
 Protocol, on a SOCK_SEQPACKET socket that is the server's fd 0: the server first answers
 {"ready": true} (or {"ready": false, "error": ...}); then per request, a JSON message with the

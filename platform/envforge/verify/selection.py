@@ -51,8 +51,9 @@ class TestRun:
     order or reversed; with `fail_fast`, FAIL_TO_PASS first, stopping at the first that fails.
 
     `fresh_interpreter`: the test command starts a new interpreter even where it could be a fork of
-    a preloaded one (sandbox/forkserver.py). Forks of one server share the string hash seed, so runs
-    that are repeated to see what varies between runs (the gate's flakiness runs) start fresh.
+    a preloaded one (sandbox/forkserver.py). Forks of one server share the string hash seed and the
+    memory layout, so runs compared to see what varies between runs (the gate's flakiness runs, the
+    derivation's suite runs) start fresh.
 
     Reversed is the order check's permutation: it runs every pair of tests in the opposite
     order from the default, so a test that passes only when another one has (or has not)
