@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export ENVFORGE_DATA_DIR ?= $(CURDIR)/.envforge
 export DAGSTER_HOME ?= $(ENVFORGE_DATA_DIR)/dagster
-PYTEST_ARGS ?=
+# the slowest tests are printed so CI time can be seen where it goes (CI must stay under 50 min)
+PYTEST_ARGS ?= --durations=40
 
 .PHONY: setup venv engine base-image demo fleet-demo test lint bench-sandbox bench-dedup bench-rollout bench-observe bench-fleet bench-gate bench-strength bench-candidate bench-client ui mlflow-ui lock clean
 

@@ -182,7 +182,7 @@ def test_the_reversed_run_is_left_out_only_when_the_first_runs_already_reject(tm
     outcomes = {"before": {"tests/t.py::test_a": "passed", "tests/t.py::test_b": "failed"}}
     runs = []
 
-    def fake_run(pool, task, image, patches, run=derive.SUITE):
+    def fake_run(pool, task, image, patches, run=derive.WHOLE_SUITE):
         state = "before" if len(patches) == 1 else "after"
         runs.append((state, run.order))
         return derive.Run(dict(outcomes[state]))
