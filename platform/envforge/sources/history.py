@@ -7,7 +7,9 @@ solution, the test change is held back, FAIL_TO_PASS is derived by running the s
 after (`sources.derive`), and the task goes through the statement check and the gate like any
 other. The statement is the linked issue's title and body when the message says `Fixes #526`
 and an issue export has #526, else the commit message (which the statement check cleans and,
-when it is only a subject line, describes by the failure the tests showed).
+when it is only a subject line, describes by the failure the tests showed). A merge on the
+branch's line is the pull request it merges (`sources.commits`): its change against its first
+parent, its statement from its own body or its commits.
 
     repository: ../billing.bundle     # git dir, .bundle or patch-series project (relative to this file)
     project: billing                  # task ids become <project>-<sha12>
@@ -29,8 +31,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import date
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -49,6 +51,7 @@ from envforge.sources.candidate import (
     slug,
 )
 from envforge.sources.change_shape import behaviour_neutral, only_removes_tests
+from envforge.sources.commits import Commit, log_commits, merge_statement, merged_commits, pull_request_number
 from envforge.sources.fields import Ref, StrictModel
 from envforge.sources.gitrepo import SplitChange, git, resolve_commit, split_change
 from envforge.sources.policy import SourcePolicy
@@ -181,7 +184,19 @@ class HistoryRange(StrictModel):
 
 
 class HistoryFilters(StrictModel):
-    skip_merges: bool = Field(True, description="merge commits are left out (their change is their parents')")
+    skip_merges: bool = Field(
+        False,
+        description="merge commits on the branch's line are left out; when false (the default) each is taken as "
+        "the merged pull request: its change against its first parent, its statement from the merge message's "
+        "body or the merged commits, the other filters applied to those",
+    )
+    max_merged_commits: int = Field(
+        30,
+        ge=1,
+        le=MAX_SCAN,
+        description="a merge that brings more commits than this is a branch sync or release merge, not one "
+        "pull request, and is left out",
+    )
     skip_authors: list[StrictStr] = Field(
         default_factory=lambda: ["*[bot]*", "dependabot*", "renovate*", "pre-commit-ci*", "github-actions*"],
         description="author names or emails whose commits are left out: `*` and `?` are wildcards, everything "
@@ -257,22 +272,12 @@ class HistoryConfig(HistorySourceConfig):
     issues: list[IssueExport] = Field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class Commit:
-    sha: str
-    parents: tuple[str, ...]
-    author: str
-    email: str
-    committed: str  # ISO 8601
-    message: str
-
-
 def read_commits(git_dir: Path, rng: HistoryRange) -> list[Commit]:
     """The branch's first-parent commits, newest first, within the range (at most MAX_SCAN examined)."""
     rev = resolve_commit(git_dir, rng.branch)
     if rev is None:
         raise ValueError(f"range.branch: {rng.branch!r} does not name a commit in the repository")
-    args = ["log", "--first-parent", f"--max-count={MAX_SCAN}", "--format=%H%x00%P%x00%an%x00%ae%x00%cI%x00%B%x1e"]
+    args = ["--first-parent", f"--max-count={MAX_SCAN}"]
     if rng.since:
         if re.fullmatch(r"\d{4}-\d{2}-\d{2}", rng.since):
             try:
@@ -290,17 +295,7 @@ def read_commits(git_dir: Path, rng: HistoryRange) -> list[Commit]:
             spec = f"{base}..{rev}"
     else:
         spec = rev
-    proc = git(git_dir, *args, spec, "--")
-    if proc.returncode != 0:
-        raise ValueError(f"git log {spec}: {proc.stderr.decode(errors='replace').strip()[:300]}")
-    commits = []
-    for record in proc.stdout.decode(errors="replace").split("\x1e"):
-        parts = record.strip("\n").split("\x00")
-        if len(parts) != 6:
-            continue
-        sha, parents, author, email, committed, message = parts
-        commits.append(Commit(sha, tuple(parents.split()), author, email, committed, message.strip()))
-    return commits
+    return log_commits(git_dir, *args, spec)
 
 
 def _globbed(path: str, patterns: list[str]) -> bool:
@@ -317,14 +312,14 @@ def author_matches(who: str, pattern: str) -> bool:
 
 
 def skip_reason(commit: Commit, filters: HistoryFilters) -> str | None:
-    """Why the commit is not a candidate by its metadata alone (None: look at its change)."""
-    if len(commit.parents) > 1 and filters.skip_merges:
+    """Why the commit is not a candidate by its metadata alone (None: look at its change). A merge
+    is judged as the pull request it merges (`pull_request`), not by its own merge line."""
+    if commit.is_merge:
         return "merge commit"
     if not commit.parents:
         return "root commit: there is no state before it"
-    for pattern in filters.skip_authors:
-        if author_matches(commit.author, pattern) or author_matches(commit.email, pattern):
-            return f"author {commit.author} <{commit.email}> matches skip_authors {pattern!r}"
+    if pattern := _skipped_author(commit, filters):
+        return f"author {commit.author} <{commit.email}> matches skip_authors {pattern!r}"
     for pattern in filters.skip_messages:
         if re.search(pattern, commit.message, re.M):
             return f"message matches skip_messages {pattern!r}"
@@ -333,6 +328,46 @@ def skip_reason(commit: Commit, filters: HistoryFilters) -> str | None:
         if re.search(pattern, subject, re.I):
             return f"{name} commit (subject matches skip_subjects.{name})"
     return None
+
+
+def _skipped_author(commit: Commit, filters: HistoryFilters) -> str | None:
+    """The skip_authors pattern the commit's author name or email matches, if any."""
+    for pattern in filters.skip_authors:
+        if author_matches(commit.author, pattern) or author_matches(commit.email, pattern):
+            return pattern
+    return None
+
+
+def pull_request(git_dir: Path, merge: Commit, filters: HistoryFilters) -> tuple[Commit, list[Commit]] | str:
+    """A merge on the branch's line as the pull request it merges: a commit whose parent is the merge's
+    first parent and whose message is the request's statement, with the commits it brings; or why it
+    is not one (the filters' reason)."""
+    if filters.skip_merges:
+        return "merge commit (filters.skip_merges)"
+    merged = merged_commits(git_dir, merge, filters.max_merged_commits)
+    if not merged:
+        return "merge commit that brings no commits"
+    if len(merged) > filters.max_merged_commits:
+        return (
+            f"merge of more than {filters.max_merged_commits} commits (filters.max_merged_commits): "
+            "a branch sync or release merge, not one pull request"
+        )
+    own = [c for c in merged if not c.is_merge] or merged
+    humans = [c for c in own if not _skipped_author(c, filters)]
+    if not humans:
+        return f"every merged commit's author matches skip_authors (the first: {own[-1].author} <{own[-1].email}>)"
+    # the request's author is its first commit's, not the merge's: a maintainer or a merge bot clicked merge
+    author = humans[-1]
+    view = replace(
+        merge,
+        parents=merge.parents[:1],
+        author=author.author,
+        email=author.email,
+        message=merge_statement(merge, merged),
+    )
+    if not view.message:
+        return "merge commit with no message of its own or of its commits"
+    return view, merged
 
 
 def change_skip_reason(
@@ -433,6 +468,14 @@ def load_history_source(config_path: Path, policy: SourcePolicy | None = None) -
         if cfg.range.last is not None and len(result.candidates) >= cfg.range.last:
             break
         where = f"{config_path}:{commit.sha[:12]}"
+        merge: Commit | None = None
+        merged: list[Commit] = []
+        if commit.is_merge:
+            judged = pull_request(git_dir, commit, cfg.filters)
+            if isinstance(judged, str):
+                result.skipped.append(Problem(where, "commit", judged))
+                continue
+            merge, (commit, merged) = commit, judged
         reason: str | None = skip_reason(commit, cfg.filters)
         if reason is None:
             try:
@@ -445,7 +488,9 @@ def load_history_source(config_path: Path, policy: SourcePolicy | None = None) -
             result.skipped.append(Problem(where, "commit", reason))
             continue
         try:
-            result.candidates.append(_candidate(commit, change, cfg, git_dir, project, base_dir, where, issues, policy))
+            result.candidates.append(
+                _candidate(commit, change, cfg, git_dir, project, base_dir, where, issues, policy, merge, merged)
+            )
         except SpecError as exc:
             result.rejects.extend(exc.problems)
     return result
@@ -461,7 +506,11 @@ def _candidate(
     where: str,
     issues: dict[str, tuple[str, str, str]],
     policy: SourcePolicy,
+    merge: Commit | None = None,
+    merged: Sequence[Commit] = (),
 ) -> Candidate:
+    """`merge`, `merged`: when `commit` stands for a merged pull request, the merge itself and the
+    commits it brings (any of their messages may name the issue it fixes)."""
     parent = commit.parents[0]
     check_repo_footprint(git_dir, parent, cfg.limits, where, "commit")
     message = guard.check_text(commit.message, where, "message", policy).strip()
@@ -472,7 +521,13 @@ def _candidate(
         "author": commit.author,
         "committed_at": commit.committed,
     }
-    link = linked_issue(message, issues)
+    said = [message]
+    if merge is not None:
+        metadata.update(merge_commit=merge.sha, merged_commits=[c.sha for c in merged])
+        if number := pull_request_number(merge):
+            metadata.update(pull_request=number)
+        said += [merge.message, *(c.message for c in merged)]  # `Fixes #N` may be in any of them
+    link = linked_issue("\n\n".join(said), issues)
     if link is not None:
         key, (title, body, issue_where) = link
         instruction = f"{title}\n\n{body}".strip()
