@@ -23,6 +23,7 @@ REJECTED = {  # the change had no failing-then-passing test
     'Drop support for passing "info" as fourth positional parameter of @cached.': "removal of deprecated or dropped support",
     "refactor: enable additional ruff rule categories (#620)": "non-behavioural conventional type",
     "🔧 fix(type): resolve ty 0.0.25 type errors (#468)": "non-behavioural conventional type",  # platformdirs
+    "Drop Python 2": "removal of deprecated or dropped support",  # itsdangerous (a merged pull request)
 }
 ACCEPTED = [  # became tasks
     "TOML 1.1: Make seconds optional in Date-Time and Time (#203)",

@@ -164,7 +164,7 @@ SKIP_SUBJECTS = {
     r"actions?|ci|dependencies|deps|requirements)\b",
     "build or packaging": r"\b(wheels?|sdist|mypyc|cibuildwheel|manylinux)\b",
     "removal of deprecated or dropped support": r"^(drop|dropped|dropping|remove[sd]?|removing)\b.*"
-    r"\b(deprecat\w*|support for|python ?[23]\.\d+|py[23]\d+)",
+    r"\b(deprecat\w*|support for|python ?[23](\.\d+)?\b|py[23]\d+)",
 }
 _LINK = re.compile(
     r"\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?)\s*:?\s+(?:[\w.-]+/[\w.-]+)?#(\d+)\b|"
