@@ -106,6 +106,18 @@ def test_merges_are_left_out_when_asked_and_their_message_is_filtered_as_a_commi
     assert [c.metadata["fix_commit"] for c in subjects.candidates] == []  # `add neg` too
 
 
+def test_a_merge_whose_other_side_is_missing_is_skipped_not_an_error(merged_repo):
+    """A bundle of recent history may hold a merge but not the commits on its second parent."""
+    from envforge.sources.commits import Commit
+    from envforge.sources.history import HistoryFilters, pull_request
+
+    repo, shas = merged_repo
+    orphan = Commit("e" * 40, (shas["initial"], "f" * 40), "Dev", "dev@x.example", "2024-03-01T00:00:00Z",
+                    "Merge pull request #9 from dev/gone")
+    reason = pull_request(repo, orphan, HistoryFilters.model_validate({}))
+    assert isinstance(reason, str) and reason.startswith("merge commit whose merged commits are not in the repository")
+
+
 @pytest.mark.docker
 def test_merged_pull_requests_are_ingested_with_their_fail_to_pass_derived(merged_repo, tmp_path, settings,
                                                                           docker_client):

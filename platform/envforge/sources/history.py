@@ -344,7 +344,10 @@ def pull_request(git_dir: Path, merge: Commit, filters: HistoryFilters) -> tuple
     is not one (the filters' reason)."""
     if filters.skip_merges:
         return "merge commit (filters.skip_merges)"
-    merged = merged_commits(git_dir, merge, filters.max_merged_commits)
+    try:
+        merged = merged_commits(git_dir, merge, filters.max_merged_commits)
+    except ValueError as exc:  # a bundle or shallow clone that holds the merge but not its other side
+        return f"merge commit whose merged commits are not in the repository ({exc})"
     if not merged:
         return "merge commit that brings no commits"
     if len(merged) > filters.max_merged_commits:
