@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Literal, Sequence
 
 from envforge.quality.statement_config import STATEMENT_POLICIES
+from envforge.sources.commits import MERGE_LINE
 from envforge.task import Task
 
 StatementPolicy = Literal["strict", "flag", "off"]
@@ -76,7 +77,6 @@ _TRAILER_KEYS = (
     "ticket",
 )
 _TRAILER = re.compile(r"^\s*(?:" + "|".join(re.escape(k) for k in _TRAILER_KEYS) + r")\s*:.*$", re.I | re.M)
-_MERGE_LINE = re.compile(r"^\s*Merge (?:pull request|branch|remote-tracking branch) .*$", re.I | re.M)
 _CLOSING_REF = re.compile(
     r"\b(?:fix(?:es|ed)?|close[sd]?|resolve[sd]?|refs?|see|related to|part of)\s*:?\s+"
     r"(?:[\w.-]+/[\w.-]+)?(?:#|GH-)\d+\b[.,;]?",
@@ -381,7 +381,7 @@ def clean_statement(text: str, kind: str = "") -> tuple[str, list[str]]:
         return pattern.sub(repl, value)
 
     out = text.replace("\r\n", "\n")
-    for pattern in (_TRAILER, _MERGE_LINE, _REF_URL, _CLOSING_REF, _PAREN_REF, _BARE_REF):
+    for pattern in (_TRAILER, MERGE_LINE, _REF_URL, _CLOSING_REF, _PAREN_REF, _BARE_REF):
         out = cut(pattern, out)
     if kind in COMMIT_DERIVED_KINDS:
         first, sep, rest = out.partition("\n")

@@ -18,9 +18,10 @@ from pathlib import Path
 from envforge.sources.gitrepo import git
 
 LOG_FORMAT = "--format=%H%x00%P%x00%an%x00%ae%x00%cI%x00%B%x1e"
-# the first line GitHub, GitLab, Bitbucket and `git merge` write; what follows it is the request's own words
-_MERGE_LINE = re.compile(
-    r"^\s*(Merge (pull request|branch|branches|remote-tracking branch|tag|commit)\b|Merged in\b).*$", re.I
+# The line GitHub, GitLab, Bitbucket and `git merge` write first; what follows it is the request's own
+# words. The statement check cleans the same lines out of every statement (quality/statements.py).
+MERGE_LINE = re.compile(
+    r"^\s*(?:Merge (?:pull request|branch|branches|remote-tracking branch|tag|commit)\b|Merged in\b).*$", re.I | re.M
 )
 _MERGE_REQUEST_TRAILER = re.compile(r"^\s*See merge request \S+\s*$", re.I | re.M)  # GitLab
 _PULL_REQUEST = re.compile(r"^\s*Merge pull request #(\d+)\b", re.I)
@@ -58,8 +59,7 @@ def log_commits(git_dir: Path, *args: str) -> list[Commit]:
 def merged_commits(git_dir: Path, merge: Commit, limit: int) -> list[Commit]:
     """The commits a merge brings onto its first parent's line, newest first, at most `limit` + 1 (so
     a caller can tell "more than limit" without reading a release branch's thousands)."""
-    others = [p for p in merge.parents[1:]]
-    return log_commits(git_dir, f"--max-count={limit + 1}", *others, f"^{merge.parents[0]}")
+    return log_commits(git_dir, f"--max-count={limit + 1}", *merge.parents[1:], f"^{merge.parents[0]}")
 
 
 def pull_request_number(merge: Commit) -> str | None:
@@ -73,7 +73,7 @@ def merge_statement(merge: Commit, merged: list[Commit]) -> str:
     put there), else the merged commits' messages, oldest first, leaving out the branch's own merges
     (`Merge branch 'main' into fix-x` says nothing about the change)."""
     lines = merge.message.splitlines()
-    if lines and _MERGE_LINE.match(lines[0]):
+    if lines and MERGE_LINE.match(lines[0]):
         lines = lines[1:]
     own = _MERGE_REQUEST_TRAILER.sub("", "\n".join(lines)).strip()
     if own:
@@ -82,4 +82,4 @@ def merge_statement(merge: Commit, merged: list[Commit]) -> str:
     return "\n\n".join(words).strip()
 
 
-__all__ = ["Commit", "log_commits", "merge_statement", "merged_commits", "pull_request_number"]
+__all__ = ["MERGE_LINE", "Commit", "log_commits", "merge_statement", "merged_commits", "pull_request_number"]
