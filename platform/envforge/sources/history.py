@@ -526,7 +526,7 @@ def _candidate(
     }
     said = [message]
     if merge is not None:
-        metadata.update(merge_commit=merge.sha, merged_commits=[c.sha for c in merged])
+        metadata.update(merged_commits=[c.sha for c in merged])  # fix_commit is the merge
         if number := pull_request_number(merge):
             metadata.update(pull_request=number)
         said += [merge.message, *(c.message for c in merged)]  # `Fixes #N` may be in any of them
