@@ -3,6 +3,11 @@
     .venv/bin/python bench/gate.py [--quick] [--task ID ...] [--real-repo NAME ...] [--data-dir DIR] [--out FILE]
                                    [--pairs N --pair-task ID ...] [--no-pipeline]
 
+Since 4 December the default gate's order check reverses the verdict's files, not the whole suite,
+so on order-dependent-exporters (a test that fails only after another file's tests) the two gates
+disagree by design: the full-suite gate quarantines it, the default accepts it (its targeted verdict
+never varies; `GateConfig(order_check="suite")` quarantines it as before).
+
 Tasks: the ledger project's tickets, reviews and SWE-bench instances, the geokit project (the
 slow suite: about 19 s of CPU per whole-suite run, 14 s of it tests/test_hull.py, which holds
 geokit-geo-3's FAIL_TO_PASS test: the case where grading only the task's files does not help),

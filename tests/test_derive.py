@@ -39,11 +39,11 @@ def test_tests_are_derived_by_running_them_and_graded_for_real(calc, tmp_path, s
     assert ticket.pass_to_pass == ["tests/test_calc.py::test_mul"]
     review = tasks["calc-review-pr-3-c1"].spec.verification.tests
     assert review.fail_to_pass == ["tests/test_div.py::test_div_zero"]
-    # PASS_TO_PASS lives in the files the change touches (SWE-bench's scope): test_calc.py's three
-    # passing tests are counted, not required, and grading never runs that file.
+    # PASS_TO_PASS lives in the files the change touches (SWE-bench's scope), and the runs cover only
+    # those files: test_calc.py's passing tests are never run, and grading never runs that file.
     assert review.pass_to_pass == []
-    assert tasks["calc-review-pr-3-c1"].spec.metadata["pass_to_pass_elsewhere"] == 3
-    assert tasks["calc-calc-1"].spec.metadata["pass_to_pass_elsewhere"] == 0
+    assert tasks["calc-review-pr-3-c1"].spec.metadata["derivation"]["files"] == ["tests/test_div.py"]
+    assert "pass_to_pass_elsewhere" not in tasks["calc-review-pr-3-c1"].spec.metadata
     [reject] = result.rejects
     assert reject.source.endswith("gh.csv:row 2") and reject.field == "closed_by_commit"
     assert reject.reason.startswith("the change has no failing-then-passing test: 3 tests ran after the change, "

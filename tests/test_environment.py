@@ -277,9 +277,12 @@ def test_the_derivation_cache_key_follows_the_tests_variables_and_limits(tmp_pat
     config.write_text(text)
     [cand] = [c for c in load_ticket_source(config).candidates if c.id == "calc-calc-1"]
     assert cand.modules == ["calc"]
+    files = ["tests/test_calc.py"]  # the runs cover the files the change touches, forward and reversed
+    assert cand.change.test_files == files
     assert keys["plain"] == digest_parts(CACHE_VERSION, "envforge/task-calc:0", cand.change.source_patch,
                                          cand.change.test_patch,
-                                         cand.config.tests.model_dump_json(exclude={"pass_to_pass"}), "calc")[:32]
+                                         cand.config.tests.model_dump_json(exclude={"pass_to_pass"}),
+                                         json.dumps([files, files]), "calc")[:32]
 
 
 def test_build_requirements_are_upgraded_and_legacy_layers_keep_their_tags():

@@ -5,6 +5,7 @@ verified by shell checkpoints."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 import uuid
 
 import pytest
@@ -18,6 +19,8 @@ from envforge.stages.images import ImageSet
 from envforge.verify.config import GateConfig
 from envforge.verify.gate import ORDER_CHECK, validate_task
 from envforge.verify.selection import SUITE, TestRun
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "task_sources" / "examples"
 
 pytestmark = pytest.mark.docker
 
@@ -70,16 +73,43 @@ def test_flaky_tasks_are_still_caught(grader, bundled_images):
     report = validate_task(grader, flaky, image, GateConfig())
     assert not report.accepted and any("test_jitter_within_bounds" in d for d in report.disagreements)
 
-    # Passes alone and in the suite's usual order; fails after tests/test_yaml_plugin.py.
+    # Passes alone and in the suite's usual order; fails after tests/test_yaml_plugin.py, a file no grading
+    # of the task runs. The whole-suite order check sees it; the default one (the verdict's files, reversed)
+    # does not, and the verdict it accepts is the one every targeted grading gives.
     ordered, image = bundled_images["order-dependent-exporters"]
-    caught = validate_task(grader, ordered, image, GateConfig(probes=False))
+    caught = validate_task(grader, ordered, image, GateConfig(probes=False, order_check="suite"))
     assert not caught.accepted
-    assert caught.disagreements == ["reference_failed_reversed_suite:test_failed:"
+    assert caught.disagreements == ["reference_failed_reversed_order:test_failed:"
                                     "tests/test_registry.py::test_builtin_exporters"], caught.disagreements
     full = validate_task(grader, ordered, image, GateConfig(runs=2, probes=False, full_suite=True))
     assert not full.accepted and full.disagreements == caught.disagreements and not full.stopped_early
+    assert validate_task(grader, ordered, image, GateConfig(runs=2, probes=False)).accepted
     # Without the order check, grading the verdict's own file can never see it.
     assert validate_task(grader, ordered, image, GateConfig(runs=2, shuffle=False, probes=False)).accepted
+
+
+def test_the_order_check_sees_order_dependence_within_the_verdicts_files(grader, docker_client, base_image,
+                                                                        settings, tmp_path):
+    """The polluting test moved into the verdict's own file, after the test it breaks: every targeted grading
+    runs both, and only the reversed order shows the dependence. The default order check quarantines it."""
+    folder = tmp_path / "order-dependent-within-file"
+    shutil.copytree(EXAMPLES / "order-dependent-exporters", folder)
+    tests = folder / "workspace" / "tests"
+    plugin = (tests / "test_yaml_plugin.py").read_text().replace("import exporters\n", "")
+    (tests / "test_registry.py").write_text((tests / "test_registry.py").read_text() + "\n\n" + plugin)
+    (tests / "test_yaml_plugin.py").unlink()
+    doc = yaml.safe_load((folder / "task.yaml").read_text())
+    doc["id"] = f"order-within-file-{uuid.uuid4().hex[:8]}"
+    (folder / "task.yaml").write_text(yaml.safe_dump(doc))
+    task = load_spec_file(folder / "task.yaml")
+    image = build_task_image(docker_client, task, base_image, settings).tag
+    try:
+        assert grader.grade(task, image, task.reference_patch).resolved  # file order: the breaking test runs last
+        report = validate_task(grader, task, image, GateConfig(runs=2, probes=False))
+        assert report.disagreements == ["reference_failed_reversed_order:test_failed:"
+                                        "tests/test_registry.py::test_builtin_exporters"], report.disagreements
+    finally:
+        docker_client.images.remove(image, force=True)
 
 
 def test_grading_runs_only_the_files_that_decide_the_verdict(copy_spec, grader, docker_client, base_image, settings):

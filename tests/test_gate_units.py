@@ -113,9 +113,15 @@ def test_the_order_check_is_one_of_the_reference_runs_in_the_default_gate():
         return [(g.name, g.run.scope) for g in _plan(task, "fix", config, None, "img", GateReport("t", "h", False))]
 
     # Default: 4 targeted reference runs and the order check (5 gradings of every required test, as
-    # many as the empty solution's), the first reference and empty runs and the order check first.
+    # many as the empty solution's), the first reference and empty runs and the order check first. The
+    # order check reverses the verdict's files; `order_check: suite` reverses the whole suite.
     default = plan(GateConfig(probes=False))
-    assert default[:3] == [("reference:run1", "targeted"), ("empty:run1", "targeted"), ("reference:order", "suite")]
+    assert default[:3] == [("reference:run1", "targeted"), ("empty:run1", "targeted"), ("reference:order", "targeted")]
+    suite = plan(GateConfig(probes=False, order_check="suite"))
+    assert suite == [(n, "suite" if n == "reference:order" else s) for n, s in default]
+    assert GateConfig().as_params()["order_check"] == "files"
+    with pytest.raises(ValueError, match="GateConfig.order_check: must be one of files, suite, got 'x'"):
+        GateConfig(order_check="x")
     assert sum(n.startswith("reference:run") for n, _ in default) == 4 and order_check_is_a_run(GateConfig())
     assert sum(n.startswith("empty:run") for n, _ in default) == 5 and default[-1] == ("empty:run5", "targeted")
     # The full-suite gate (the gate as it was) grades it once more; so does a gate of one run (the
@@ -124,7 +130,7 @@ def test_the_order_check_is_one_of_the_reference_runs_in_the_default_gate():
     assert sum(n.startswith("reference:run") for n, _ in full) == 5 and {s for _, s in full} == {"suite"}
     assert not order_check_is_a_run(GateConfig(full_suite=True))
     assert plan(GateConfig(runs=1, probes=False)) == [("reference:run1", "targeted"), ("empty:run1", "targeted"),
-                                                      ("reference:order", "suite")]
+                                                      ("reference:order", "targeted")]
     assert sum(n.startswith("reference:run") for n, _ in plan(GateConfig(runs=3, shuffle=False, probes=False))) == 3
 
 

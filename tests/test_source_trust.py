@@ -190,12 +190,12 @@ def test_the_reversed_run_is_left_out_only_when_the_first_runs_already_reject(tm
     monkeypatch.setattr(derive, "_run", fake_run)
     outcomes["after"] = {"tests/t.py::test_a": "passed", "tests/t.py::test_b": "failed"}
     decided = derive.run_derivation(None, cand, "img")
-    assert runs == [("before", "default"), ("after", "default")] and len(decided.after) == 1
+    assert runs == [("after", "default"), ("before", "default")] and len(decided.after) == 1
     with pytest.raises(SpecError, match="no failing-then-passing test: 2 tests ran after the change, 1 already passed"):
         derive.task_from_derivation(cand, decided)
     runs.clear()
     derive.run_derivation(None, cand, "img", always_reverse=True)  # the derivation as it was
-    assert runs == [("before", "default"), ("after", "default"), ("after", "reverse")]
+    assert runs == [("after", "default"), ("before", "default"), ("after", "reverse")]
     runs.clear()
     outcomes["after"] = {"tests/t.py::test_a": "passed", "tests/t.py::test_b": "passed"}
     monkeypatch.setattr(derive, "_grade", lambda *a, **k: {"after": derive.Run(dict(outcomes["after"])),
@@ -203,6 +203,60 @@ def test_the_reversed_run_is_left_out_only_when_the_first_runs_already_reject(tm
     kept = derive.run_derivation(None, cand, "img")  # a FAIL_TO_PASS candidate: the reversed run decides
     assert runs[-1] == ("after", "reverse") and len(kept.after) == 2
     assert derive.task_from_derivation(cand, kept).spec.verification.tests.fail_to_pass == ["tests/t.py::test_b"]
+
+
+def _derivation_candidate(tmp_path, test_files, pass_to_pass="test-files"):
+    from envforge.sources.candidate import Candidate
+    from envforge.sources.gitrepo import SplitChange
+    from envforge.sources.tickets import TicketSourceConfig
+
+    change = SplitChange("--- a/x.py\n+++ b/x.py\n", "".join(f"--- a/{f}\n+++ b/{f}\n" for f in test_files),
+                         ["x.py"], list(test_files))
+    config = TicketSourceConfig(repository=".", exports=[{"file": "t.jsonl"}], tests={"pass_to_pass": pass_to_pass})
+    return Candidate(id="c-1", kind="ticket", origin="t.jsonl:1", field="fix_commit", instruction="Fix the thing now.",
+                     git_dir=tmp_path, workspace_commit="a" * 40, change=change, config=config, base_dir=tmp_path)
+
+
+def test_the_derivation_runs_the_test_files_the_change_touches(tmp_path, monkeypatch):
+    """By default the runs cover the change's test files (what a task built from it grades); the whole suite
+    when those files hold no test (only a conftest or data changed), or with `tests.pass_to_pass: suite`. The
+    scope is part of the cache key and of the task's metadata."""
+    from envforge.sources import derive
+
+    runs, collected = [], {}
+
+    def fake_run(pool, task, image, patches, run=derive.WHOLE_SUITE):
+        state = "before" if len(patches) == 1 else "after"
+        runs.append((state, run.scope, run.order, run.files))
+        statuses = {"tests/t.py::test_a": "passed", "tests/t.py::test_b": "passed" if state == "after" else "failed"}
+        return derive.Run(statuses if collected.get(run.scope, True) else {})
+
+    monkeypatch.setattr(derive, "_run", fake_run)
+    monkeypatch.setattr(derive, "_grade", lambda *a, **k: {
+        "after": derive.Run({"tests/t.py::test_a": "passed", "tests/t.py::test_b": "passed"}),
+        "before": derive.Run({"tests/t.py::test_a": "passed", "tests/t.py::test_b": "failed"})})
+    scoped = _derivation_candidate(tmp_path, ["tests/t.py", "tests/data/case.json", "tests/conftest.py"])
+    derivation = derive.run_derivation(None, scoped, "img")
+    files = ("tests/conftest.py", "tests/t.py")
+    assert runs == [("after", "targeted", "default", files), ("before", "targeted", "default", files),
+                    ("after", "targeted", "reverse", files)]
+    task = derive.task_from_derivation(scoped, derivation)
+    assert task.spec.metadata["derivation"]["files"] == list(files)
+    assert "pass_to_pass_elsewhere" not in task.spec.metadata
+    assert derive.Derivation.from_json(derivation.as_json()) == derivation
+
+    runs.clear()
+    collected["targeted"] = False  # the files the change touches collect nothing: the whole suite instead
+    fallback = derive.run_derivation(None, scoped, "img")
+    assert [r[:3] for r in runs] == [("after", "targeted", "default"), ("after", "suite", "default"),
+                                     ("before", "suite", "default"), ("after", "suite", "reverse")]
+    assert fallback.files is None and "pass_to_pass_elsewhere" in derive.task_from_derivation(scoped, fallback).spec.metadata
+
+    runs.clear()
+    whole = _derivation_candidate(tmp_path, ["tests/t.py"], pass_to_pass="suite")
+    derive.run_derivation(None, whole, "img")
+    assert {r[1] for r in runs} == {"suite"}
+    assert derive.cache_key(whole, "img") != derive.cache_key(_derivation_candidate(tmp_path, ["tests/t.py"]), "img")
 
 
 def test_tasks_stored_under_older_rules_still_load_from_the_catalog():

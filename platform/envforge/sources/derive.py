@@ -2,13 +2,21 @@
 
 For each candidate, in sandboxes of its own image (the workspace before the change):
 
-- *before*: the held-back test change only, the whole suite in file order;
-- *after*: the source change and the test change, twice: the whole suite in file order, then
-  the whole suite again in reverse order (every pair of tests runs the other way round, as in
-  the gate's order check). The reversed run is left out when the first two runs already show
-  no FAIL_TO_PASS candidate (no test passes after the change that did not pass before): a
-  second after-run can only take ids away, so the candidate is rejected either way, one suite
-  run sooner.
+- *before*: the held-back test change only, in file order;
+- *after*: the source change and the test change, twice: in file order, then again in reverse
+  order (every pair of tests runs the other way round, as in the gate's order check). The
+  reversed run is left out when the first two runs already show no FAIL_TO_PASS candidate (no
+  test passes after the change that did not pass before): a second after-run can only take ids
+  away, so the candidate is rejected either way, one run sooner.
+
+What the runs cover follows PASS_TO_PASS's scope. By default (`tests.pass_to_pass: test-files`)
+they run the test files the change touches, as the SWE-bench harness does: those are the files
+a task built from the change grades, and a suite whose whole run takes minutes (filelock's: 130 s
+for 1,306 tests, mostly waiting on locks) would otherwise cost minutes per candidate for tests
+that cannot enter the task. If those files collect no test at all (the change touched only
+fixtures, helpers or a conftest.py), the runs fall back to the whole suite. With
+`tests.pass_to_pass: suite` they run the whole suite, which also finds FAIL_TO_PASS tests in
+files the change does not touch.
 
 A test is kept only if both runs of the after state agree on it. Ids that are not found again (they
 change between runs: memory addresses, timestamps, random parametrization) and tests whose
@@ -74,7 +82,7 @@ from envforge.verify.grader import PURGE_CACHES, Grader
 from envforge.verify.parsers import error_summary
 from envforge.verify.selection import TestRun
 
-CACHE_VERSION = "derive-v7"  # v7: runs keep their failure messages (statements describe the observed failure)
+CACHE_VERSION = "derive-v8"  # v8: runs cover the test files the change touches (the suite with pass_to_pass: suite)
 # The suite runs start fresh interpreters: they are compared with each other to find what varies
 # between runs (ids with an object's address or a time in them, order dependence), and forks of one
 # preloaded interpreter share its memory layout and hash seed (sandbox/forkserver.py).
@@ -150,6 +158,7 @@ class Derivation:
     after: list[Run]
     checks: list[dict[str, Run]] = field(default_factory=list)  # [{"after": Run, "before": Run}, ...]
     alone: Run | None = None  # before the change, only the FAIL_TO_PASS candidates outside the test change
+    files: list[str] | None = None  # the test files the runs covered; None: the whole suite
 
     def out_of_memory(self) -> bool:
         """Whether any run was killed for memory: the sandbox's limit, not the commit, decided it."""
@@ -162,6 +171,7 @@ class Derivation:
             "after": [asdict(r) for r in self.after],
             "checks": [{k: asdict(v) for k, v in c.items()} for c in self.checks],
             "alone": asdict(self.alone) if self.alone else None,
+            "files": self.files,
         }
 
     def timed_out(self) -> bool:
@@ -176,6 +186,7 @@ class Derivation:
             [Run(**r) for r in doc["after"]],
             [{k: Run(**v) for k, v in c.items()} for c in doc.get("checks", [])],
             Run(**doc["alone"]) if doc.get("alone") else None,
+            doc.get("files"),
         )
 
 
@@ -286,27 +297,48 @@ def has_fail_to_pass_candidate(before: Run, after: Run) -> bool:
     return any(s == "passed" and before.statuses.get(t) != "passed" for t, s in after.statuses.items())
 
 
+def scoped_runs(candidate: Candidate) -> tuple[TestRun, TestRun] | None:
+    """The derivation's (file order, reversed) runs over the test files the change touches, or None
+    when they cover the whole suite (`tests.pass_to_pass: suite`)."""
+    if candidate.config.tests.pass_to_pass == "suite":
+        return None
+    files = tuple(sorted({f for f in candidate.change.test_files if f.endswith(".py")}))
+    if not files:
+        return None
+    return (
+        TestRun("targeted", fresh_interpreter=True, files=files),
+        TestRun("targeted", "reverse", fresh_interpreter=True, files=files),
+    )
+
+
 def run_derivation(pool: Pool, candidate: Candidate, image: str, always_reverse: bool = False) -> Derivation:
     """The before/after runs (file order, reversed) and up to GRADER_CHECKS grader-way checks.
 
+    The runs cover the test files the change touches, or the whole suite (see the module's docstring).
     The reversed after-run is skipped when the first two runs decide the reject already (see
     `has_fail_to_pass_candidate`; `always_reverse` runs it anyway, the derivation as it was)."""
     task = candidate.provisional_task()
     before_patches = [candidate.change.test_patch]
     after_patches = [candidate.change.source_patch, candidate.change.test_patch]
-    before = [_run(pool, task, image, before_patches)]
-    after = [_run(pool, task, image, after_patches)]
+    scoped = scoped_runs(candidate)
+    forward, reverse = scoped or (WHOLE_SUITE, REVERSED_SUITE)
+    after = [_run(pool, task, image, after_patches, forward)]
+    if scoped and not (after[0].statuses or after[0].reasons or after[0].collect_errors):
+        forward, reverse = WHOLE_SUITE, REVERSED_SUITE  # the files the change touches hold no test
+        after = [_run(pool, task, image, after_patches, forward)]
+    files = list(forward.files) or None
+    before = [_run(pool, task, image, before_patches, forward)]
     if not always_reverse and not has_fail_to_pass_candidate(before[0], after[0]):
-        return Derivation(before, after)
-    after.append(_run(pool, task, image, after_patches, REVERSED_SUITE))
-    derivation = Derivation(before, after)
+        return Derivation(before, after, files=files)
+    after.append(_run(pool, task, image, after_patches, reverse))
+    derivation = Derivation(before, after, files=files)
     scope = candidate.config.tests.pass_to_pass
     suspects = outside_test_change(
         settle(derivation, candidate.change.test_files, scope).fail_to_pass, candidate.change.test_files
     )
     if suspects:
         alone = _grade(pool, candidate, image, [], [], only=suspects)["before"]
-        derivation = Derivation(before, after, [], alone)
+        derivation = Derivation(before, after, [], alone, files)
     for _ in range(GRADER_CHECKS):
         settled = settle(derivation, candidate.change.test_files, scope)
         if not settled.fail_to_pass or (derivation.checks and settled.confirmed):
@@ -316,8 +348,8 @@ def run_derivation(pool: Pool, candidate: Candidate, image: str, always_reverse:
 
 
 def cache_key(candidate: Candidate, image: str) -> str:
-    # The runs do not depend on how PASS_TO_PASS is scoped afterwards. They do depend on the
-    # variables the tests run with and on the sandbox's limits (a suite killed for memory): each
+    # The runs depend on PASS_TO_PASS's scope only through what they cover (`scoped_runs`). They depend on
+    # the variables the tests run with and on the sandbox's limits (a suite killed for memory): each
     # is kept out of the key while the source leaves it unset, so the keys of earlier results hold.
     # The project's modules decide where its imports resolve (verify/runners/pytest_launcher.py).
     variables = candidate.environment.fields.get("env") or {}
@@ -329,6 +361,7 @@ def cache_key(candidate: Candidate, image: str) -> str:
         candidate.change.source_patch,
         candidate.change.test_patch,
         candidate.config.tests.model_dump_json(exclude={"pass_to_pass"}),
+        json.dumps([list(r.files) for r in scoped_runs(candidate) or ()]),
         *([json.dumps(variables, sort_keys=True)] if variables else []),
         *([limits.model_dump_json()] if limits.model_fields_set else []),
         *([",".join(modules)] if modules else []),
@@ -427,7 +460,7 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
         metadata["excluded_tests"] = excluded
     if settled.unselectable:
         metadata["unselectable_tests"] = settled.unselectable
-    if candidate.config.tests.pass_to_pass == "test-files":
+    if candidate.config.tests.pass_to_pass == "test-files" and derivation.files is None:
         metadata["pass_to_pass_elsewhere"] = settled.pass_to_pass_elsewhere
     before = derivation.before[0]
     failures = {t: before.messages[t] for t in f2p if before.messages.get(t)}
@@ -441,6 +474,7 @@ def task_from_derivation(candidate: Candidate, derivation: Derivation, extra_met
         "suite_runs": len(derivation.before) + len(derivation.after),
         "grader_checks": len(derivation.checks),
         "ran_alone": derivation.alone is not None,
+        "files": derivation.files or "suite",
     }
     return candidate.to_task(f2p, p2p, metadata)
 

@@ -93,8 +93,9 @@ def test_command(
                 envforge["ENVFORGE_PYTHONPATH"] = ":".join(paths)
             if check.modules:
                 envforge["ENVFORGE_PROJECT_MODULES"] = ",".join(check.modules)
-        # A whole-suite run (derivation) goes on past a module that does not import, and says why.
-        extra = " --continue-on-collection-errors" if run.scope == "suite" else ""
+        # A derivation's run (the whole suite, or the files a change touches) goes on past a module that
+        # does not import, and says why.
+        extra = " --continue-on-collection-errors" if run.scope == "suite" or run.files else ""
         return (
             f"{base} -p envforge_reporter -p no:cacheprovider {plugins} -q -o addopts={extra}",
             True,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 BELOW_STRENGTH = ("quarantine", "audit")
 WEAK_FAIL_TO_PASS = ("shape", "any", "report")
+ORDER_CHECKS = ("files", "suite")
 
 
 def _default_runs() -> int:
@@ -34,7 +35,16 @@ class GateConfig:
     )
     shuffle: bool = field(
         default=True,
-        metadata={"help": "the order check: one of the reference's runs on the whole suite, in reversed order"},
+        metadata={"help": "the order check: one of the reference's runs, in reversed order (see order_check)"},
+    )
+    order_check: str = field(
+        default="files",
+        metadata={
+            "help": "what the order check runs: 'files', the test files that decide the verdict (what every grading "
+            "runs, so every pair of their tests is seen in both orders), or 'suite', the whole suite, which also "
+            "quarantines a test that fails only after another file's tests ran (a dependence no grading meets; the "
+            "full-suite gate always runs the suite)"
+        },
     )
     probes: bool = field(default=True, metadata={"help": "run the reward-hacking probes that apply to each task"})
     full_suite: bool = field(
@@ -129,6 +139,10 @@ class GateConfig:
                 f"GateConfig.weak_fail_to_pass: must be one of {', '.join(WEAK_FAIL_TO_PASS)}, "
                 f"got {self.weak_fail_to_pass!r}"
             )
+        if self.order_check not in ORDER_CHECKS:
+            raise ValueError(
+                f"GateConfig.order_check: must be one of {', '.join(ORDER_CHECKS)}, got {self.order_check!r}"
+            )
         if self.below_strength not in BELOW_STRENGTH:
             raise ValueError(
                 f"GateConfig.below_strength: must be one of {', '.join(BELOW_STRENGTH)}, got {self.below_strength!r}"
@@ -143,6 +157,8 @@ class GateConfig:
             "probes": self.probes,
             "full_suite": self.full_suite,
         }
+        if self.shuffle and not self.full_suite:
+            params["order_check"] = self.order_check
         if self.mutation:  # absent when off, so verdicts gated without it keep their keys
             params.update(
                 mutation=True,

@@ -1,8 +1,9 @@
 """The flakiness gate: a task enters a task set only when its verifier has proven itself.
 
 For each task: grade the empty and the reference solution N times each on pristine copies,
-one of the reference's on the whole suite in reversed order (the order check; the full-suite
-gate grades it once more, N + 1), and every hack probe that applies to the task. Accept only
+one of the reference's in reversed order (the order check: the test files that decide the
+verdict, or with `order_check: suite` the whole suite; the full-suite gate grades the whole
+suite once more, N + 1), and every hack probe that applies to the task. Accept only
 if the reference passes every time, the empty solution fails every FAIL_TO_PASS test (or, for
 checkpoint-only tasks, fails) every time while PASS_TO_PASS passes every time, and every probe
 scores 0. Otherwise quarantine, with the disagreement.
@@ -53,7 +54,8 @@ __all__ = [
 ]
 
 # Repeated runs start fresh interpreters: they are there to see what varies between runs (selection.py).
-ORDER_CHECK = TestRun("suite", "reverse", fresh_interpreter=True)
+ORDER_CHECK = TestRun("suite", "reverse", fresh_interpreter=True)  # the whole suite, reversed
+ORDER_CHECK_FILES = TestRun("targeted", "reverse", fresh_interpreter=True)  # the verdict's test files, reversed
 # A mutant's tests may run this many times the slowest reference/empty grading (at least the configured
 # minimum) before they count as hanging: a hanging mutant is killed either way, without the task's full timeout.
 MUTANT_TIMEOUT_FACTOR = 10
@@ -192,7 +194,7 @@ def _judge(task: Task, name: str, result: VerificationResult) -> list[str]:
     """The disagreements one grading shows (none when it behaved as a verified task's must)."""
     kind, _, which = name.partition(":")
     if kind == "reference" and which == "order":
-        return [] if result.resolved else [f"reference_failed_reversed_suite:{','.join(result.reasons)}"]
+        return [] if result.resolved else [f"reference_failed_reversed_order:{','.join(result.reasons)}"]
     if kind == "reference":
         return [] if result.resolved else [f"reference_failed:{which}:{','.join(result.reasons)}"]
     if kind == "empty":
@@ -207,10 +209,19 @@ def _judge(task: Task, name: str, result: VerificationResult) -> list[str]:
     return [f"probe_scored:{which}:{result.reward}"] if result.reward > 0 else []
 
 
+def order_check_run(config: GateConfig) -> TestRun:
+    """What the order check grades. Every grading runs the test files that decide the verdict, so the
+    order within them is what a verdict can depend on: reversed, every pair of their tests runs the other
+    way round. The whole suite reversed (`order_check: suite`, and the full-suite gate) also sees a test
+    that fails only after another file's tests ran first, which no targeted grading meets; for a slow
+    suite that costs the whole suite's time on every task (filelock's: 130 s)."""
+    return ORDER_CHECK if config.full_suite or config.order_check == "suite" else ORDER_CHECK_FILES
+
+
 def order_check_is_a_run(config: GateConfig) -> bool:
     """Whether the order check is one of the reference's `runs` (the default gate) rather than one more.
 
-    The order check grades the reference on every required test (on the whole suite, reversed), so it
+    The order check grades the reference on every required test (reversed), so it
     is a reference run as much as a targeted one is: the default gate grades the reference `runs - 1`
     times on its files and once in the order check, `runs` gradings of every required test in all, as
     many as the empty solution gets. At least one reference run stays targeted, the way rollouts are
@@ -232,7 +243,7 @@ def _plan(
     empty = [Grading(f"empty:run{i}", "", repeated, share=False) for i in range(1, config.runs + 1)]
     plan = [ref[0], empty[0]]
     if config.shuffle:
-        plan.append(Grading("reference:order", ref_diff, ORDER_CHECK, share=False))
+        plan.append(Grading("reference:order", ref_diff, order_check_run(config), share=False))
     plan += [g for pair in zip_longest(ref[1:], empty[1:]) for g in pair if g is not None]
     if config.probes:
         probes, report.probes_skipped = applicable_probes(task)

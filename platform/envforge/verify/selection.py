@@ -2,8 +2,9 @@
 
 A task's verdict depends only on its FAIL_TO_PASS and PASS_TO_PASS ids, so a grading runs
 the test files that hold them (`targeted`), as the SWE-bench harness does, instead of the
-whole suite. The whole suite (`suite`) is what derivation runs to find the ids, and what the
-gate's order check and its `--full-suite` mode run.
+whole suite. A derivation runs the test files a change touches before any id is known
+(`TestRun.files`); the whole suite (`suite`) is what it runs with `tests.pass_to_pass: suite`, and
+what the gate's `--order-check suite` and `--full-suite` modes run.
 
 For pytest, targeting is done inside the test process by envforge's reporter plugin: the
 task's command runs as written (same rootdir, ini files and collection order as the whole
@@ -66,6 +67,9 @@ class TestRun:
     order: Order = "default"
     fail_fast: bool = False
     fresh_interpreter: bool = False
+    # A targeted pytest run over these files instead of those holding the check's ids: a derivation
+    # runs the test files a change touches before it knows any id (sources/derive.py).
+    files: tuple[str, ...] = ()
 
     def without_fail_fast(self) -> "TestRun":
         """The same run in full: its graded copy answers every question a fail-fast one does."""
@@ -86,7 +90,7 @@ def selection_env(check: TestCheckpoint, run: TestRun) -> dict[str, str]:
     pytest plugin or unittest runner runs the tests in."""
     env: dict[str, str] = {}
     if check.framework == "pytest" and run.scope == "targeted":
-        env[FILES_ENV] = json.dumps(target_files(check))
+        env[FILES_ENV] = json.dumps(sorted(set(run.files)) if run.files else target_files(check))
     if check.framework in ("pytest", "unittest") and run.order != "default":
         env[ORDER_ENV] = run.order
     if check.framework == "pytest" and run.fail_fast:
