@@ -100,7 +100,8 @@ def test_the_gate_key_changes_with_content_image_and_parameters():
 
 def test_a_mutants_time_limit_is_ten_times_the_slowest_grading_at_least_the_floor():
     assert mutant_timeout_s(GateConfig(), [0.4, 0.9]) == GateConfig().mutant_timeout_min_s == 15.0
-    assert mutant_timeout_s(GateConfig(), [2.0, 3.5]) == 35.0
+    assert mutant_timeout_s(GateConfig(), [2.0, 3.5]) == 15.0
+    assert mutant_timeout_s(GateConfig(), [2.0, 29.0]) == 116.0
     assert mutant_timeout_s(GateConfig(mutant_timeout_min_s=60), []) == 60.0
     with pytest.raises(ValueError, match="mutant_timeout_min_s"):
         GateConfig(mutant_timeout_min_s=0)

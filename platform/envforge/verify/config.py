@@ -104,7 +104,7 @@ class GateConfig:
     mutant_timeout_min_s: float = field(
         default=15.0,
         metadata={
-            "help": "the least time a mutant's tests may run before it counts as hanging (killed); the limit is 10x "
+            "help": "the least time a mutant's tests may run before it counts as hanging (killed); the limit is 4x "
             "the slowest reference/empty grading when that is more. A mutant that hangs is killed either way: "
             "this only bounds what it costs"
         },

@@ -58,11 +58,15 @@ ORDER_CHECK = TestRun("suite", "reverse", fresh_interpreter=True)  # the whole s
 ORDER_CHECK_FILES = TestRun("targeted", "reverse", fresh_interpreter=True)  # the verdict's test files, reversed
 # A mutant's tests may run this many times the slowest reference/empty grading (at least the configured
 # minimum) before they count as hanging: a hanging mutant is killed either way, without the task's full timeout.
-MUTANT_TIMEOUT_FACTOR = 10
+# It was 10: a suite whose tests wait (filelock's: 29 s gradings) paid 293 s per hanging mutant, two of them
+# 586 s of one task's 546 s gate. A right mutant 4x slower than the slowest of the task's ten gradings would
+# need the machine's load to quadruple within one task's gate (sandbox/admission.py starts no extra run
+# while the CPUs are busy).
+MUTANT_TIMEOUT_FACTOR = 4
 
 
 def mutant_timeout_s(config: GateConfig, verifier_seconds: list[float]) -> float:
-    """How long a mutant's tests may run: 10x the slowest reference/empty grading, at least the config's floor.
+    """How long a mutant's tests may run: 4x the slowest reference/empty grading, at least the config's floor.
     Each hanging mutant costs this much (one worker's slot), so the floor is what a hang costs a fast task."""
     return max(config.mutant_timeout_min_s, MUTANT_TIMEOUT_FACTOR * max(verifier_seconds or [0.0]))
 
