@@ -257,6 +257,15 @@ class EnvSettings(BaseSettings):
     sandbox_threads: int = _var(
         "ENVFORGE_SANDBOX_THREADS", 256, "sandbox", "threads that run blocking sandbox calls for async callers"
     )
+    sandbox_ceiling: int = _var(
+        "ENVFORGE_SANDBOX_CEILING",
+        0,
+        "sandbox",
+        "sandboxes a derivation or a gate on this engine may run at once while the host's CPUs have room "
+        "(beyond its concurrency, one more per second while they were under 80% used; sandbox/admission.py); "
+        "0: four per core; no more than the concurrency: a fixed count",
+        default_doc="0 (four per core)",
+    )
 
     # -- task sources
     source_config: Optional[Path] = _var(

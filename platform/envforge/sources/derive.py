@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -70,6 +71,7 @@ from envforge.errors import ImageBuildError, InfraError, Problem, SpecError
 from envforge.hashing import digest_parts
 from envforge.progress import Progress, no_progress
 from envforge.safefs import write_atomic
+from envforge.sandbox.admission import AdmittedPool, admission_for
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import ImageBuild, build_base_image, build_task_image
 from envforge.sandbox.provider import Pool, SandboxProvider, or_local
@@ -505,6 +507,9 @@ def derive_tasks(
     lease = or_local(sandboxes).lease(
         [], SANDBOXES_PER_DERIVATION, client=client, settings=settings, max_idle_per_key=1, max_starting=concurrency
     )
+    # On this engine, `concurrency` candidates at once, and more while the CPUs have room (suites that
+    # wait: sandbox/admission.py); a fleet's nodes are admitted by the fleet.
+    admission = admission_for(concurrency) if lease.owned else None
 
     def one(candidate: Candidate, pool: Pool) -> Task:
         try:
@@ -512,7 +517,8 @@ def derive_tasks(
         except ValueError as exc:
             raise SpecError([Problem(candidate.origin, candidate.field, str(exc))]) from None
         try:
-            build = with_retry(lambda: build_task_image(client, candidate.provisional_task(), base, settings))
+            with admission.slot() if admission else nullcontext():  # a build computes: it takes a slot too
+                build = with_retry(lambda: build_task_image(client, candidate.provisional_task(), base, settings))
         except ImageBuildError as exc:
             raise SpecError([Problem(candidate.origin, "environment", str(exc))]) from None
         images = recorded_images_of(base, build)
@@ -541,8 +547,9 @@ def derive_tasks(
             candidate, derivation = roomier, derived(roomier)
         return task_from_derivation(candidate, derivation, {"images": images})
 
-    with lease as pool:
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as ex:
+    with lease as leased:
+        pool = AdmittedPool(leased, admission) if admission else leased
+        with ThreadPoolExecutor(max_workers=admission.ceiling if admission else max(1, concurrency)) as ex:
             futures = {ex.submit(one, c, pool): c for c in candidates}
             done = 0
             for fut in as_completed(futures):

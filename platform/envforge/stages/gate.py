@@ -14,6 +14,7 @@ from requests.exceptions import RequestException
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.errors import InfraError, Problem
+from envforge.sandbox.admission import AdmittedPool, admission_for
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import image_digest
 from envforge.sandbox.provider import or_local
@@ -208,9 +209,16 @@ def gate(
             max_starting=config.concurrency,
         )
         progress("validate", "starting sandboxes", 0, len(todo))
-        with sandboxes as pool:
+        # On this engine: `concurrency` tasks of `workers` gradings at once, and more tasks while the CPUs
+        # have room (suites that wait: sandbox/admission.py); a fleet's nodes are admitted by the fleet.
+        admission = admission_for(config.concurrency * config.workers) if sandboxes.owned else None
+        tasks_at_once = config.concurrency
+        if admission:
+            tasks_at_once = max(config.concurrency, -(-admission.ceiling // config.workers))
+        with sandboxes as leased:
+            pool = AdmittedPool(leased, admission) if admission else leased
             grader = Grader(client, pool, trusted=True)  # the reference, mutants and probes: no policy code
-            with ThreadPoolExecutor(max_workers=max(1, config.concurrency)) as ex:
+            with ThreadPoolExecutor(max_workers=max(1, tasks_at_once)) as ex:
                 futures = {
                     ex.submit(_gate_with_retries, grader, t, image, config): (t, digest, key)
                     for t, image, digest, key in todo
