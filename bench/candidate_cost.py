@@ -1,11 +1,13 @@
 """Seconds per history candidate, end to end (ingest + gate), before vs after issue #30's cost cuts.
 
-    .venv/bin/python bench/candidate_cost.py --source DIR [--pairs N] [--out FILE]
+    .venv/bin/python bench/candidate_cost.py --source DIR [--cuts forks|scope] [--pairs N] [--out FILE]
 
 `DIR` is one source folder (a history.yaml over a repository, e.g. /tmp/bundles-c/src/tomli with
 ENVFORGE_SOURCE_ROOTS=/tmp/bundles-c). Each side of a pair ingests it into a fresh data directory
 (images come from the Docker cache, the derivation cache starts empty) and gates every task it
 derived with the default gate (mutation on), in this process, one side after the other:
+
+`--cuts forks` (the default; the cuts of 3 December):
 
 - `before`: the code path as it was: every derivation runs the reversed after-run
   (`run_derivation(always_reverse=True)`), every mutant's tests run in full
@@ -15,6 +17,18 @@ derived with the default gate (mutation on), in this process, one side after the
 - `after`: the defaults (the reversed run is left out when the first two runs already reject;
   mutants graded fail-fast; test commands forked from a preloaded interpreter where they can be;
   the gate's and the derivation's sandboxes reset by restoring only what changed).
+
+`--cuts scope` (the cuts of 4 December, for suites that are slow or that wait):
+
+- `before`: every derivation runs the whole suite (`derive.scoped_runs` answers None), the gate's
+  order check reverses the whole suite (`GateConfig(order_check="suite")`), and the derivation and
+  the gate run a fixed number of sandboxes at once (`ENVFORGE_SANDBOX_CEILING=1`: the floor);
+- `after`: the defaults (the derivation runs the test files the change touches, the order check
+  reverses the verdict's files, more sandboxes start while the CPUs have room).
+
+The derived tasks' content differs between these sides by design (their metadata says what the
+runs covered), so tasks are compared by id and FAIL_TO_PASS / PASS_TO_PASS lists
+(`same_test_lists`); a whole-suite derivation may find FAIL_TO_PASS tests outside the change's files.
 
 Pairs alternate which side goes first, so load drift on the shared machine falls on both sides; the
 figure to quote is the median of the per-pair ratios. Per run it counts where the time went: suite
@@ -62,10 +76,19 @@ from envforge.verify import gate as gate_mod  # noqa: E402
 from envforge.verify.config import GateConfig  # noqa: E402
 from envforge.verify.grader import Grader  # noqa: E402
 
-SIDES = {
-    "before": {"always_reverse": True, "gate": GateConfig(force=True, mutant_fail_fast=False), "cuts": False},
-    "after": {"always_reverse": False, "gate": GateConfig(force=True), "cuts": True},
+CUTS = {
+    "forks": {
+        "before": {"always_reverse": True, "gate": GateConfig(force=True, mutant_fail_fast=False), "cuts": False},
+        "after": {"always_reverse": False, "gate": GateConfig(force=True), "cuts": True},
+    },
+    "scope": {
+        "before": {"always_reverse": False, "gate": GateConfig(force=True, order_check="suite"), "cuts": True,
+                   "whole_suite": True, "ceiling": "1"},
+        "after": {"always_reverse": False, "gate": GateConfig(force=True), "cuts": True},
+    },
 }
+SIDES = CUTS["forks"]
+ORIGINAL_SCOPED_RUNS = derive.scoped_runs
 ORIGINAL_LAUNCHER_PROGRAM = checkpoints.launcher_program
 ORIGINAL_TRUST = Sandbox.trust_until_reset
 
@@ -126,6 +149,11 @@ def load() -> float:
 def one_side(side: str, source: Path, tmp: Path, run_no: int) -> dict:
     derive.run_derivation = functools.partial(ORIGINAL_RUN_DERIVATION, always_reverse=SIDES[side]["always_reverse"])
     use_cuts(SIDES[side]["cuts"])
+    derive.scoped_runs = (lambda candidate: None) if SIDES[side].get("whole_suite") else ORIGINAL_SCOPED_RUNS
+    if SIDES[side].get("ceiling"):
+        os.environ["ENVFORGE_SANDBOX_CEILING"] = SIDES[side]["ceiling"]
+    else:
+        os.environ.pop("ENVFORGE_SANDBOX_CEILING", None)
     settings = Settings.from_env().with_data_dir(tmp / f"{side}-{run_no}")
     settings.ensure_dirs()
     client = docker_client(settings)
@@ -161,6 +189,8 @@ def one_side(side: str, source: Path, tmp: Path, run_no: int) -> dict:
         "run": run_no,
         "records": records,
         "tasks": sorted(t.id for t in loaded.result.tasks),
+        "test_lists": {t.id: [t.spec.verification.tests.fail_to_pass, t.spec.verification.tests.pass_to_pass]
+                       for t in loaded.result.tasks if t.spec.verification.tests is not None},
         "content_hashes": sorted(t.content_hash for t in loaded.result.tasks),
         "rejects": sorted(f"{p.source}|{p.reason}" for p in loaded.result.rejects),
         "ingest_s": round(ingest_s, 2),
@@ -171,6 +201,8 @@ def one_side(side: str, source: Path, tmp: Path, run_no: int) -> dict:
         "verdicts": verdicts,
     }
     derive.run_derivation = ORIGINAL_RUN_DERIVATION
+    derive.scoped_runs = ORIGINAL_SCOPED_RUNS
+    os.environ.pop("ENVFORGE_SANDBOX_CEILING", None)
     use_cuts(True)
     return row
 
@@ -185,6 +217,8 @@ def compare(before: dict, after: dict, threshold: float) -> dict:
     """Whether two runs reached the same verdicts (see the module docstring)."""
     out = {
         "same_tasks": before["content_hashes"] == after["content_hashes"],
+        "same_task_ids": before["tasks"] == after["tasks"],
+        "same_test_lists": before.get("test_lists") == after.get("test_lists"),
         "same_rejects": [r.split("|")[0] for r in before["rejects"]] == [r.split("|")[0] for r in after["rejects"]],
         "same_reject_reasons": before["rejects"] == after["rejects"],
         "tasks": {},
@@ -202,7 +236,7 @@ def compare(before: dict, after: dict, threshold: float) -> dict:
             "strength_bounds_consistent": _overlap(b["strength"], a["strength"])
             and _overlap(b["f2p_strength"], a["f2p_strength"]) and side[0] == side[1],
         }
-    out["all_same_verdicts"] = out["same_tasks"] and out["same_rejects"] and all(
+    out["all_same_verdicts"] = out["same_task_ids"] and out["same_test_lists"] and out["same_rejects"] and all(
         t["same_verdict"] for t in out["tasks"].values())
     out["all_bounds_consistent"] = all(t.get("strength_bounds_consistent") for t in out["tasks"].values())
     return out
@@ -211,9 +245,13 @@ def compare(before: dict, after: dict, threshold: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", type=Path, required=True, help="one source folder (history.yaml)")
+    ap.add_argument("--cuts", choices=sorted(CUTS), default="forks",
+                    help="which cuts the sides differ by (see the module docstring)")
     ap.add_argument("--pairs", type=int, default=1, help="before/after pairs, alternating which goes first")
     ap.add_argument("--out", type=Path, help="also write the JSON here")
     args = ap.parse_args()
+    global SIDES
+    SIDES = CUTS[args.cuts]
     threshold = GateConfig().min_strength
     runs = []
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -234,6 +272,7 @@ def main() -> None:
     doc = {
         "bench": "candidate_cost",
         "source": str(args.source),
+        "cuts": args.cuts,
         "started": started_at,
         "ended": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
