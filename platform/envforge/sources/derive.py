@@ -286,11 +286,21 @@ def _grade(
         result = grader.grade(candidate.to_task(only, []), image, "", "empty")
         return {"before": Run({t: s for t, s in result.tests.items() if s != "missing"}, result.reasons)}
     task = candidate.to_task(f2p, p2p)
-    runs = {}
-    for state, diff in (("after", task.reference_patch or ""), ("before", "")):
+
+    def graded(diff: str) -> Run:
         result = grader.grade(task, image, diff, "reference" if diff else "empty")
-        runs[state] = Run({t: s for t, s in result.tests.items() if s != "missing"}, result.reasons)
-    return runs
+        return Run({t: s for t, s in result.tests.items() if s != "missing"}, result.reasons)
+
+    after, before = both(lambda: graded(task.reference_patch or ""), lambda: graded(""))
+    return {"after": after, "before": before}
+
+
+def both(first: Callable[[], T], second: Callable[[], T]) -> tuple[T, T]:
+    """Two independent runs at once (each in its own sandbox, admitted like any other): a derivation's
+    runs are sequential only where one needs the other's outcome."""
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="envforge-derive-run") as ex:
+        later = ex.submit(second)
+        return first(), later.result()
 
 
 def has_fail_to_pass_candidate(before: Run, after: Run) -> bool:
@@ -317,6 +327,7 @@ def run_derivation(pool: Pool, candidate: Candidate, image: str, always_reverse:
     """The before/after runs (file order, reversed) and up to GRADER_CHECKS grader-way checks.
 
     The runs cover the test files the change touches, or the whole suite (see the module's docstring).
+    The first before and after runs go at once, and so do each check's two gradings.
     The reversed after-run is skipped when the first two runs decide the reject already (see
     `has_fail_to_pass_candidate`; `always_reverse` runs it anyway, the derivation as it was)."""
     task = candidate.provisional_task()
@@ -324,12 +335,18 @@ def run_derivation(pool: Pool, candidate: Candidate, image: str, always_reverse:
     after_patches = [candidate.change.source_patch, candidate.change.test_patch]
     scoped = scoped_runs(candidate)
     forward, reverse = scoped or (WHOLE_SUITE, REVERSED_SUITE)
-    after = [_run(pool, task, image, after_patches, forward)]
+
+    def before_and_after(run: TestRun) -> tuple[list[Run], list[Run]]:
+        first, second = both(
+            lambda: _run(pool, task, image, after_patches, run), lambda: _run(pool, task, image, before_patches, run)
+        )
+        return [second], [first]
+
+    before, after = before_and_after(forward)
     if scoped and not (after[0].statuses or after[0].reasons or after[0].collect_errors):
         forward, reverse = WHOLE_SUITE, REVERSED_SUITE  # the files the change touches hold no test
-        after = [_run(pool, task, image, after_patches, forward)]
+        before, after = before_and_after(forward)
     files = list(forward.files) or None
-    before = [_run(pool, task, image, before_patches, forward)]
     if not always_reverse and not has_fail_to_pass_candidate(before[0], after[0]):
         return Derivation(before, after, files=files)
     after.append(_run(pool, task, image, after_patches, reverse))
