@@ -81,7 +81,7 @@ GATE = dict(runs=1, shuffle=False, probes=False, mutation=True)
 
 
 def test_a_verifier_that_checks_only_the_type_scores_low_and_is_quarantined(make_task, grader, settings,
-                                                                              docker_client):
+                                                                              docker_client, monkeypatch):
     task, image = make_task("trips", SPEED_BUGGY, SPEED_FIXED, WEAK_TESTS, ["test_speed"], ["test_label"])
     report = validate_task(grader, task, image, GateConfig(**GATE, mutation_early_stop=False))
     s = report.strength
@@ -100,7 +100,9 @@ def test_a_verifier_that_checks_only_the_type_scores_low_and_is_quarantined(make
     assert report.stats()["strength"]["survivors"] == s.survivors  # kept in the gate record
 
     # Through the gate stage, admitted to the audit split instead (when configured): recorded in the
-    # catalog and listed with its strength; early stop grades fewer mutants.
+    # catalog and listed with its strength; early stop grades fewer mutants (at a fixed count of sandboxes:
+    # with more at once while the CPUs are idle, the gradings in flight when the score is decided finish).
+    monkeypatch.setenv("ENVFORGE_SANDBOX_CEILING", "1")
     images = ImageSet("", {task.content_hash: image}, {image: image_digest(docker_client, image)})
     result = gate_stage(settings, GateConfig(**GATE, below_strength="audit"), [task], images, client=docker_client)
     [audit] = result.reports

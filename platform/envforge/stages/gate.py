@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -209,18 +209,20 @@ def gate(
             max_starting=config.concurrency,
         )
         progress("validate", "starting sandboxes", 0, len(todo))
-        # On this engine: `concurrency` tasks of `workers` gradings at once, and more tasks while the CPUs
-        # have room (suites that wait: sandbox/admission.py); a fleet's nodes are admitted by the fleet.
+        # On this engine: `concurrency` tasks of `workers` gradings at once, and more tasks and more gradings
+        # of each while the CPUs have room (suites that wait: sandbox/admission.py), so the last task's
+        # mutants are not left to two sandboxes; a fleet's nodes are admitted by the fleet.
         admission = admission_for(config.concurrency * config.workers) if sandboxes.owned else None
-        tasks_at_once = config.concurrency
+        tasks_at_once, per_task = config.concurrency, config
         if admission:
             tasks_at_once = max(config.concurrency, -(-admission.ceiling // config.workers))
+            per_task = replace(config, workers=max(config.workers, -(-admission.ceiling // config.concurrency)))
         with sandboxes as leased:
             pool = AdmittedPool(leased, admission) if admission else leased
             grader = Grader(client, pool, trusted=True)  # the reference, mutants and probes: no policy code
             with ThreadPoolExecutor(max_workers=max(1, tasks_at_once)) as ex:
                 futures = {
-                    ex.submit(_gate_with_retries, grader, t, image, config): (t, digest, key)
+                    ex.submit(_gate_with_retries, grader, t, image, per_task): (t, digest, key)
                     for t, image, digest, key in todo
                 }
                 for done, fut in enumerate(as_completed(futures), start=1):
