@@ -285,3 +285,15 @@ def test_a_jsonl_line_of_control_characters_is_a_reject_not_a_gap(tmp_path):
     assert [r for _, r in got if isinstance(r, dict)] == [{"id": 1}, {"id": 2}]
     [(where, problem)] = [(w, r) for w, r in got if not isinstance(r, dict)]
     assert where.endswith("records.jsonl:2") and "not a JSON record" in problem.reason
+
+
+def test_plugins_that_shuffle_the_tests_are_not_loaded_from_an_env_layers_record():
+    """pytest-randomly (filelock's test dependencies bring it) puts the tests in a new random order on every
+    run; derivation's forward/reversed runs and the gate's repeated ones rest on a fixed order. The env
+    layer's record still lists it (images.env_plugins); a source that names it itself still gets it."""
+    from envforge.sources.candidate import with_env_plugins
+
+    recorded = ["pytest_asyncio.plugin", "pytest_randomly", "random_order.plugin", "pytest_mock"]
+    assert with_env_plugins([], recorded) == ["pytest_asyncio.plugin", "pytest_mock"]
+    assert with_env_plugins(["pytest_randomly"], recorded) == ["pytest_randomly", "pytest_asyncio.plugin",
+                                                               "pytest_mock"]

@@ -73,10 +73,20 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")[:80]
 
 
+# Plugins a project's test dependencies bring that put its tests in a new random order (and reseed
+# `random`) on every run. Derivation compares runs in file order and reversed, and the gate repeats
+# runs to see what varies: with these loaded, every run is another order, so order dependence and
+# flakiness are measured against chance. They are left out of what an env layer's record loads; a
+# source that names one in its own `tests.plugins` still gets it.
+ORDER_SHUFFLING_PLUGINS = frozenset({"pytest_randomly", "random_order.plugin"})
+
+
 def with_env_plugins(declared: Sequence[str], env_plugins: Sequence[str]) -> list[str]:
     """The pytest plugins every run of a task loads with `-p`: the source's own, then those its env layer
-    installed (the project's CI loads them by autoload, which stays off here). One rule for every kind."""
-    return list(dict.fromkeys([*declared, *env_plugins]))
+    installed (the project's CI loads them by autoload, which stays off here), less the ones that shuffle
+    the tests (`ORDER_SHUFFLING_PLUGINS`). One rule for every kind."""
+    recorded = [p for p in env_plugins if p not in ORDER_SHUFFLING_PLUGINS]
+    return list(dict.fromkeys([*declared, *recorded]))
 
 
 @dataclass(frozen=True)
