@@ -133,6 +133,11 @@ def admission_for(floor: int, ceiling: int | None = None) -> CpuAdmission:
     return CpuAdmission(floor=max(1, floor), ceiling=max(1, floor, ceiling))
 
 
+def admitted(pool: Any, admission: CpuAdmission | None) -> Any:
+    """The pool, its acquisitions admitted when there is an admission (a local lease), else as it is."""
+    return AdmittedPool(pool, admission) if admission else pool
+
+
 class AdmittedPool:
     """A sandbox pool whose `acquire` waits for admission and whose `release` gives the slot back;
     everything else is the pool's own (the `Pool` protocol's face, by delegation)."""

@@ -71,7 +71,7 @@ from envforge.errors import ImageBuildError, InfraError, Problem, SpecError
 from envforge.hashing import digest_parts
 from envforge.progress import Progress, no_progress
 from envforge.safefs import write_atomic
-from envforge.sandbox.admission import AdmittedPool, admission_for
+from envforge.sandbox.admission import admission_for, admitted
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import ImageBuild, build_base_image, build_task_image
 from envforge.sandbox.provider import Pool, SandboxProvider, or_local
@@ -565,7 +565,7 @@ def derive_tasks(
         return task_from_derivation(candidate, derivation, {"images": images})
 
     with lease as leased:
-        pool = AdmittedPool(leased, admission) if admission else leased
+        pool = admitted(leased, admission)
         with ThreadPoolExecutor(max_workers=admission.ceiling if admission else max(1, concurrency)) as ex:
             futures = {ex.submit(one, c, pool): c for c in candidates}
             done = 0

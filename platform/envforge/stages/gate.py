@@ -14,7 +14,7 @@ from requests.exceptions import RequestException
 from envforge.catalog import Catalog
 from envforge.config import Settings
 from envforge.errors import InfraError, Problem
-from envforge.sandbox.admission import AdmittedPool, admission_for
+from envforge.sandbox.admission import CpuAdmission, admission_for, admitted
 from envforge.sandbox.engine import docker_client
 from envforge.sandbox.images import image_digest
 from envforge.sandbox.provider import or_local
@@ -200,25 +200,26 @@ def gate(
         progress("validate", f"{len(result.reports)} unchanged tasks keep their verdicts", 0, len(todo))
     new: list[GateReport] = []
     if todo:
+        # On this engine: `concurrency` tasks of `workers` gradings at once, and more tasks and more gradings
+        # of each while the CPUs have room (suites that wait: sandbox/admission.py), so the last task's
+        # mutants are not left to two sandboxes; a fleet's nodes are admitted by the fleet.
+        local = admission_for(config.concurrency * config.workers)
+        per_task = replace(config, workers=max(config.workers, -(-local.ceiling // config.concurrency)))
         sandboxes = or_local(context.sandboxes).lease(
             [(t, image) for t, image, *_ in todo],
             gate_sandboxes_per_task(config),
             client=client,
             settings=settings,
-            max_idle_per_key=max(2, config.workers),
+            max_idle_per_key=max(2, per_task.workers),  # a task's sandboxes are kept warm between its gradings
             max_starting=config.concurrency,
         )
+        admission: CpuAdmission | None = local
+        tasks_at_once = max(config.concurrency, -(-local.ceiling // config.workers))
+        if not sandboxes.owned:
+            admission, per_task, tasks_at_once = None, config, config.concurrency
         progress("validate", "starting sandboxes", 0, len(todo))
-        # On this engine: `concurrency` tasks of `workers` gradings at once, and more tasks and more gradings
-        # of each while the CPUs have room (suites that wait: sandbox/admission.py), so the last task's
-        # mutants are not left to two sandboxes; a fleet's nodes are admitted by the fleet.
-        admission = admission_for(config.concurrency * config.workers) if sandboxes.owned else None
-        tasks_at_once, per_task = config.concurrency, config
-        if admission:
-            tasks_at_once = max(config.concurrency, -(-admission.ceiling // config.workers))
-            per_task = replace(config, workers=max(config.workers, -(-admission.ceiling // config.concurrency)))
         with sandboxes as leased:
-            pool = AdmittedPool(leased, admission) if admission else leased
+            pool = admitted(leased, admission)
             grader = Grader(client, pool, trusted=True)  # the reference, mutants and probes: no policy code
             with ThreadPoolExecutor(max_workers=max(1, tasks_at_once)) as ex:
                 futures = {
