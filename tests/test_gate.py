@@ -135,6 +135,10 @@ def test_grading_runs_only_the_files_that_decide_the_verdict(copy_spec, grader, 
         assert grader.grade(task, image, "", "empty").tests["tests/test_stats.py::test_mean"] == "passed"
         fixed = grader.grade(task, image, task.reference_patch, run=TestRun(fail_fast=True))
         assert fixed.reasons == targeted.reasons and fixed.tests == targeted.tests
+        # Only some ids (a mutant's covering tests): the plugin deselects the rest of their files (the crashing
+        # file holds none of them and is not collected), and only those ids are judged.
+        mean_only = grader.grade(task, image, "", "empty", run=TestRun(ids=("tests/test_stats.py::test_mean",)))
+        assert mean_only.tests == {"tests/test_stats.py::test_mean": "passed"} and mean_only.resolved
     finally:
         docker_client.images.remove(image, force=True)
 

@@ -19,7 +19,7 @@ from envforge.verify.grader import GradedCopy, PreparedDiff
 from envforge.verify.matching_text import matching_text
 from envforge.verify.probes import STANDARD_PROBES, scripts_run, verifier_inputs, applicable_probes
 from envforge.verify.result import VerificationResult
-from envforge.verify.selection import SUITE, TARGETED, TestRun, selection_env
+from envforge.verify.selection import SUITE, TARGETED, TRACE_OUT, TestRun, judged_ids, selection_env
 from tests.conftest import BUNDLED_SPECS, REPO
 
 
@@ -46,6 +46,19 @@ def test_fail_fast_runs_name_the_fail_to_pass_ids_for_pytest_only():
                                                      TestRun(fail_fast=True))
     huge = check.model_copy(update={"fail_to_pass": [f"tests/test_stats.py::test_{i:06d}" for i in range(3000)]})
     assert "ENVFORGE_FAIL_FAST" not in selection_env(huge, TestRun(fail_fast=True))  # too big for one variable
+
+
+def test_a_run_of_some_ids_names_them_and_their_files_and_judges_only_them():
+    check = _spec("inventory-median-even").spec.verification.tests
+    some = (check.pass_to_pass[0],)
+    env = selection_env(check, TestRun(ids=some))
+    assert json.loads(env["ENVFORGE_TEST_IDS"]) == list(some)
+    assert json.loads(env["ENVFORGE_TEST_FILES"]) == [some[0].split("::")[0]]
+    assert judged_ids(check, TestRun(ids=some)) == list(some) and judged_ids(check, TARGETED) == check.ids
+    huge = tuple(f"tests/test_stats.py::test_{i:06d}" for i in range(3000))
+    assert "ENVFORGE_TEST_IDS" not in selection_env(check, TestRun(ids=huge))  # the files run in full
+    traced = selection_env(check, TestRun(trace=("/workspace/calc.py",)))
+    assert json.loads(traced["ENVFORGE_TRACE_CALLS"]) == {"files": ["/workspace/calc.py"], "out": TRACE_OUT}
 
 
 @pytest.mark.parametrize("pattern", [r"^healthy port=8080$", r"\Aid,email\n1,a@b\.com\n\Z", r"^EUR \d+ x{2,3}(a|b)$",

@@ -15,6 +15,7 @@ from envforge.stages.gate import gate as gate_stage
 from envforge.stages.images import ImageSet
 from envforge.sources.specs import load_spec_file
 from envforge.verify.config import GateConfig
+from envforge.verify.covering import CallMap
 from envforge.verify.gate import mutant_timeout_s, validate_task
 from envforge.verify.mutants import file_diff
 from envforge.verify.strength import measure_strength
@@ -54,9 +55,11 @@ def make_task(tmp_path, docker_client, base_image, settings):
     images = []
 
     def make(module: str, buggy: str, fixed: str, tests: str, f2p: list[str], p2p: list[str],
-             timeout_s: float = 60):
+             timeout_s: float = 60, extra_files: dict[str, str] | None = None):
         root = tmp_path / f"{module}-{uuid.uuid4().hex[:6]}"
         (root / "workspace" / "tests").mkdir(parents=True)
+        for rel, text in (extra_files or {}).items():
+            (root / "workspace" / rel).write_text(text)
         (root / "workspace" / f"{module}.py").write_text(buggy)
         (root / "workspace" / "tests" / f"test_{module}.py").write_text(tests)
         (root / "solution.patch").write_text(file_diff(f"{module}.py", buggy, fixed))
@@ -204,3 +207,52 @@ def test_twin_tasks_one_checking_the_merged_values_the_other_only_the_length_now
     assert list(weak_row["disagreements"]) == [finding]  # the catalog verdict, the run report's quarantine table
     kept = json.loads(weak_row["stats_json"])["strength"]["weak_form"]
     assert kept["shapes"] == ["merge_by_id: len(...) == 1"] and "[object()]" in kept["diff"]  # the evidence
+
+# Covering tests (covering.py): a session fixture calls one function (a call outside any one test), one
+# test starts a process, and the reference also changes a function no test calls.
+SHOP_BUGGY = ('"""Shop."""\nRATES = {}\n\n\ndef setup_rates():\n    RATES["eur"] = 1.5\n    return RATES\n\n\n'
+              'def price(amount, currency):\n    return amount\n\n\ndef label(name):\n    return name.title()\n\n\n'
+              'def legacy_total(values):\n    total = 0\n    for v in values:\n        total += v\n    return total\n')
+SHOP_FIXED = (SHOP_BUGGY.replace("    return amount\n", "    return round(amount * RATES.get(currency, 1.0), 2)\n")
+              .replace("    total = 0\n", "    total = 0.0\n"))
+SHOP_TESTS = ("import subprocess\nimport sys\n\nfrom shop import label, price\n\n\ndef test_price():\n"
+              "    assert price(10, 'eur') == 15.0\n    assert price(3, 'usd') == 3\n\n\n"
+              "def test_label():\n    assert label('to work') == 'To Work'\n\n\n"
+              "def test_spawn():\n    out = subprocess.run([sys.executable, '-c', 'print(1)'], capture_output=True, text=True)\n"
+              "    assert out.stdout.strip() == '1'\n")
+SHOP_CONFTEST = ("import pytest\n\nimport shop\n\n\n@pytest.fixture(scope='session', autouse=True)\n"
+                 "def rates():\n    return shop.setup_rates()\n")
+
+
+def _def_line(text: str, name: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), start=1) if line.startswith(f"def {name}("))
+
+
+def test_a_mutant_is_graded_on_the_tests_that_call_what_it_changes_with_the_same_verdicts(make_task, grader):
+    # test_spawn runs (it is in a verdict file) but is not required: a required test that starts a process
+    # would run with every mutant (covering_tests' unit tests)
+    task, image = make_task("shop", SHOP_BUGGY, SHOP_FIXED, SHOP_TESTS, ["test_price"], ["test_label"],
+                            extra_files={"tests/conftest.py": SHOP_CONFTEST})
+    kept = grader.prepare(task, task.reference_patch).kept
+    doc, why = grader.trace_calls(task, image, kept, ["shop.py"])
+    assert doc is not None, why
+    calls = CallMap.from_json(doc)
+    test = "tests/test_shop.py::"
+    assert calls.calls[test + "test_price"] == {("shop.py", _def_line(SHOP_FIXED, "price"))}
+    assert calls.calls[test + "test_label"] == {("shop.py", _def_line(SHOP_FIXED, "label"))}
+    # the session fixture's call outlives the test that set it up; the subprocess is not traced
+    assert ("shop.py", _def_line(SHOP_FIXED, "setup_rates")) in calls.everywhere
+    assert calls.spawners == {test + "test_spawn"} and not calls.unusable
+
+    covering = measure_strength(grader, task, image, task.reference_patch, early_stop=False)
+    files = measure_strength(grader, task, image, task.reference_patch, early_stop=False, covering=False)
+    assert (covering.test_selection, files.test_selection) == ("covering", "files")
+    assert [(s.killed, s.survived, s.equivalent) for s in (covering, files)] == [
+        (files.killed, files.survived, files.equivalent)] * 2
+    assert sorted(v["mutant"] for v in covering.survivors) == sorted(v["mutant"] for v in files.survivors)
+    # legacy_total's mutants: no test calls it, so they survive without a grading
+    unexecuted = [v for v in covering.survivors if v.get("not_executed")]
+    assert covering.not_executed == len(unexecuted) >= 1 and all(v["line"] > _def_line(SHOP_FIXED, "legacy_total") for v in unexecuted), unexecuted
+    # price's mutants run test_price alone, never test_label
+    assert covering.covering_tests and set(covering.covering_tests) == {1}, covering.covering_tests
+    assert covering.gradings == files.gradings - covering.not_executed + 1  # one traced grading

@@ -322,7 +322,9 @@ def test_mutants_are_graded_fail_fast_and_the_probes_in_full(monkeypatch):
     monkeypatch.setattr(strength, "grade_batch", batch)
     grader = Grader(None, pool=object())
     for fail_fast in (True, False):
-        strength.measure_strength(grader, task, "img", file_diff("calc.py", BUGGY, FIXED), fail_fast=fail_fast)
+        strength.measure_strength(
+            grader, task, "img", file_diff("calc.py", BUGGY, FIXED), fail_fast=fail_fast, covering=False
+        )
     fast, full = plans
     assert [g.name for g in fast] == [g.name for g in full] and "special_case" in [g.name for g in fast]
     assert {g.run for g in fast if g.name.startswith("mutant:")} == {TestRun(fail_fast=True)}

@@ -20,7 +20,7 @@ from envforge.verify.parsers import (
     parse_tap,
 )
 from envforge.verify.result import CheckpointResult
-from envforge.verify.selection import SUITE, TARGETED, TestRun, selection_env, unittest_ids
+from envforge.verify.selection import SUITE, TARGETED, TestRun, judged_ids, selection_env, unittest_ids
 
 RUNNER_DIR = "/run/envforge-verifier/runner"
 _RUNNERS = {
@@ -212,7 +212,7 @@ def run_tests(
     reported = _run_reported(sandbox, check, run, environment)
     reasons = list(reported.reasons)
     tests: dict[str, str] = {}
-    for test_id in check.ids:
+    for test_id in judged_ids(check, run):
         status = reported.statuses.get(test_id, "missing")
         tests[test_id] = status
         if status == "missing":

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 BELOW_STRENGTH = ("quarantine", "audit")
 WEAK_FAIL_TO_PASS = ("shape", "any", "report")
 ORDER_CHECKS = ("files", "suite")
+MUTANT_TESTS = ("covering", "files")
 
 
 def _default_runs() -> int:
@@ -116,6 +117,14 @@ class GateConfig:
             "killed, is then decided; off: every mutant's tests run in full, as before)"
         },
     )
+    mutant_tests: str = field(
+        default="covering",
+        metadata={
+            "help": "which tests grade a mutant: 'covering', the FAIL_TO_PASS tests and the PASS_TO_PASS tests "
+            "that call the function it changes (one traced grading of the reference says which; a mutant no test "
+            "calls survives ungraded), or 'files', every test of the verdict's files"
+        },
+    )
     force: bool = field(
         default=False,
         metadata={
@@ -142,6 +151,10 @@ class GateConfig:
         if self.order_check not in ORDER_CHECKS:
             raise ValueError(
                 f"GateConfig.order_check: must be one of {', '.join(ORDER_CHECKS)}, got {self.order_check!r}"
+            )
+        if self.mutant_tests not in MUTANT_TESTS:
+            raise ValueError(
+                f"GateConfig.mutant_tests: must be one of {', '.join(MUTANT_TESTS)}, got {self.mutant_tests!r}"
             )
         if self.below_strength not in BELOW_STRENGTH:
             raise ValueError(
@@ -173,4 +186,6 @@ class GateConfig:
             )
             if not self.mutant_fail_fast:  # absent when on (the default), so verdicts keep their keys
                 params["mutant_fail_fast"] = False
+            if self.mutant_tests != "covering":
+                params["mutant_tests"] = self.mutant_tests
         return params

@@ -361,6 +361,7 @@ def _judge_strength(
         workers=config.workers,
         timeout_s=timeout_s,
         fail_fast=config.mutant_fail_fast,
+        covering=config.mutant_tests == "covering",
     )
     report.gradings += report.strength.gradings
     findings = strength_findings(

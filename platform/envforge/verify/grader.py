@@ -13,8 +13,9 @@ Infrastructure faults raise InfraError: they are retried by callers, never score
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import docker
 
@@ -23,11 +24,11 @@ from envforge.observe import metrics as live
 from envforge.observe.traces import annotate, set_attributes, span
 from envforge.sandbox.container import Sandbox, SandboxOptions
 from envforge.sandbox.pool import SandboxPool
-from envforge.task import Task
+from envforge.task import WORKSPACE, Task
 from envforge.verify.checkpoints import install_verifier_files, run_shell_checkpoint, run_tests
 from envforge.verify.protect import filter_diff, matches, protected_globs
 from envforge.verify.result import CheckpointResult, VerificationResult
-from envforge.verify.selection import TARGETED, TestRun
+from envforge.verify.selection import TARGETED, TRACE_OUT, TestRun
 
 PURGE_CACHES = (
     "find . -name __pycache__ -type d -prune -exec rm -rf {} + ; "
@@ -196,6 +197,25 @@ class Grader:
             if c.timed_out and "timeout" not in failures:
                 failures.append("timeout")
         return method, tests, checkpoints, failures
+
+    def trace_calls(self, task: Task, image: str, kept: str, paths: list[str]) -> tuple[dict | None, str]:
+        """(what the reporter recorded, "") for one fresh grading of an already filtered diff with the
+        functions of `paths` traced (covering.py), or (None, why) when the grading failed or left no
+        record: a trace stands for the tests only when every required test passed under it."""
+        run = replace(TARGETED, fresh_interpreter=True, trace=tuple(f"{WORKSPACE}/{p}" for p in paths))
+        sandbox = self.acquire(task, image)
+        try:
+            _, _, _, failures = self._grade_in(sandbox, task, kept, run)
+            if failures:
+                return None, f"the traced grading failed ({', '.join(failures[:3])})"
+            try:
+                return json.loads(sandbox.read_file(TRACE_OUT, max_bytes=64 << 20)), ""
+            except FileNotFoundError:
+                return None, "the traced grading left no record"
+            except ValueError:
+                return None, "the traced grading's record is not JSON"
+        finally:
+            self.pool.release(sandbox)
 
     def commands_diff(self, task: Task, image: str, commands: list[str]) -> tuple[str, list[str]]:
         """Run commands as a policy would (fresh sandbox, workspace as cwd); returns (diff, failures).

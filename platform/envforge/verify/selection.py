@@ -21,6 +21,12 @@ usual. Only the order of the tests changes, so only an order-dependent test coul
 another outcome (the order check catches those for the reference). This is what makes a
 probe cheap when the task's own test file is the slow one.
 
+A mutant's grading may run only some of the required ids (`ids`): the FAIL_TO_PASS tests and the
+PASS_TO_PASS tests that call the function the mutant changes (covering.py). The plugin deselects
+every other test of the files, and only those ids are judged: the others run the reference's code
+exactly, so they pass as they did for it. `trace` asks the plugin to record, per test, which
+functions of those source files the test calls (the one traced grading that selection rests on).
+
 unittest graders load the required ids (targeted) or discover every test (suite); tap and
 pattern commands are run as written, so for them both scopes run whatever the command runs,
 and `fail_fast` changes nothing.
@@ -41,8 +47,13 @@ Order = Literal["default", "reverse"]
 FILES_ENV = "ENVFORGE_TEST_FILES"
 ORDER_ENV = "ENVFORGE_TEST_ORDER"
 FAIL_FAST_ENV = "ENVFORGE_FAIL_FAST"
+IDS_ENV = "ENVFORGE_TEST_IDS"
+TRACE_ENV = "ENVFORGE_TRACE_CALLS"
+# Where the plugin writes what a traced run called (read back by the grader before the sandbox is reset).
+TRACE_OUT = "/tmp/.envforge-calls.json"
 # Ids travel in one environment variable: past this size (Linux refuses one over 128 KiB), fail
-# fast is left off and the grading runs in full, as it would without it.
+# fast is left off and the grading runs in full, as it would without it (and `ids` runs their files in
+# full: the other tests run too, and only the ids are judged).
 FAIL_FAST_MAX_BYTES = 64 * 1024
 
 
@@ -70,6 +81,10 @@ class TestRun:
     # A targeted pytest run over these files instead of those holding the check's ids: a derivation
     # runs the test files a change touches before it knows any id (sources/derive.py).
     files: tuple[str, ...] = ()
+    # Only these of the check's ids run and are judged (a mutant's covering tests, covering.py).
+    ids: tuple[str, ...] = ()
+    # Absolute paths of source files whose functions' calls the plugin records per test (TRACE_OUT).
+    trace: tuple[str, ...] = ()
 
     def without_fail_fast(self) -> "TestRun":
         """The same run in full: its graded copy answers every question a fail-fast one does."""
@@ -90,7 +105,14 @@ def selection_env(check: TestCheckpoint, run: TestRun) -> dict[str, str]:
     pytest plugin or unittest runner runs the tests in."""
     env: dict[str, str] = {}
     if check.framework == "pytest" and run.scope == "targeted":
-        env[FILES_ENV] = json.dumps(sorted(set(run.files)) if run.files else target_files(check))
+        files = run.files or (sorted({i.split("::", 1)[0] for i in run.ids}) if run.ids else target_files(check))
+        env[FILES_ENV] = json.dumps(sorted(set(files)))
+    if check.framework == "pytest" and run.ids:
+        only = json.dumps(sorted(set(run.ids)))
+        if len(only.encode()) <= FAIL_FAST_MAX_BYTES:
+            env[IDS_ENV] = only
+    if check.framework == "pytest" and run.trace:
+        env[TRACE_ENV] = json.dumps({"files": sorted(set(run.trace)), "out": TRACE_OUT})
     if check.framework in ("pytest", "unittest") and run.order != "default":
         env[ORDER_ENV] = run.order
     if check.framework == "pytest" and run.fail_fast:
@@ -100,6 +122,14 @@ def selection_env(check: TestCheckpoint, run: TestRun) -> dict[str, str]:
     return env
 
 
+def judged_ids(check: TestCheckpoint, run: TestRun) -> list[str]:
+    """The required ids a run reports on: the check's, or those of them the run selects (`ids`)."""
+    if not run.ids:
+        return list(check.ids)
+    selected = set(run.ids)
+    return [i for i in check.ids if i in selected]
+
+
 def unittest_ids(check: TestCheckpoint, run: TestRun) -> list[str]:
     """The ids a unittest run loads (none for a suite run: the runner discovers every test)."""
-    return [] if run.scope == "suite" else list(check.ids)
+    return [] if run.scope == "suite" else judged_ids(check, run)

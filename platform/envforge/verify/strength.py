@@ -9,6 +9,10 @@ once). A mutant the verification rejects is killed (a hanging mutant is killed b
 timeout: a policy outcome like any other); one it accepts survives and is listed, so a task's
 author sees which wrong fix would be rewarded.
 
+A mutant is graded on the required tests that call the function it changes (covering.py, from one traced grading of the reference); a mutant of a function no test calls
+survives without a grading (`not_executed`: code the tests never run, on this platform at least).
+`covering=False` grades every mutant on all the verdict's test files.
+
 strength = killed / non-equivalent mutants. Likely-equivalent mutants (same AST as the
 reference's file) are graded last and set aside when they survive (no test outcome changed
 and the code is the same program); one that is killed counts as non-equivalent. With
@@ -30,6 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from envforge.errors import PolicyOutcome
 from envforge.task import WORKSPACE, Task
 from envforge.verify.batch import Grading, grade_batch
+from envforge.verify.covering import CallMap, changed_functions, covering_tests
 from envforge.verify.grader import Grader
 from envforge.verify.mutants import Mutant, SourceChange, file_diff, generate_mutants
 from envforge.verify.protect import DiffSection, split_diff
@@ -73,6 +78,10 @@ class StrengthReport:
     # "reasons"} or {"skipped"}
     weak_form: dict = field(default_factory=dict)
     skipped: str = ""  # why the task was not analysed at all
+    # "covering": mutants graded on the tests that call what they change; "files: why" when every test ran
+    test_selection: str = ""
+    not_executed: int = 0  # mutants of functions no test calls: survived without a grading
+    covering_tests: list[int] = field(default_factory=list)  # required ids run per selected mutant grading
     gradings: int = 0
     seconds: float = 0.0
 
@@ -206,7 +215,11 @@ def _probe_record(result: VerificationResult, diff: str) -> dict:
 def _f2p_pass(task: Task, result: VerificationResult) -> bool:
     """Whether every FAIL_TO_PASS test passed in the grading (what the other required tests did aside)."""
     check = task.spec.verification.tests
-    return check is not None and all(result.tests.get(t) == "passed" for t in check.fail_to_pass)
+    # a grading that ran only the tests that call what a mutant changes judged only those: the others
+    # run the reference's code (covering.py), so they pass as they did for it
+    # (a grading that judged nothing, a patch that did not apply, passed nothing)
+    judged = [result.tests[t] for t in check.fail_to_pass if t in result.tests] if check is not None else []
+    return bool(result.tests) and all(status == "passed" for status in judged)
 
 
 def _with_test_timeout(task: Task, timeout_s: float | None) -> Task:
@@ -218,6 +231,27 @@ def _with_test_timeout(task: Task, timeout_s: float | None) -> Task:
         update={"tests": tests.model_copy(update={"timeout_s": timeout_s})}
     )
     return task.model_copy(update={"spec": task.spec.model_copy(update={"verification": verification})})
+
+
+def _covering(
+    grader: Grader, task: Task, image: str, kept: str, by_path: dict[str, SourceChange], named: dict[str, Mutant]
+) -> tuple[dict[str, list[str] | None], str]:
+    """({mutant: the ids its grading runs, None for all, [] for none}, "covering"), or ({}, "files: why")
+    when every mutant runs every test. The reference is graded once with the changed files traced."""
+    check = task.spec.verification.tests
+    if check is None or check.framework != "pytest":
+        return {}, "files: only pytest runs are traced"
+    doc, why = grader.trace_calls(task, image, kept, sorted(by_path))
+    if doc is None:
+        return {}, f"files: {why}"
+    calls = CallMap.from_json(doc)
+    if calls.unusable:
+        return {}, f"files: {calls.unusable}"
+    selected = {}
+    for name, m in named.items():
+        functions = changed_functions(m.path, by_path[m.path].after, m.after)
+        selected[name] = covering_tests(calls, functions, list(check.fail_to_pass), list(check.pass_to_pass))
+    return selected, "covering"
 
 
 def measure_strength(
@@ -232,6 +266,7 @@ def measure_strength(
     workers: int = 2,
     timeout_s: float | None = None,
     fail_fast: bool = True,
+    covering: bool = True,
 ) -> StrengthReport:
     """Grade mutants of the reference, the special-case and the weak-form probes; see the module docstring.
 
@@ -241,7 +276,7 @@ def measure_strength(
     at the first that does not pass (selection.py). A mutant is asked only whether it resolves and whether
     every FAIL_TO_PASS test passes, and a run stopped there has answered both (no, no); one whose
     FAIL_TO_PASS tests all pass runs the rest as usual. The probes are graded in full (their reasons
-    are kept). Infrastructure faults escape (after grade_batch's retries) as InfraError, as for any
+    are kept). `covering`: see the module docstring. Infrastructure faults escape (after grade_batch's retries) as InfraError, as for any
     grading."""
     started = time.perf_counter()
     report = StrengthReport()
@@ -273,26 +308,48 @@ def measure_strength(
     ordered = [m for m in mutants if not m.equivalent] + [m for m in mutants if m.equivalent]
     named = {f"mutant:{m.name}": m for m in ordered}
     mutant_run = replace(TARGETED, fail_fast=fail_fast)
+    selected: dict[str, list[str] | None] = {}
+    if covering and ordered:
+        selected, report.test_selection = _covering(grader, task, image, kept, by_path, named)
+        report.gradings += 1 if report.test_selection == "covering" else 0
+    else:
+        report.test_selection = "files" if covering is False else ""
+    unexecuted = [n for n, ids in selected.items() if ids == []]
+    runs = {n: mutant_run if ids is None else replace(mutant_run, ids=tuple(ids)) for n, ids in selected.items() if ids}
+    report.covering_tests = sorted(len(ids) for ids in selected.values() if ids)
     plan = (
         ([Grading(SPECIAL_CASE, probe_diff, TARGETED)] if probe_diff else [])
         + ([Grading(WEAK_FORM, weak_diff, TARGETED)] if weak_diff else [])
-        + [Grading(name, _mutant_diff(sections, by_path[m.path], m), mutant_run) for name, m in named.items()]
+        + [
+            Grading(name, _mutant_diff(sections, by_path[m.path], m), runs.get(name, mutant_run))
+            for name, m in named.items()
+            if name not in unexecuted
+        ]
     )
     candidates = sum(not m.equivalent for m in mutants)
-    tally = {"killed": 0, "survived": 0}
+    tally = {"killed": 0, "survived": sum(not named[n].equivalent for n in unexecuted)}
+
+    def settled() -> bool:
+        if not early_stop or not candidates:
+            return False
+        return tally["killed"] / candidates >= threshold or (candidates - tally["survived"]) / candidates < threshold
 
     def decided(name: str, result: VerificationResult) -> bool:
         m = named.get(name)
         if m is None or m.equivalent:
             return False
         tally["killed" if not result.resolved else "survived"] += 1
-        if not early_stop or not candidates:
-            return False
-        return tally["killed"] / candidates >= threshold or (candidates - tally["survived"]) / candidates < threshold
+        return settled()
 
+    if settled():  # the mutants no test runs decide the score already: grade the probes only
+        plan = [g for g in plan if g.name not in named]
     outcome = grade_batch(grader, task, image, plan, workers=workers, stop=decided)
+    results = dict(outcome.results)
+    for name in unexecuted:  # no test calls what it changes: every test runs the reference's code
+        results[name] = VerificationResult(task_id=task.id, solution=name, reward=1.0, resolved=True)
+    report.not_executed = len(unexecuted)
     f2p = {"killed": 0, "survived": 0}
-    for name, result in outcome.results.items():
+    for name, result in results.items():
         if name == WEAK_FORM:
             report.weak_form_passes = _f2p_pass(task, result)
             report.weak_form = {"forms": forms, "shapes": shapes, **_probe_record(result, weak_diff)}
@@ -303,7 +360,7 @@ def measure_strength(
             continue
         m = named[name]
         if m.on_changed and not (m.equivalent and result.resolved):
-            f2p["survived" if _f2p_pass(task, result) else "killed"] += 1
+            f2p["survived" if name in unexecuted or _f2p_pass(task, result) else "killed"] += 1
         if not result.resolved:
             report.killed += 1
             report.timeouts += int("timeout" in result.reasons)
@@ -314,10 +371,12 @@ def measure_strength(
             report.survived += 1
             report.survivors.append(
                 {"mutant": m.name, "operator": m.operator, "path": m.path, "line": m.line, "change": m.description}
+                | ({"not_executed": True} if name in unexecuted else {})
             )
-    report.not_run = len([n for n in outcome.not_run if n in named])
-    unrun_candidates = sum(not named[n].equivalent for n in outcome.not_run if n in named)
-    unrun_changed = sum(not named[n].equivalent and named[n].on_changed for n in outcome.not_run if n in named)
+    unrun = [n for n in named if n not in results]
+    report.not_run = len(unrun)
+    unrun_candidates = sum(not named[n].equivalent for n in unrun)
+    unrun_changed = sum(not named[n].equivalent and named[n].on_changed for n in unrun)
     report.f2p_killed, report.f2p_mutants = f2p["killed"], f2p["killed"] + f2p["survived"] + unrun_changed
     if report.f2p_mutants:
         report.f2p_strength = round(report.f2p_killed / report.f2p_mutants, 4)
@@ -327,6 +386,6 @@ def measure_strength(
         total = graded + unrun_candidates
         report.strength = round(report.killed / total, 4)
         report.strength_upper = round((report.killed + unrun_candidates) / total, 4)
-    report.gradings = outcome.copies
+    report.gradings += outcome.copies
     report.seconds = round(time.perf_counter() - started, 3)
     return report

@@ -12,16 +12,22 @@ which test files to collect (ENVFORGE_TEST_FILES, a JSON list of paths relative 
 rootdir: every other test file and every directory holding none of them is ignored) and
 in what order to run the collected tests (ENVFORGE_TEST_ORDER=reverse), and, for a grading
 that only asks whether a solution scores 0, the FAIL_TO_PASS ids to run first and to stop at
-the first of which does not pass (ENVFORGE_FAIL_FAST, a JSON list). No test id is ever
+the first of which does not pass (ENVFORGE_FAIL_FAST, a JSON list), and, for a mutant's
+grading, the only ids to run (ENVFORGE_TEST_IDS, a JSON list: every other collected test is
+deselected). ENVFORGE_TRACE_CALLS ({"files": [absolute paths], "out": path}) has it record which
+functions of those files each test calls (see `_CallTracer`). No test id is ever
 passed to pytest, so an unknown id is missing from the report, never the reason the whole
 run stops ("ERROR: not found"). Collection errors are reported with their message, so a
 missing dependency can be named.
 """
 
 import fcntl
+import functools
 import json
 import os
 import random
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -38,7 +44,112 @@ _DIRS = frozenset(str(parent) for p in (_ONLY or ()) for parent in Path(p).paren
 _REVERSE = os.environ.pop("ENVFORGE_TEST_ORDER", "") == "reverse"
 _first = os.environ.pop("ENVFORGE_FAIL_FAST", None)
 _FAIL_FAST = frozenset(json.loads(_first)) if _first else frozenset()
+_ids = os.environ.pop("ENVFORGE_TEST_IDS", None)
+_RUN_ONLY = frozenset(json.loads(_ids)) if _ids else None
 _session = None
+
+
+class _CallTracer:
+    """Which functions of the traced files each test calls, for selecting a mutant's tests.
+
+    A mutant changes the body of one function; a test that never calls that function runs the same
+    code as with the reference, so only the tests that call it need to run (covering.py). A call is
+    recorded by its code object's file and first line. It is recorded for no single test but for all
+    (`everywhere`) when it happens outside a test (imports, collection) or while a fixture wider than a
+    function is set up (its value outlives the test that set it up). A test that starts a process
+    (fork, spawn, subprocess, multiprocessing) may call anything in it, unseen: it is listed in
+    `spawners`. Threads started after tracing begins are traced too. If the trace function was replaced
+    (a test that traces, a debugger), `broken` says so and nothing may be selected from the record.
+    """
+
+    def __init__(self, files, out):
+        self.targets = frozenset(os.path.realpath(f) for f in files)
+        self.out = out
+        self.pid = os.getpid()
+        self.known = {}  # co_filename -> its real path if traced, else ""
+        self.current = None  # the test whose protocol is running
+        self.shared = 0  # depth of wider-than-function fixture setups in progress
+        self.calls = {}
+        self.everywhere = set()
+        self.spawners = set()
+        self.spawned_outside = False
+        self.broken = ""
+
+    def __call__(self, frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            path = self.known.get(code.co_filename)
+            if path is None:
+                real = os.path.realpath(code.co_filename)
+                path = self.known[code.co_filename] = real if real in self.targets else ""
+            if path:
+                key = (path, code.co_firstlineno)
+                if self.current is None or self.shared:
+                    self.everywhere.add(key)
+                else:
+                    self.calls.setdefault(self.current, set()).add(key)
+        return None
+
+    def spawned(self):
+        if self.current is None or self.shared:
+            self.spawned_outside = True
+        else:
+            self.spawners.add(self.current)
+
+    def start(self):
+        for module, names in ((os, ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")),):
+            for name in names:
+                if hasattr(module, name):
+                    setattr(module, name, self._flagging(getattr(module, name)))
+        import subprocess  # every Popen starts its child in _execute_child (fork_exec or posix_spawn)
+
+        subprocess.Popen._execute_child = self._flagging(subprocess.Popen._execute_child)
+        try:
+            import _posixsubprocess  # multiprocessing's spawn starts its children through it
+
+            _posixsubprocess.fork_exec = self._flagging(_posixsubprocess.fork_exec)
+        except ImportError:
+            pass
+        import multiprocessing.process  # a forkserver's children are forked by the server, not here
+
+        start = multiprocessing.process.BaseProcess.start
+        multiprocessing.process.BaseProcess.start = self._flagging(start)
+        threading.settrace(self)
+        sys.settrace(self)
+
+    def _flagging(self, fn):
+        @functools.wraps(fn)
+        def flagged(*args, **kwargs):
+            self.spawned()
+            return fn(*args, **kwargs)
+
+        return flagged
+
+    def check(self, nodeid):
+        """After each test: the trace function must still be ours, or the record misses calls."""
+        if sys.gettrace() is not self and not self.broken:
+            self.broken = f"{nodeid} replaced the trace function"
+            sys.settrace(self)
+
+    def write(self):
+        if os.getpid() != self.pid:  # a forked child that came back into pytest: the parent reports
+            return
+        sys.settrace(None)
+        doc = {
+            "calls": {t: sorted(map(list, keys)) for t, keys in self.calls.items()},
+            "everywhere": sorted(map(list, self.everywhere)),
+            "spawners": sorted(self.spawners),
+            "spawned_outside": self.spawned_outside,
+            "broken": self.broken,
+        }
+        with open(self.out, "w") as fh:
+            json.dump(doc, fh)
+
+
+_trace = os.environ.pop("ENVFORGE_TRACE_CALLS", None)
+_TRACER = _CallTracer(**json.loads(_trace)) if _trace else None
+if _TRACER is not None:
+    _TRACER.start()
 
 
 def pytest_sessionstart(session):
@@ -63,10 +174,40 @@ def pytest_ignore_collect(collection_path, config):
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
+    if _RUN_ONLY is not None:
+        deselected = [i for i in items if i.nodeid not in _RUN_ONLY]
+        if deselected:
+            items[:] = [i for i in items if i.nodeid in _RUN_ONLY]
+            config.hook.pytest_deselected(items=deselected)
     if _REVERSE:
         items.reverse()
     if _FAIL_FAST:  # FAIL_TO_PASS first, each group in the order it had
         items[:] = [i for i in items if i.nodeid in _FAIL_FAST] + [i for i in items if i.nodeid not in _FAIL_FAST]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if _TRACER is None:
+        yield
+        return
+    _TRACER.current = item.nodeid
+    try:
+        yield
+    finally:
+        _TRACER.check(item.nodeid)
+        _TRACER.current = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    wide = _TRACER is not None and fixturedef.scope != "function"
+    if wide:
+        _TRACER.shared += 1
+    try:
+        yield
+    finally:
+        if wide:
+            _TRACER.shared -= 1
 
 
 def pytest_collectreport(report):
@@ -113,6 +254,8 @@ def _crash_message(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if _TRACER is not None:
+        _TRACER.write()
     for nodeid, message in sorted(_collect_errors.items()):
         _out.write(json.dumps({"collect_error": nodeid, "message": message}) + "\n")
     for nodeid, status in sorted(_outcomes.items()):
