@@ -1,6 +1,6 @@
 """Seconds per history candidate, end to end (ingest + gate), before vs after issue #30's cost cuts.
 
-    .venv/bin/python bench/candidate_cost.py --source DIR [--cuts forks|scope] [--pairs N] [--out FILE]
+    .venv/bin/python bench/candidate_cost.py --source DIR [--cuts forks|scope|covering] [--pairs N] [--out FILE]
 
 `DIR` is one source folder (a history.yaml over a repository, e.g. /tmp/bundles-c/src/tomli with
 ENVFORGE_SOURCE_ROOTS=/tmp/bundles-c). Each side of a pair ingests it into a fresh data directory
@@ -25,6 +25,14 @@ derived with the default gate (mutation on), in this process, one side after the
   the gate run a fixed number of sandboxes at once (`ENVFORGE_SANDBOX_CEILING=1`: the floor);
 - `after`: the defaults (the derivation runs the test files the change touches, the order check
   reverses the verdict's files, more sandboxes start while the CPUs have room).
+
+`--cuts covering` (the cut of 5 December, for suites whose verdict files are slow):
+
+- `before`: every mutant is graded on all the verdict's test files (`GateConfig(mutant_tests="files")`);
+- `after`: the default, each mutant runs the required tests that call the function it changes, and
+  a mutant of a function no required test calls survives ungraded (verify/covering.py).
+
+The derivation is the same on both sides; only the gate's mutant gradings differ.
 
 The derived tasks' content differs between these sides by design (their metadata says what the
 runs covered), so tasks are compared by id and FAIL_TO_PASS / PASS_TO_PASS lists
@@ -84,6 +92,10 @@ CUTS = {
     "scope": {
         "before": {"always_reverse": False, "gate": GateConfig(force=True, order_check="suite"), "cuts": True,
                    "whole_suite": True, "ceiling": "1"},
+        "after": {"always_reverse": False, "gate": GateConfig(force=True), "cuts": True},
+    },
+    "covering": {
+        "before": {"always_reverse": False, "gate": GateConfig(force=True, mutant_tests="files"), "cuts": True},
         "after": {"always_reverse": False, "gate": GateConfig(force=True), "cuts": True},
     },
 }

@@ -17,7 +17,7 @@ from envforge.sources.specs import load_spec_file
 from envforge.verify.config import GateConfig
 from envforge.verify.covering import CallMap
 from envforge.verify.gate import mutant_timeout_s, validate_task
-from envforge.verify.mutants import file_diff
+from envforge.verify.mutants import SourceChange, file_diff, generate_mutants
 from envforge.verify.strength import measure_strength
 from tests.test_strength_units import MERGE_BUGGY, MERGE_FIXED, STRONG_MERGE_TEST, WEAK_MERGE_TEST
 
@@ -209,15 +209,20 @@ def test_twin_tasks_one_checking_the_merged_values_the_other_only_the_length_now
     assert kept["shapes"] == ["merge_by_id: len(...) == 1"] and "[object()]" in kept["diff"]  # the evidence
 
 # Covering tests (covering.py): a session fixture calls one function (a call outside any one test), one
-# test starts a process, and the reference also changes a function no test calls.
-SHOP_BUGGY = ('"""Shop."""\nRATES = {}\n\n\ndef setup_rates():\n    RATES["eur"] = 1.5\n    return RATES\n\n\n'
-              'def price(amount, currency):\n    return amount\n\n\ndef label(name):\n    return name.title()\n\n\n'
+# test starts a process, an audit hook (which CPython runs untraced unless it allows tracing) is noticed
+# by one test only, and the reference also changes a function no test calls.
+SHOP_BUGGY = ('"""Shop."""\nimport sys\n\nRATES = {}\nSALES = []\n\n\ndef setup_rates():\n    RATES["eur"] = 1.5\n'
+              '    return RATES\n\n\ndef price(amount, currency):\n    return amount\n\n\ndef label(name):\n'
+              '    return name.title()\n\n\ndef _audit(event, args):\n    if event == "shop.sale":\n'
+              '        SALES.append(args[0])\n\n\nsys.addaudithook(_audit)\n\n\n'
               'def legacy_total(values):\n    total = 0\n    for v in values:\n        total += v\n    return total\n')
 SHOP_FIXED = (SHOP_BUGGY.replace("    return amount\n", "    return round(amount * RATES.get(currency, 1.0), 2)\n")
-              .replace("    total = 0\n", "    total = 0.0\n"))
+              .replace("    total = 0\n", "    total = 0.0\n")
+              .replace('    if event == "shop.sale":\n', '    if event == "shop.sale" and args:\n'))
 SHOP_TESTS = ("import subprocess\nimport sys\n\nfrom shop import label, price\n\n\ndef test_price():\n"
               "    assert price(10, 'eur') == 15.0\n    assert price(3, 'usd') == 3\n\n\n"
               "def test_label():\n    assert label('to work') == 'To Work'\n\n\n"
+              "def test_sales():\n    import shop\n\n    sys.audit('shop.sale', 3)\n    assert shop.SALES[-1] == 3\n\n\n"
               "def test_spawn():\n    out = subprocess.run([sys.executable, '-c', 'print(1)'], capture_output=True, text=True)\n"
               "    assert out.stdout.strip() == '1'\n")
 SHOP_CONFTEST = ("import pytest\n\nimport shop\n\n\n@pytest.fixture(scope='session', autouse=True)\n"
@@ -231,15 +236,16 @@ def _def_line(text: str, name: str) -> int:
 def test_a_mutant_is_graded_on_the_tests_that_call_what_it_changes_with_the_same_verdicts(make_task, grader):
     # test_spawn runs (it is in a verdict file) but is not required: a required test that starts a process
     # would run with every mutant (covering_tests' unit tests)
-    task, image = make_task("shop", SHOP_BUGGY, SHOP_FIXED, SHOP_TESTS, ["test_price"], ["test_label"],
+    task, image = make_task("shop", SHOP_BUGGY, SHOP_FIXED, SHOP_TESTS, ["test_price"], ["test_label", "test_sales"],
                             extra_files={"tests/conftest.py": SHOP_CONFTEST})
     kept = grader.prepare(task, task.reference_patch).kept
     doc, why = grader.trace_calls(task, image, kept, ["shop.py"])
     assert doc is not None, why
     calls = CallMap.from_json(doc)
     test = "tests/test_shop.py::"
-    assert calls.calls[test + "test_price"] == {("shop.py", _def_line(SHOP_FIXED, "price"))}
-    assert calls.calls[test + "test_label"] == {("shop.py", _def_line(SHOP_FIXED, "label"))}
+    assert ("shop.py", _def_line(SHOP_FIXED, "price")) in calls.calls[test + "test_price"]
+    assert ("shop.py", _def_line(SHOP_FIXED, "label")) in calls.calls[test + "test_label"]
+    assert ("shop.py", _def_line(SHOP_FIXED, "_audit")) in calls.calls[test + "test_sales"]
     # the session fixture's call outlives the test that set it up; the subprocess is not traced
     assert ("shop.py", _def_line(SHOP_FIXED, "setup_rates")) in calls.everywhere
     assert calls.spawners == {test + "test_spawn"} and not calls.unusable
@@ -253,6 +259,11 @@ def test_a_mutant_is_graded_on_the_tests_that_call_what_it_changes_with_the_same
     # legacy_total's mutants: no test calls it, so they survive without a grading
     unexecuted = [v for v in covering.survivors if v.get("not_executed")]
     assert covering.not_executed == len(unexecuted) >= 1 and all(v["line"] > _def_line(SHOP_FIXED, "legacy_total") for v in unexecuted), unexecuted
-    # price's mutants run test_price alone, never test_label
-    assert covering.covering_tests and set(covering.covering_tests) == {1}, covering.covering_tests
+    # price's mutants run test_price alone (the audit hook's, the tests that raised an event)
+    assert covering.covering_tests and min(covering.covering_tests) == 1 and max(covering.covering_tests) < 3
+    # the hook's mutants were graded on test_sales, which kills some: seen although CPython runs hooks untraced
+    mutants, _ = generate_mutants([SourceChange("shop.py", SHOP_BUGGY, SHOP_FIXED)], 24)
+    hook_line = SHOP_FIXED.splitlines().index('    if event == "shop.sale" and args:') + 1
+    hook = {m.name for m in mutants if m.line == hook_line and not m.equivalent}
+    assert hook - {v["mutant"] for v in covering.survivors}, hook
     assert covering.gradings == files.gradings - covering.not_executed + 1  # one traced grading

@@ -9,9 +9,10 @@ once). A mutant the verification rejects is killed (a hanging mutant is killed b
 timeout: a policy outcome like any other); one it accepts survives and is listed, so a task's
 author sees which wrong fix would be rewarded.
 
-A mutant is graded on the required tests that call the function it changes (covering.py, from one traced grading of the reference); a mutant of a function no test calls
-survives without a grading (`not_executed`: code the tests never run, on this platform at least).
-`covering=False` grades every mutant on all the verdict's test files.
+A mutant is graded on the required tests that call the function it changes (covering.py, from
+one traced grading of the reference); a mutant of a function no test calls survives without a
+grading (`not_executed`: code the tests never run, on this platform at least). `covering=False`
+grades every mutant on all the verdict's test files.
 
 strength = killed / non-equivalent mutants. Likely-equivalent mutants (same AST as the
 reference's file) are graded last and set aside when they survive (no test outcome changed
@@ -215,9 +216,9 @@ def _probe_record(result: VerificationResult, diff: str) -> dict:
 def _f2p_pass(task: Task, result: VerificationResult) -> bool:
     """Whether every FAIL_TO_PASS test passed in the grading (what the other required tests did aside)."""
     check = task.spec.verification.tests
-    # a grading that ran only the tests that call what a mutant changes judged only those: the others
-    # run the reference's code (covering.py), so they pass as they did for it
-    # (a grading that judged nothing, a patch that did not apply, passed nothing)
+    # A grading that ran only the tests that call what a mutant changes judged only those: the others
+    # run the reference's code (covering.py), so they pass as they did for it. A grading that judged
+    # nothing (a patch that did not apply) passed nothing.
     judged = [result.tests[t] for t in check.fail_to_pass if t in result.tests] if check is not None else []
     return bool(result.tests) and all(status == "passed" for status in judged)
 
@@ -241,17 +242,17 @@ def _covering(
     check = task.spec.verification.tests
     if check is None or check.framework != "pytest":
         return {}, "files: only pytest runs are traced"
+    functions = {name: changed_functions(m.path, by_path[m.path].after, m.after) for name, m in named.items()}
+    if all(f is None for f in functions.values()):  # nothing a trace could narrow: save its grading
+        return {}, "files: no mutant changes code inside a function body only"
     doc, why = grader.trace_calls(task, image, kept, sorted(by_path))
     if doc is None:
         return {}, f"files: {why}"
     calls = CallMap.from_json(doc)
     if calls.unusable:
         return {}, f"files: {calls.unusable}"
-    selected = {}
-    for name, m in named.items():
-        functions = changed_functions(m.path, by_path[m.path].after, m.after)
-        selected[name] = covering_tests(calls, functions, list(check.fail_to_pass), list(check.pass_to_pass))
-    return selected, "covering"
+    f2p, p2p = list(check.fail_to_pass), list(check.pass_to_pass)
+    return {name: covering_tests(calls, f, f2p, p2p) for name, f in functions.items()}, "covering"
 
 
 def measure_strength(
@@ -276,8 +277,8 @@ def measure_strength(
     at the first that does not pass (selection.py). A mutant is asked only whether it resolves and whether
     every FAIL_TO_PASS test passes, and a run stopped there has answered both (no, no); one whose
     FAIL_TO_PASS tests all pass runs the rest as usual. The probes are graded in full (their reasons
-    are kept). `covering`: see the module docstring. Infrastructure faults escape (after grade_batch's retries) as InfraError, as for any
-    grading."""
+    are kept). `covering`: see the module docstring. Infrastructure faults escape (after grade_batch's
+    retries) as InfraError, as for any grading."""
     started = time.perf_counter()
     report = StrengthReport()
     why = not_applicable(task)
