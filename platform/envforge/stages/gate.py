@@ -202,17 +202,15 @@ def gate(
     if todo:
         # On this engine: `concurrency` tasks of `workers` gradings at once, and more tasks and more gradings
         # of each while the CPUs have room (suites that wait: sandbox/admission.py), so the last task's
-        # mutants are not left to two sandboxes; a fleet's nodes are admitted by the fleet. One task may
-        # take every slot the admission gives: a batch ends with its slowest task, alone on an idle host.
+        # mutants are not left to two sandboxes; a fleet's nodes are admitted by the fleet.
         local = admission_for(config.concurrency * config.workers)
-        per_task = replace(config, workers=max(config.workers, local.ceiling))
-        warm = max(2, -(-local.ceiling // config.concurrency))
+        per_task = replace(config, workers=max(config.workers, -(-local.ceiling // config.concurrency)))
         sandboxes = or_local(context.sandboxes).lease(
             [(t, image) for t, image, *_ in todo],
             gate_sandboxes_per_task(config),
             client=client,
             settings=settings,
-            max_idle_per_key=warm,  # a task's sandboxes are kept warm between its gradings
+            max_idle_per_key=max(2, per_task.workers),  # a task's sandboxes are kept warm between its gradings
             max_starting=config.concurrency,
         )
         admission: CpuAdmission | None = local
