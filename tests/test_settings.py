@@ -29,6 +29,8 @@ DIRECT_READS = {
     ("platform/envforge/verify/runners/envforge_reporter.py", "ENVFORGE_TEST_FILES"): "runs inside the sandbox",
     ("platform/envforge/verify/runners/envforge_reporter.py", "ENVFORGE_TEST_ORDER"): "runs inside the sandbox",
     ("platform/envforge/verify/runners/envforge_reporter.py", "ENVFORGE_FAIL_FAST"): "runs inside the sandbox",
+    ("platform/envforge/verify/runners/envforge_reporter.py", "ENVFORGE_TEST_IDS"): "runs inside the sandbox",
+    ("platform/envforge/verify/runners/envforge_reporter.py", "ENVFORGE_TRACE_CALLS"): "runs inside the sandbox",
     ("platform/envforge/verify/runners/unittest_runner.py", "ENVFORGE_TEST_ORDER"): "runs inside the sandbox",
     ("platform/envforge/verify/runners/pytest_launcher.py", "ENVFORGE_PYTHONPATH"): "runs inside the sandbox",
     ("platform/envforge/verify/runners/pytest_launcher.py", "ENVFORGE_PROJECT_MODULES"): "runs inside the sandbox",

@@ -56,6 +56,8 @@ NOT_SETTINGS = {
     "ENVFORGE_TEST_FILES": "set by the verifier for the test reporter inside the sandbox",
     "ENVFORGE_TEST_ORDER": "set by the verifier for the test runners inside the sandbox",
     "ENVFORGE_FAIL_FAST": "set by the verifier for the test reporter inside the sandbox",
+    "ENVFORGE_TEST_IDS": "set by the verifier for the test reporter inside the sandbox (a mutant's covering tests)",
+    "ENVFORGE_TRACE_CALLS": "set by the verifier for the test reporter inside the sandbox (the traced grading)",
     "ENVFORGE_PYTHONPATH": "set by the verifier for checkpoint scripts inside the sandbox",
     "ENVFORGE_PROJECT_MODULES": "set by the verifier for the pytest launcher inside the sandbox (tests.modules)",
     "ENVFORGE_VERIFIER": "set by the verifier for checkpoint scripts inside the sandbox",
