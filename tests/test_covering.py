@@ -85,6 +85,14 @@ def test_code_that_runs_at_import_selects_every_test():
     assert changed_functions("shop.py", REFERENCE, "def broken(:\n") is None  # does not parse
 
 
+def test_lines_are_counted_as_the_parser_counts_them_and_a_one_line_def_is_its_signature():
+    text = "\x0c\n\x0c\ndef f():\n    return 1\n\n\ndef g():\n    return 2\n"
+    assert changed_functions("m.py", text, text.replace("return 1", "return 0")) == {("m.py", 3)}
+    one_line = "def f(n=3): return n\n"
+    assert changed_functions("m.py", one_line, one_line.replace("n=3", "n=4")) is None
+    assert changed_functions("m.py", one_line, one_line.replace("return n", "return -n")) is None
+
+
 def test_a_new_function_or_one_that_moves_elsewhere_is_not_a_change_inside_a_body():
     moved = REFERENCE.replace("    def label(self):", "    def describe(self):")
     assert changed_functions("shop.py", REFERENCE, moved) is None

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -35,6 +36,7 @@ from envforge.task import WORKSPACE
 
 __all__ = ["CallMap", "changed_functions", "covering_tests"]
 
+_LINES = re.compile(r"\r\n|\r|\n")
 FunctionKey = tuple[str, int]  # (path relative to the work tree, the code object's first line)
 
 
@@ -103,7 +105,8 @@ def _functions(source: str) -> list[_Function]:
                 seen[name] = seen.get(name, 0) + 1
                 qualname = f"{name}#{seen[name]}"
                 if not isinstance(child, ast.ClassDef):
-                    body_start = min(_first_line(s) for s in child.body)
+                    # a one-line `def f(n=3): return g(n)`: its line holds the signature too (it runs at import)
+                    body_start = max(min(_first_line(s) for s in child.body), child.lineno + 1)
                     out.append(_Function(qualname, _first_line(child), body_start, child.end_lineno or child.lineno))
                 walk(child, f"{qualname}.")
             else:
@@ -122,7 +125,8 @@ def _innermost(functions: list[_Function], first: int, last: int) -> _Function |
 def _changed_spans(reference: str, mutant: str) -> Iterator[tuple[tuple[int, int] | None, tuple[int, int] | None]]:
     """(reference lines, mutant lines) of each change, 1-based inclusive; None for the side that is
     empty (a pure insertion or deletion)."""
-    matcher = difflib.SequenceMatcher(None, reference.splitlines(), mutant.splitlines(), autojunk=False)
+    # Lines as the parser counts them: str.splitlines also breaks at form feeds and other separators.
+    matcher = difflib.SequenceMatcher(None, _LINES.split(reference), _LINES.split(mutant), autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag != "equal":
             yield ((i1 + 1, i2) if i2 > i1 else None), ((j1 + 1, j2) if j2 > j1 else None)

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from envforge.errors import PolicyOutcome
 from envforge.task import WORKSPACE, Task
-from envforge.verify.batch import Grading, grade_batch
+from envforge.verify.batch import Grading, grade_batch, with_retries
 from envforge.verify.covering import CallMap, changed_functions, covering_tests
 from envforge.verify.grader import Grader
 from envforge.verify.mutants import Mutant, SourceChange, file_diff, generate_mutants
@@ -236,23 +236,35 @@ def _with_test_timeout(task: Task, timeout_s: float | None) -> Task:
 
 def _covering(
     grader: Grader, task: Task, image: str, kept: str, by_path: dict[str, SourceChange], named: dict[str, Mutant]
-) -> tuple[dict[str, list[str] | None], str]:
-    """({mutant: the ids its grading runs, None for all, [] for none}, "covering"), or ({}, "files: why")
-    when every mutant runs every test. The reference is graded once with the changed files traced."""
+) -> tuple[dict[str, list[str] | None], str, int]:
+    """({mutant: the ids its grading runs, None for all, [] for none}, "covering", gradings run), or ({},
+    "files: why", gradings run) when every mutant runs every test. The reference is graded once with the
+    changed files traced, and once on each distinct set of tests selected."""
     check = task.spec.verification.tests
     if check is None or check.framework != "pytest":
-        return {}, "files: only pytest runs are traced"
+        return {}, "files: only pytest runs are traced", 0
+    if task.spec.verification.checkpoints:
+        return {}, "files: the task's shell checkpoints are not traced", 0
     functions = {name: changed_functions(m.path, by_path[m.path].after, m.after) for name, m in named.items()}
     if all(f is None for f in functions.values()):  # nothing a trace could narrow: save its grading
-        return {}, "files: no mutant changes code inside a function body only"
-    doc, why = grader.trace_calls(task, image, kept, sorted(by_path))
+        return {}, "files: no mutant changes code inside a function body only", 0
+    doc, why = with_retries(lambda: grader.trace_calls(task, image, kept, sorted(by_path)))
     if doc is None:
-        return {}, f"files: {why}"
+        return {}, f"files: {why}", 1
     calls = CallMap.from_json(doc)
     if calls.unusable:
-        return {}, f"files: {calls.unusable}"
+        return {}, f"files: {calls.unusable}", 1
     f2p, p2p = list(check.fail_to_pass), list(check.pass_to_pass)
-    return {name: covering_tests(calls, f, f2p, p2p) for name, f in functions.items()}, "covering"
+    selected = {name: covering_tests(calls, f, f2p, p2p) for name, f in functions.items()}
+    # A smaller set of tests is another run: a test that passes only after another one ran would fail
+    # under every mutant and count them all as killed. Each distinct set must pass with the reference.
+    subsets = sorted({tuple(ids) for ids in selected.values() if ids})
+    if subsets:
+        plan = [Grading(f"subset:{i}", kept, replace(TARGETED, ids=ids)) for i, ids in enumerate(subsets)]
+        outcome = grade_batch(grader, task, image, plan)
+        failing = {subsets[int(n.split(":")[1])] for n, r in outcome.results.items() if not r.resolved}
+        selected = {n: (None if ids and tuple(ids) in failing else ids) for n, ids in selected.items()}
+    return selected, "covering", 1 + len(subsets)
 
 
 def measure_strength(
@@ -311,8 +323,8 @@ def measure_strength(
     mutant_run = replace(TARGETED, fail_fast=fail_fast)
     selected: dict[str, list[str] | None] = {}
     if covering and ordered:
-        selected, report.test_selection = _covering(grader, task, image, kept, by_path, named)
-        report.gradings += 1 if report.test_selection == "covering" else 0
+        selected, report.test_selection, extra = _covering(grader, task, image, kept, by_path, named)
+        report.gradings += extra  # the traced grading and the reference on each distinct set of tests
     else:
         report.test_selection = "files" if covering is False else ""
     unexecuted = [n for n, ids in selected.items() if ids == []]

@@ -59,7 +59,9 @@ class _CallTracer:
     function is set up (its value outlives the test that set it up). A test that starts a process
     (fork, spawn, subprocess, multiprocessing) may call anything in it, unseen: it is listed in
     `spawners`. Threads started after tracing begins are traced too, and so are audit hooks added after
-    it (CPython runs them untraced unless they allow it). If the trace function was replaced (a test
+    it (CPython runs them untraced unless they allow it). Calls made while a module's top level runs (a
+    first import inside a test) and in a teardown that leaves a module, a class or the session (wider
+    fixtures finish there) count for all tests too. If the trace function was replaced (a test
     that traces, a debugger) or a hook cannot be made traceable, `broken` says so and nothing may be
     selected from the record.
     """
@@ -79,18 +81,34 @@ class _CallTracer:
 
     def __call__(self, frame, event, arg):
         if event == "call":
-            code = frame.f_code
-            path = self.known.get(code.co_filename)
-            if path is None:
-                real = os.path.realpath(code.co_filename)
-                path = self.known[code.co_filename] = real if real in self.targets else ""
-            if path:
-                key = (path, code.co_firstlineno)
-                if self.current is None or self.shared:
-                    self.everywhere.add(key)
-                else:
-                    self.calls.setdefault(self.current, set()).add(key)
+            try:
+                code = frame.f_code
+                path = self.known.get(code.co_filename)
+                if path is None:
+                    real = os.path.realpath(code.co_filename)
+                    path = self.known[code.co_filename] = real if real in self.targets else ""
+                if path:
+                    key = (path, code.co_firstlineno)
+                    if self.current is None or self.shared:
+                        self.everywhere.add(key)
+                    else:
+                        self.calls.setdefault(self.current, set()).add(key)
+            except Exception as exc:  # a trace function that raises is dropped for its thread: say so
+                self.broken = self.broken or f"the trace failed: {exc!r}"[:300]
         return None
+
+    def wide(self, fn):
+        """`fn` with every call it makes counted for all tests (module code, wide fixtures)."""
+
+        @functools.wraps(fn)
+        def counted(*args, **kwargs):
+            self.shared += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.shared -= 1
+
+        return counted
 
     def spawned(self):
         if self.current is None or self.shared:
@@ -137,6 +155,11 @@ class _CallTracer:
             return start_new_thread(run, args, kwargs or {})
 
         _thread.start_new_thread = traced_start
+        # A module first imported inside a test runs its top level there, and what it computes (a table, a
+        # registry) serves every later test: calls made while a module's code runs count for all tests.
+        import importlib._bootstrap_external as external
+
+        external._LoaderBasics.exec_module = self.wide(external._LoaderBasics.exec_module)
         import multiprocessing.process  # a forkserver's children are forked by the server, not here
 
         start = multiprocessing.process.BaseProcess.start
@@ -226,6 +249,24 @@ def pytest_runtest_protocol(item, nextitem):
     finally:
         _TRACER.check(item.nodeid)
         _TRACER.current = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A teardown that leaves a module or class (or the session) also finishes its wider fixtures, which
+    other tests set up: what they call then counts for all tests."""
+    leaving = _TRACER is not None and (
+        nextitem is None
+        or getattr(nextitem, "module", None) is not getattr(item, "module", None)
+        or getattr(nextitem, "cls", None) is not getattr(item, "cls", None)
+    )
+    if leaving:
+        _TRACER.shared += 1
+    try:
+        yield
+    finally:
+        if leaving:
+            _TRACER.shared -= 1
 
 
 @pytest.hookimpl(hookwrapper=True)
