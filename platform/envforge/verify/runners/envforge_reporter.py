@@ -21,6 +21,7 @@ run stops ("ERROR: not found"). Collection errors are reported with their messag
 missing dependency can be named.
 """
 
+import contextlib
 import fcntl
 import functools
 import json
@@ -72,7 +73,7 @@ class _CallTracer:
         self.pid = os.getpid()
         self.known = {}  # co_filename -> its real path if traced, else ""
         self.current = None  # the test whose protocol is running
-        self.shared = 0  # depth of wider-than-function fixture setups in progress
+        self.shared = 0  # depth of `for_all` regions in progress (module code, wide fixtures)
         self.calls = {}
         self.everywhere = set()
         self.spawners = set()
@@ -97,16 +98,22 @@ class _CallTracer:
                 self.broken = self.broken or f"the trace failed: {exc!r}"[:300]
         return None
 
+    @contextlib.contextmanager
+    def for_all(self, when=True):
+        """While inside (and `when`), every call is counted for all tests (module code, wide fixtures)."""
+        self.shared += int(when)
+        try:
+            yield
+        finally:
+            self.shared -= int(when)
+
     def wide(self, fn):
-        """`fn` with every call it makes counted for all tests (module code, wide fixtures)."""
+        """`fn` with every call it makes counted for all tests."""
 
         @functools.wraps(fn)
         def counted(*args, **kwargs):
-            self.shared += 1
-            try:
+            with self.for_all():
                 return fn(*args, **kwargs)
-            finally:
-                self.shared -= 1
 
         return counted
 
@@ -255,30 +262,25 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_runtest_teardown(item, nextitem):
     """A teardown that leaves a module or class (or the session) also finishes its wider fixtures, which
     other tests set up: what they call then counts for all tests."""
-    leaving = _TRACER is not None and (
+    if _TRACER is None:
+        yield
+        return
+    leaving = (
         nextitem is None
         or getattr(nextitem, "module", None) is not getattr(item, "module", None)
         or getattr(nextitem, "cls", None) is not getattr(item, "cls", None)
     )
-    if leaving:
-        _TRACER.shared += 1
-    try:
+    with _TRACER.for_all(leaving):
         yield
-    finally:
-        if leaving:
-            _TRACER.shared -= 1
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_fixture_setup(fixturedef, request):
-    wide = _TRACER is not None and fixturedef.scope != "function"
-    if wide:
-        _TRACER.shared += 1
-    try:
+    if _TRACER is None:
         yield
-    finally:
-        if wide:
-            _TRACER.shared -= 1
+        return
+    with _TRACER.for_all(fixturedef.scope != "function"):
+        yield
 
 
 def pytest_collectreport(report):
