@@ -244,3 +244,74 @@ def test_batch_retries_infrastructure_faults():
     grader = FakeGrader(fail_first=True)
     out = grade_batch(grader, _Task(), "img", [Grading("reference:run1", "fix", share=False)], workers=1)
     assert out.infra_retries == 1 and out.results["reference:run1"].resolved
+
+
+class _GateGrader(FakeGrader):
+    """A fake grader for validate_task: the reference diff is 'fix'; `fail_reference` fails that reference run."""
+
+    def __init__(self, fail_reference: int = 0, delay_s: float = 0.02):
+        super().__init__(delay_s=delay_s)
+        self.fail_reference = fail_reference
+        self.references = 0
+
+    def solution_diff(self, task, image, which):
+        return "fix", []
+
+    def run_copy(self, task, image, kept, run=TARGETED):
+        if "fix" in kept:
+            with self._lock:
+                self.references += 1
+                failing = self.references == self.fail_reference
+            if failing:
+                time.sleep(self.delay_s)
+                with self._lock:
+                    self.copies.append((kept, run))
+                return GradedCopy("git_apply", {}, [], ["test_failed:t"], 0.01)
+        return super().run_copy(task, image, kept, run)
+
+    def result(self, task, image, solution, prepared, copy):
+        result = super().result(task, image, solution, prepared, copy)
+        check = task.spec.verification.tests
+        fixed = result.resolved or not prepared.kept  # the empty diff fails FAIL_TO_PASS, passes PASS_TO_PASS
+        result.tests = {t: "passed" if result.resolved else "failed" for t in check.fail_to_pass}
+        result.tests |= {t: "passed" if fixed else "failed" for t in check.pass_to_pass}
+        result.duration_s = 5.0 if solution == "empty:run1" else 1.0
+        return result
+
+
+@pytest.mark.parametrize("fail_reference", [0, 1, 4])
+def test_the_strength_is_measured_alongside_the_stability_runs_and_dropped_when_they_disagree(
+    monkeypatch, fail_reference
+):
+    """A slow task's gate used to be its stability runs, then its mutants: the strength now starts once the first
+    reference and empty runs agree (its mutants' timeout: 4x the slower of the two), while the other runs go on; a
+    later disagreement cancels it (no more gradings start) and the task keeps no strength; a first reference run
+    that fails starts none."""
+    from envforge.verify import gate
+    from envforge.verify.strength import StrengthReport
+
+    grader = _GateGrader(fail_reference=fail_reference)
+    seen: dict = {}
+
+    def measure(grader_, task, image, diff, *, timeout_s, cancelled, **kw):
+        seen.update(diff=diff, timeout_s=timeout_s, graded_before=len(grader.copies))
+        deadline = time.monotonic() + 5
+        while not cancelled() and time.monotonic() < deadline and len(grader.copies) < 10:
+            time.sleep(0.005)  # a long strength: it sees the stability runs finish, or a disagreement
+        seen["cancelled"] = cancelled()
+        return StrengthReport(strength=1.0, strength_upper=1.0, gradings=3)
+
+    monkeypatch.setattr(gate, "measure_strength", measure)
+    config = GateConfig(probes=False, workers=2, mutant_timeout_min_s=1.0)
+    report = gate.validate_task(grader, _spec("inventory-median-even"), "img", config)
+    if fail_reference == 1:  # the first reference run failed: nothing to measure
+        assert not seen and report.strength is None and not report.accepted
+        return
+    assert seen["diff"] == "fix" and seen["timeout_s"] == 20.0  # 4 x the first empty run's 5 s
+    assert seen["graded_before"] < 10  # it started while stability runs were still to grade
+    if fail_reference == 4:  # a later reference run failed: the strength is cancelled and not kept
+        assert seen["cancelled"] and report.strength is None and not report.accepted
+        assert any(d.startswith("reference_failed") for d in report.disagreements)
+    else:
+        assert not seen["cancelled"] and report.accepted and report.strength.strength == 1.0
+    assert report.gradings == len(grader.copies) + 3  # the strength's gradings are counted either way

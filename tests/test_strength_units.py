@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import subprocess
+import threading
 
 import pytest
 
@@ -15,6 +16,7 @@ from envforge.rollout.tiers import TierRow, stratified_split
 from envforge.verify.config import GateConfig
 from envforge.verify.gate import GateReport, strength_findings
 from envforge.verify.mutants import SourceChange, changed_lines, file_diff, generate_mutants, same_ast
+from envforge.verify.result import VerificationResult
 from envforge.verify.special_case import LiteralCase, literal_cases, special_case_diff, split_test_id
 from envforge.stages.gate import _strength_row
 from envforge.verify.strength import StrengthReport, strength_text
@@ -396,3 +398,48 @@ def test_the_mutants_equivalence_is_what_same_ast_says_on_real_files(module):
         swapped_min_max = m.operator == "swap_args" and m.description.startswith(("min(", "max("))
         assert m.equivalent == (same_ast(m.after, after) or swapped_min_max), (m.name, m.description)
     assert any(m.equivalent for m in mutants) and not all(m.equivalent for m in mutants)
+
+
+def test_mutants_outside_function_bodies_are_graded_while_the_trace_runs(monkeypatch):
+    """The trace only narrows the tests of mutants inside function bodies: the others (a module-level constant)
+    run every test, so they are graded while the reference is traced, and the traced mutants after it on the
+    tests it selected, the likely-equivalent ones last."""
+    from envforge.verify import strength
+    from envforge.verify.batch import BatchOutcome
+    from envforge.verify.grader import Grader
+    from tests.test_gate_units import _spec
+
+    buggy, fixed = "LIMIT = 3\n\n" + BUGGY, "LIMIT = 5\n\n" + FIXED
+    task = _spec("inventory-median-even")
+    monkeypatch.setattr(strength, "_workspace_texts", lambda *a: ([SourceChange("calc.py", buggy, fixed)], {}))
+    events: list = []
+    traced = threading.Event()
+    first_batch = threading.Event()
+
+    def covering(grader, task, image, kept, paths, functions, workers):
+        events.append(("trace", sorted(functions)))
+        first_batch.wait(5)  # the untraced mutants are being graded meanwhile
+        traced.set()
+        return {name: ["t::chosen"] for name in functions}, "covering", 2
+
+    def batch(grader, task, image, plan, workers=2, stop=None):
+        events.append(("batch", [(g.name, g.run.ids) for g in plan], traced.is_set()))
+        first_batch.set()
+        results = {g.name: VerificationResult("t", g.name, 0.0, False) for g in plan}
+        return BatchOutcome(results=results, copies=len(plan))
+
+    monkeypatch.setattr(strength, "_covering", covering)
+    monkeypatch.setattr(strength, "grade_batch", batch)
+    report = strength.measure_strength(
+        Grader(None, pool=object()), task, "img", file_diff("calc.py", buggy, fixed), early_stop=False
+    )
+    (_, functions), (_, untraced, during), (_, after, late) = events
+    assert not during and late  # the first batch ran before the trace was back, the second after it
+    assert untraced and all(ids == () for _, ids in untraced)  # every test
+    assert any(":1" in name for name, _ in untraced)  # LIMIT = 5, at module level
+    assert sorted(name for name, _ in after if name in functions) == functions
+    assert all(ids == ("t::chosen",) for name, ids in after if name in functions)
+    equivalent = [name for name, _ in after if name not in functions]  # graded last, on every test
+    assert [name for name, _ in after][len(after) - len(equivalent):] == equivalent
+    assert report.test_selection == "covering" and report.killed == len(untraced) + len(after)
+    assert report.gradings == 2 + len(untraced) + len(after)

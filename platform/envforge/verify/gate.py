@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
@@ -61,13 +63,17 @@ ORDER_CHECK_FILES = TestRun("targeted", "reverse", fresh_interpreter=True)  # th
 # It was 10: a suite whose tests wait (filelock's: 29 s gradings) paid 293 s per hanging mutant, two of them
 # 586 s of one task's 546 s gate. A right mutant 4x slower than the slowest of the task's ten gradings would
 # need the machine's load to quadruple within one task's gate (sandbox/admission.py starts no extra run
-# while the CPUs are busy).
+# while the CPUs are busy). Since 5 December the mutants start after the first reference and empty runs (the
+# others run alongside them), so their timeout is 4x the slower of those two.
 MUTANT_TIMEOUT_FACTOR = 4
+# The gradings after which the strength's gradings start (alongside the remaining stability runs).
+FIRST_REFERENCE, FIRST_EMPTY = "reference:run1", "empty:run1"
 
 
 def mutant_timeout_s(config: GateConfig, verifier_seconds: list[float]) -> float:
-    """How long a mutant's tests may run: 4x the slowest reference/empty grading, at least the config's floor.
-    Each hanging mutant costs this much (one worker's slot), so the floor is what a hang costs a fast task."""
+    """How long a mutant's tests may run: 4x the slowest of the given gradings (the gate's first reference and
+    empty runs, after which the mutants start), at least the config's floor. Each hanging mutant costs this
+    much (one worker's slot), so the floor is what a hang costs a fast task."""
     return max(config.mutant_timeout_min_s, MUTANT_TIMEOUT_FACTOR * max(verifier_seconds or [0.0]))
 
 
@@ -282,10 +288,34 @@ def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = G
         report.wall_s = time.perf_counter() - started
         return report
 
-    def stop(name: str, result: VerificationResult) -> bool:
-        return not config.full_suite and bool(_judge(task, name, result))
+    planned = {g.name for g in plan}
+    # The strength is measured while the remaining stability runs go on (a slow task's critical path is
+    # otherwise its stability runs, then its trace, then its mutants), from the moment the first reference
+    # and empty runs agree; it is dropped if a later grading disagrees.
+    first: dict[str, VerificationResult | None] = {n: None for n in (FIRST_REFERENCE, FIRST_EMPTY) if n in planned}
+    disagreed = threading.Event()
+    measuring = ThreadPoolExecutor(max_workers=1, thread_name_prefix="envforge-strength")
+    strength: Future | None = None
 
-    outcome = grade_batch(grader, task, image, plan, workers=config.workers, stop=stop)
+    def stop(name: str, result: VerificationResult) -> bool:
+        nonlocal strength
+        judged = bool(_judge(task, name, result))
+        if judged:
+            disagreed.set()
+        if name in first:
+            first[name] = result
+            if config.mutation and strength is None and not disagreed.is_set() and None not in first.values():
+                timeout_s = mutant_timeout_s(config, [r.duration_s for r in first.values() if r is not None])
+                strength = measuring.submit(_strength, grader, task, image, ref_diff, config, timeout_s, disagreed)
+        return not config.full_suite and judged
+
+    try:
+        outcome = grade_batch(grader, task, image, plan, workers=config.workers, stop=stop)
+    except BaseException:
+        disagreed.set()  # stop the strength's gradings; the executor waits for those running
+        raise
+    finally:
+        measuring.shutdown(wait=True)
     for name, result in outcome.results.items():
         report.disagreements += _judge(task, name, result)
         if name not in outcome.shared_with:
@@ -310,8 +340,11 @@ def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = G
     report.gradings = outcome.copies
     report.sandbox_s += outcome.sandbox_s
     report.infra_retries += outcome.infra_retries
-    if config.mutation and not report.disagreements:  # strength only matters for a verifier that is stable
-        _judge_strength(grader, task, image, ref_diff, config, report)
+    if strength is not None:  # strength only matters for a verifier that is stable
+        measured: StrengthReport = strength.result()
+        report.gradings += measured.gradings
+        if not report.disagreements:
+            _judge_strength(measured, config, report)
     report.accepted = not report.disagreements
     report.wall_s = time.perf_counter() - started
     live.gate_judged(report.accepted, report.disagreements)
@@ -345,12 +378,16 @@ def strength_findings(
     return out
 
 
-def _judge_strength(
-    grader: Grader, task: Task, image: str, ref_diff: str, config: GateConfig, report: GateReport
-) -> None:
-    """Measure the task's verifier strength and apply the gate's policy for weak ones."""
-    timeout_s = mutant_timeout_s(config, report.verifier_seconds)
-    report.strength = measure_strength(
+def _strength(
+    grader: Grader,
+    task: Task,
+    image: str,
+    ref_diff: str,
+    config: GateConfig,
+    timeout_s: float,
+    disagreed: threading.Event,
+) -> StrengthReport:
+    return measure_strength(
         grader,
         task,
         image,
@@ -362,11 +399,14 @@ def _judge_strength(
         timeout_s=timeout_s,
         fail_fast=config.mutant_fail_fast,
         covering=config.mutant_tests == "covering",
+        cancelled=disagreed.is_set,
     )
-    report.gradings += report.strength.gradings
-    findings = strength_findings(
-        report.strength, config.min_strength, config.block_overfittable, config.weak_fail_to_pass
-    )
+
+
+def _judge_strength(strength: StrengthReport, config: GateConfig, report: GateReport) -> None:
+    """Keep the task's verifier strength and apply the gate's policy for weak ones."""
+    report.strength = strength
+    findings = strength_findings(strength, config.min_strength, config.block_overfittable, config.weak_fail_to_pass)
     if findings and config.below_strength == "audit":
         report.admission = "audit"
     else:

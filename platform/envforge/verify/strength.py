@@ -12,7 +12,9 @@ author sees which wrong fix would be rewarded.
 A mutant is graded on the required tests that call the function it changes (covering.py, from
 one traced grading of the reference); a mutant of a function no test calls survives without a
 grading (`not_executed`: code the tests never run, on this platform at least). `covering=False`
-grades every mutant on all the verdict's test files.
+grades every mutant on all the verdict's test files. The mutants the trace cannot narrow (changes
+outside a function body) and the probes are graded while the reference is traced, the others after
+it; one early-stop count spans both batches (`_Tally`).
 
 strength = killed / non-equivalent mutants. Likely-equivalent mutants (same AST as the
 reference's file) are graded last and set aside when they survive (no test outcome changed
@@ -29,12 +31,15 @@ wrong value: when the FAIL_TO_PASS tests pass with it, they do not check what th
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable, Iterable
 
 from envforge.errors import PolicyOutcome
 from envforge.task import WORKSPACE, Task
-from envforge.verify.batch import Grading, grade_batch, with_retries
+from envforge.verify.batch import BatchOutcome, Grading, grade_batch, with_retries
 from envforge.verify.covering import CallMap, changed_functions, covering_tests
 from envforge.verify.grader import Grader
 from envforge.verify.mutants import Mutant, SourceChange, file_diff, generate_mutants
@@ -234,26 +239,31 @@ def _with_test_timeout(task: Task, timeout_s: float | None) -> Task:
     return task.model_copy(update={"spec": task.spec.model_copy(update={"verification": verification})})
 
 
-def _covering(
-    grader: Grader, task: Task, image: str, kept: str, by_path: dict[str, SourceChange], named: dict[str, Mutant]
-) -> tuple[dict[str, list[str] | None], str, int]:
-    """({mutant: the ids its grading runs, None for all, [] for none}, "covering", gradings run), or ({},
-    "files: why", gradings run) when every mutant runs every test. The reference is graded once with the
-    changed files traced, and once on each distinct set of tests selected."""
+def _untraced(task: Task) -> str:
+    """Why no trace can select a task's tests ("" when one can)."""
     check = task.spec.verification.tests
     if check is None or check.framework != "pytest":
-        return {}, "files: only pytest runs are traced", 0
+        return "files: only pytest runs are traced"
     if task.spec.verification.checkpoints:
-        return {}, "files: the task's shell checkpoints are not traced", 0
-    functions = {name: changed_functions(m.path, by_path[m.path].after, m.after) for name, m in named.items()}
-    if all(f is None for f in functions.values()):  # nothing a trace could narrow: save its grading
-        return {}, "files: no mutant changes code inside a function body only", 0
-    doc, why = with_retries(lambda: grader.trace_calls(task, image, kept, sorted(by_path)))
+        return "files: the task's shell checkpoints are not traced"
+    return ""
+
+
+def _covering(
+    grader: Grader, task: Task, image: str, kept: str, paths: list[str], functions: dict[str, set], workers: int
+) -> tuple[dict[str, list[str] | None], str, int]:
+    """({mutant: the ids its grading runs, None for all, [] for none}, "covering", gradings run), or
+    ({mutant: None}, "files: why", gradings run) when the trace cannot select. `functions`: the functions
+    each mutant changes (mutants changing code inside function bodies only). The reference is graded once
+    with the changed files traced, and once on each distinct set of tests selected."""
+    check = task.spec.verification.tests
+    everything: dict[str, list[str] | None] = {name: None for name in functions}
+    doc, why = with_retries(lambda: grader.trace_calls(task, image, kept, paths))
     if doc is None:
-        return {}, f"files: {why}", 1
+        return everything, f"files: {why}", 1
     calls = CallMap.from_json(doc)
     if calls.unusable:
-        return {}, f"files: {calls.unusable}", 1
+        return everything, f"files: {calls.unusable}", 1
     f2p, p2p = list(check.fail_to_pass), list(check.pass_to_pass)
     selected = {name: covering_tests(calls, f, f2p, p2p) for name, f in functions.items()}
     # A smaller set of tests is another run: a test that passes only after another one ran would fail
@@ -261,10 +271,59 @@ def _covering(
     subsets = sorted({tuple(ids) for ids in selected.values() if ids})
     if subsets:
         plan = [Grading(f"subset:{i}", kept, replace(TARGETED, ids=ids)) for i, ids in enumerate(subsets)]
-        outcome = grade_batch(grader, task, image, plan)
+        outcome = grade_batch(grader, task, image, plan, workers=workers)
         failing = {subsets[int(n.split(":")[1])] for n, r in outcome.results.items() if not r.resolved}
         selected = {n: (None if ids and tuple(ids) in failing else ids) for n, ids in selected.items()}
     return selected, "covering", 1 + len(subsets)
+
+
+class _Tally:
+    """The early stop's count of killed and surviving mutants, shared by the untraced and the traced batch
+    (and the mutants no test calls, counted once the trace is back). `threshold` None: no early stop."""
+
+    def __init__(self, candidates: set[str], threshold: float | None, cancelled: Callable[[], bool]):
+        self._lock = threading.Lock()
+        self._candidates = candidates  # the mutants that count: not likely equivalent
+        self._threshold = threshold
+        self._cancelled = cancelled
+        self._abandoned = False
+        self.killed = 0
+        self.survived = 0
+
+    def add_survivors(self, names: Iterable[str]) -> None:
+        with self._lock:
+            self.survived += sum(name in self._candidates for name in names)
+
+    def abandon(self) -> None:
+        self._abandoned = True
+
+    def abandoned(self, name: str = "", result: VerificationResult | None = None) -> bool:
+        return self._abandoned or self._cancelled()
+
+    def settled(self) -> bool:
+        """Whether the score is on one side of the threshold whatever the remaining mutants do."""
+        n = len(self._candidates)
+        if self._threshold is None or not n:
+            return False
+        with self._lock:
+            return self.killed / n >= self._threshold or (n - self.survived) / n < self._threshold
+
+    def stopped(self) -> bool:
+        return self.abandoned() or self.settled()
+
+    def decided(self, name: str, result: VerificationResult) -> bool:
+        """A batch's stop callback: a mutant that counts moves the score; a probe or a likely-equivalent mutant
+        never stops a batch by itself (the probes are planned first and always graded)."""
+        if self.abandoned():
+            return True
+        if name not in self._candidates:
+            return False
+        with self._lock:
+            if result.resolved:
+                self.survived += 1
+            else:
+                self.killed += 1
+        return self.settled()
 
 
 def measure_strength(
@@ -280,6 +339,7 @@ def measure_strength(
     timeout_s: float | None = None,
     fail_fast: bool = True,
     covering: bool = True,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> StrengthReport:
     """Grade mutants of the reference, the special-case and the weak-form probes; see the module docstring.
 
@@ -289,8 +349,10 @@ def measure_strength(
     at the first that does not pass (selection.py). A mutant is asked only whether it resolves and whether
     every FAIL_TO_PASS test passes, and a run stopped there has answered both (no, no); one whose
     FAIL_TO_PASS tests all pass runs the rest as usual. The probes are graded in full (their reasons
-    are kept). `covering`: see the module docstring. Infrastructure faults escape (after grade_batch's
-    retries) as InfraError, as for any grading."""
+    are kept). `covering`: see the module docstring. `cancelled`: once true, no more gradings start (the
+    gate measures a strength while its stability runs go on, and drops it when they disagree); the report
+    is then incomplete. Infrastructure faults escape (after grade_batch's retries) as InfraError, as for
+    any grading."""
     started = time.perf_counter()
     report = StrengthReport()
     why = not_applicable(task)
@@ -321,43 +383,51 @@ def measure_strength(
     ordered = [m for m in mutants if not m.equivalent] + [m for m in mutants if m.equivalent]
     named = {f"mutant:{m.name}": m for m in ordered}
     mutant_run = replace(TARGETED, fail_fast=fail_fast)
-    selected: dict[str, list[str] | None] = {}
+    # Mutants that change code inside function bodies only wait for the trace; the others (and the probes)
+    # run every test, so they are graded while the trace runs, then the traced ones on their tests.
+    report.test_selection = "files" if covering is False else ""
+    functions: dict[str, set] = {}
     if covering and ordered:
-        selected, report.test_selection, extra = _covering(grader, task, image, kept, by_path, named)
-        report.gradings += extra  # the traced grading and the reference on each distinct set of tests
-    else:
-        report.test_selection = "files" if covering is False else ""
-    unexecuted = [n for n, ids in selected.items() if ids == []]
-    runs = {n: mutant_run if ids is None else replace(mutant_run, ids=tuple(ids)) for n, ids in selected.items() if ids}
-    report.covering_tests = sorted(len(ids) for ids in selected.values() if ids)
-    plan = (
-        ([Grading(SPECIAL_CASE, probe_diff, TARGETED)] if probe_diff else [])
-        + ([Grading(WEAK_FORM, weak_diff, TARGETED)] if weak_diff else [])
-        + [
-            Grading(name, _mutant_diff(sections, by_path[m.path], m), runs.get(name, mutant_run))
-            for name, m in named.items()
-            if name not in unexecuted
-        ]
+        report.test_selection = _untraced(task)
+        if not report.test_selection:
+            found = {name: changed_functions(m.path, by_path[m.path].after, m.after) for name, m in named.items()}
+            functions = {name: f for name, f in found.items() if f is not None}
+            if not functions:  # nothing a trace could narrow: save its grading
+                report.test_selection = "files: no mutant changes code inside a function body only"
+    probes = ([Grading(SPECIAL_CASE, probe_diff, TARGETED)] if probe_diff else []) + (
+        [Grading(WEAK_FORM, weak_diff, TARGETED)] if weak_diff else []
     )
-    candidates = sum(not m.equivalent for m in mutants)
-    tally = {"killed": 0, "survived": sum(not named[n].equivalent for n in unexecuted)}
+    tally = _Tally({n for n, m in named.items() if not m.equivalent}, threshold if early_stop else None, cancelled)
+    # the likely-equivalent mutants stay last: after the traced ones when there is a trace
+    early = [n for n, m in named.items() if n not in functions and not (functions and m.equivalent)]
+    outcomes: list[BatchOutcome] = []
+    selected: dict[str, list[str] | None] = {}
 
-    def settled() -> bool:
-        if not early_stop or not candidates:
-            return False
-        return tally["killed"] / candidates >= threshold or (candidates - tally["survived"]) / candidates < threshold
+    def grading(name: str, ids: list[str] | None) -> Grading:
+        m = named[name]
+        return Grading(name, _mutant_diff(sections, by_path[m.path], m), replace(mutant_run, ids=tuple(ids or ())))
 
-    def decided(name: str, result: VerificationResult) -> bool:
-        m = named.get(name)
-        if m is None or m.equivalent:
-            return False
-        tally["killed" if not result.resolved else "survived"] += 1
-        return settled()
-
-    if settled():  # the mutants no test runs decide the score already: grade the probes only
-        plan = [g for g in plan if g.name not in named]
-    outcome = grade_batch(grader, task, image, plan, workers=workers, stop=decided)
-    results = dict(outcome.results)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="envforge-trace") as ex:
+        tracing = None
+        if functions and not tally.stopped():
+            tracing = ex.submit(_covering, grader, task, image, kept, sorted(by_path), functions, workers)
+        try:
+            plan = probes + [grading(name, None) for name in early]
+            outcomes.append(grade_batch(grader, task, image, plan, workers=workers, stop=tally.decided))
+            if tracing is not None:
+                selected, report.test_selection, extra = tracing.result()
+                report.gradings += extra  # the traced grading and the reference on each distinct set of tests
+                tally.add_survivors(n for n, ids in selected.items() if ids == [])
+                later = [grading(n, selected.get(n)) for n in named if n not in early and selected.get(n) != []]
+                if later and not tally.stopped():
+                    outcomes.append(grade_batch(grader, task, image, later, workers=workers, stop=tally.decided))
+        except BaseException:
+            tally.abandon()
+            raise
+    unexecuted = [n for n, ids in selected.items() if ids == []]
+    report.covering_tests = sorted(len(ids) for ids in selected.values() if ids)
+    results = {name: r for outcome in outcomes for name, r in outcome.results.items()}
+    results = {name: results[name] for name in [g.name for g in probes] + list(named) if name in results}
     for name in unexecuted:  # no test calls what it changes: every test runs the reference's code
         results[name] = VerificationResult(task_id=task.id, solution=name, reward=1.0, resolved=True)
     report.not_executed = len(unexecuted)
@@ -399,6 +469,6 @@ def measure_strength(
         total = graded + unrun_candidates
         report.strength = round(report.killed / total, 4)
         report.strength_upper = round((report.killed + unrun_candidates) / total, 4)
-    report.gradings += outcome.copies
+    report.gradings += sum(outcome.copies for outcome in outcomes)
     report.seconds = round(time.perf_counter() - started, 3)
     return report
