@@ -205,6 +205,51 @@ def test_the_reversed_run_is_left_out_only_when_the_first_runs_already_reject(tm
     assert derive.task_from_derivation(cand, kept).spec.verification.tests.fail_to_pass == ["tests/t.py::test_b"]
 
 
+
+def test_the_first_check_runs_alongside_the_reversed_run_and_counts_only_for_the_same_files(tmp_path, monkeypatch):
+    """The reversed after-run can only take ids away, so the first grader-way check grades the ids of the file-order
+    runs at the same time (both block on one barrier: run one after the other, they would time out). It confirms
+    the lists when the final ids lie in the files it graded; when the reversed run drops a whole file's ids, a
+    check of the final ids runs after it."""
+    import threading
+
+    from envforge.sources import derive
+
+    files = ["tests/t.py", "tests/u.py"]
+    ids = {"tests/t.py::test_a": "passed", "tests/u.py::test_b": "passed"}
+    reversed_after = dict(ids)
+    at_once = threading.Barrier(2, timeout=10)
+    checked: list[list[str]] = []
+
+    def fake_run(pool, task, image, patches, run=derive.WHOLE_SUITE):
+        if len(patches) == 1:
+            return derive.Run({t: "failed" for t in ids})
+        if run.order == "reverse":
+            at_once.wait()
+            return derive.Run(dict(reversed_after))
+        return derive.Run(dict(ids))
+
+    def fake_grade(pool, candidate, image, f2p, p2p, only=None):
+        if not checked:
+            at_once.wait()
+        checked.append(sorted(f2p))
+        return {"after": derive.Run({t: "passed" for t in f2p}), "before": derive.Run({t: "failed" for t in f2p})}
+
+    monkeypatch.setattr(derive, "_run", fake_run)
+    monkeypatch.setattr(derive, "_grade", fake_grade)
+    cand = _derivation_candidate(tmp_path, files)
+    same = derive.run_derivation(None, cand, "img")
+    assert checked == [sorted(ids)] and len(same.checks) == 1
+    assert derive.task_from_derivation(cand, same).spec.verification.tests.fail_to_pass == sorted(ids)
+
+    checked.clear()
+    at_once.reset()
+    reversed_after.pop("tests/u.py::test_b")  # missing in the reversed run: u.py holds no final id any more
+    fewer = derive.run_derivation(None, cand, "img")
+    assert checked == [sorted(ids), ["tests/t.py::test_a"]] and len(fewer.checks) == 1
+    assert derive.task_from_derivation(cand, fewer).spec.verification.tests.fail_to_pass == ["tests/t.py::test_a"]
+
+
 def _derivation_candidate(tmp_path, test_files, pass_to_pass="test-files"):
     from envforge.sources.candidate import Candidate
     from envforge.sources.gitrepo import SplitChange

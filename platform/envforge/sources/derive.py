@@ -31,7 +31,10 @@ could never match a report (control characters, tabs, a space at either end: `ta
 are left out and listed as `unselectable_tests`.
 
 Then the derived ids are graded by the grader itself, the reference solution and the empty
-one, once each; ids that do not reproduce are dropped and the check runs once more. A candidate with
+one, once each; ids that do not reproduce are dropped and the check runs once more. The first check
+grades the ids of the file-order runs while the reversed run goes, since that run can only take ids
+away; it counts when the final ids lie in the test files it graded (else a check of the final ids
+runs after). A candidate with
 no FAIL_TO_PASS left is rejected with the reason: the counts, the excluded tests, and the
 first lines of any collection error (`ModuleNotFoundError: No module named 'freezegun'`).
 
@@ -327,8 +330,9 @@ def run_derivation(pool: Pool, candidate: Candidate, image: str, always_reverse:
     """The before/after runs (file order, reversed) and up to GRADER_CHECKS grader-way checks.
 
     The runs cover the test files the change touches, or the whole suite (see the module's docstring).
-    The first before and after runs go at once, and so do each check's two gradings.
-    The reversed after-run is skipped when the first two runs decide the reject already (see
+    The first before and after runs go at once, and so do each check's two gradings; the reversed after-run
+    and the first check go at once too when no FAIL_TO_PASS candidate lies outside the test change. The
+    reversed after-run is skipped when the first two runs decide the reject already (see
     `has_fail_to_pass_candidate`; `always_reverse` runs it anyway, the derivation as it was)."""
     task = candidate.provisional_task()
     before_patches = [candidate.change.test_patch]
@@ -349,21 +353,41 @@ def run_derivation(pool: Pool, candidate: Candidate, image: str, always_reverse:
     files = list(forward.files) or None
     if not always_reverse and not has_fail_to_pass_candidate(before[0], after[0]):
         return Derivation(before, after, files=files)
-    after.append(_run(pool, task, image, after_patches, reverse))
-    derivation = Derivation(before, after, files=files)
     scope = candidate.config.tests.pass_to_pass
-    suspects = outside_test_change(
-        settle(derivation, candidate.change.test_files, scope).fail_to_pass, candidate.change.test_files
-    )
-    if suspects:
-        alone = _grade(pool, candidate, image, [], [], only=suspects)["before"]
-        derivation = Derivation(before, after, [], alone, files)
-    for _ in range(GRADER_CHECKS):
-        settled = settle(derivation, candidate.change.test_files, scope)
+    test_files = candidate.change.test_files
+    forward_only = settle(Derivation(before, after, files=files), test_files, scope)
+    if forward_only.fail_to_pass and not outside_test_change(forward_only.fail_to_pass, test_files):
+        # The reversed run can only take ids away, so the first check grades the ids of the first runs while
+        # it runs (a suite that waits paid one more run's time in a row). The check counts only if it
+        # graded the test files the final ids are in, as a check of those ids would have.
+        reversed_run, check = both(
+            lambda: _run(pool, task, image, after_patches, reverse),
+            lambda: _grade(pool, candidate, image, forward_only.fail_to_pass, forward_only.pass_to_pass),
+        )
+        after.append(reversed_run)
+        derivation = Derivation(before, after, files=files)
+        final = settle(derivation, test_files, scope)
+        if _test_files(final.fail_to_pass + final.pass_to_pass) == _test_files(
+            forward_only.fail_to_pass + forward_only.pass_to_pass
+        ):
+            derivation.checks.append(check)
+    else:
+        after.append(_run(pool, task, image, after_patches, reverse))
+        derivation = Derivation(before, after, files=files)
+        suspects = outside_test_change(settle(derivation, test_files, scope).fail_to_pass, test_files)
+        if suspects:
+            alone = _grade(pool, candidate, image, [], [], only=suspects)["before"]
+            derivation = Derivation(before, after, [], alone, files)
+    while len(derivation.checks) < GRADER_CHECKS:
+        settled = settle(derivation, test_files, scope)
         if not settled.fail_to_pass or (derivation.checks and settled.confirmed):
             break
         derivation.checks.append(_grade(pool, candidate, image, settled.fail_to_pass, settled.pass_to_pass))
     return derivation
+
+
+def _test_files(ids: Sequence[str]) -> set[str]:
+    return {test_id.split("::", 1)[0] for test_id in ids}
 
 
 def cache_key(candidate: Candidate, image: str) -> str:
