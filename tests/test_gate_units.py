@@ -111,7 +111,7 @@ def test_the_gate_key_changes_with_content_image_and_parameters():
     assert key != gate_key(task, "sha256:aaa", GateConfig(mutant_timeout_min_s=60))
 
 
-def test_a_mutants_time_limit_is_ten_times_the_slowest_grading_at_least_the_floor():
+def test_a_mutants_time_limit_is_four_times_the_slowest_given_grading_at_least_the_floor():
     assert mutant_timeout_s(GateConfig(), [0.4, 0.9]) == GateConfig().mutant_timeout_min_s == 15.0
     assert mutant_timeout_s(GateConfig(), [2.0, 3.5]) == 15.0
     assert mutant_timeout_s(GateConfig(), [2.0, 29.0]) == 116.0
@@ -315,3 +315,37 @@ def test_the_strength_is_measured_alongside_the_stability_runs_and_dropped_when_
     else:
         assert not seen["cancelled"] and report.accepted and report.strength.strength == 1.0
     assert report.gradings == len(grader.copies) + 3  # the strength's gradings are counted either way
+
+
+def test_a_dropped_strength_neither_fails_the_gate_nor_runs_for_a_reference_that_failed(monkeypatch):
+    """An infrastructure fault in a strength the gate drops anyway (a later run disagreed) does not turn a
+    rejected task into an ungated one; the full-suite gate, which grades everything even when the reference's
+    own commands failed, measures no strength for it."""
+    from envforge.verify import gate
+    from envforge.verify.strength import StrengthReport
+
+    started = []
+
+    def measure(grader_, task, image, diff, *, cancelled, **kw):
+        started.append(task.id)
+        deadline = time.monotonic() + 5
+        while not cancelled() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        raise InfraError("agent_died", "the node went away")
+
+    monkeypatch.setattr(gate, "measure_strength", measure)
+    config = GateConfig(probes=False, workers=2)
+    report = gate.validate_task(_GateGrader(fail_reference=4), _spec("inventory-median-even"), "img", config)
+    assert started and not report.accepted and report.strength is None
+    assert any(d.startswith("reference_failed") for d in report.disagreements)
+
+    class FailingCommands(_GateGrader):
+        def solution_diff(self, task, image, which):
+            return "fix", ["command_failed:make"]
+
+    started.clear()
+    monkeypatch.setattr(gate, "measure_strength", lambda *a, **k: started.append("x") or StrengthReport())
+    report = gate.validate_task(FailingCommands(), _spec("inventory-median-even"), "img",
+                                GateConfig(probes=False, full_suite=True))
+    assert not started and not report.accepted and report.strength is None
+    assert report.disagreements[0] == "reference_command_failed:make" and report.runs == 5

@@ -221,13 +221,15 @@ def test_the_first_check_runs_alongside_the_reversed_run_and_counts_only_for_the
     at_once = threading.Barrier(2, timeout=10)
     checked: list[list[str]] = []
 
+    passing: dict[str, str] = {}  # PASS_TO_PASS ids: passing before and after
+
     def fake_run(pool, task, image, patches, run=derive.WHOLE_SUITE):
         if len(patches) == 1:
-            return derive.Run({t: "failed" for t in ids})
+            return derive.Run({t: "failed" for t in ids} | passing)
         if run.order == "reverse":
             at_once.wait()
-            return derive.Run(dict(reversed_after))
-        return derive.Run(dict(ids))
+            return derive.Run(reversed_after | passing)
+        return derive.Run(ids | passing)
 
     def fake_grade(pool, candidate, image, f2p, p2p, only=None):
         if not checked:
@@ -248,6 +250,13 @@ def test_the_first_check_runs_alongside_the_reversed_run_and_counts_only_for_the
     fewer = derive.run_derivation(None, cand, "img")
     assert checked == [sorted(ids), ["tests/t.py::test_a"]] and len(fewer.checks) == 1
     assert derive.task_from_derivation(cand, fewer).spec.verification.tests.fail_to_pass == ["tests/t.py::test_a"]
+
+    checked.clear()
+    at_once.reset()
+    reversed_after.pop("tests/t.py::test_a")  # no FAIL_TO_PASS left: the check made alongside is not kept,
+    passing.update({"tests/t.py::test_p": "passed", "tests/u.py::test_q": "passed"})  # though its files are the same
+    none_left = derive.run_derivation(None, cand, "img")
+    assert checked == [sorted(ids)] and none_left.checks == []
 
 
 def _derivation_candidate(tmp_path, test_files, pass_to_pass="test-files"):

@@ -400,46 +400,76 @@ def test_the_mutants_equivalence_is_what_same_ast_says_on_real_files(module):
     assert any(m.equivalent for m in mutants) and not all(m.equivalent for m in mutants)
 
 
-def test_mutants_outside_function_bodies_are_graded_while_the_trace_runs(monkeypatch):
-    """The trace only narrows the tests of mutants inside function bodies: the others (a module-level constant)
-    run every test, so they are graded while the reference is traced, and the traced mutants after it on the
-    tests it selected, the likely-equivalent ones last."""
+def _two_batch_strength(monkeypatch, **kwargs):
+    """measure_strength on a file with a module-level change and a function's, a probe, and fakes for the trace
+    (selecting one test for each function mutant) and for grade_batch (sequential, honouring `stop`: module-level
+    mutants are killed, the others survive unless `kill_all`). Returns (events, report)."""
     from envforge.verify import strength
     from envforge.verify.batch import BatchOutcome
     from envforge.verify.grader import Grader
     from tests.test_gate_units import _spec
 
-    buggy, fixed = "LIMIT = 3\n\n" + BUGGY, "LIMIT = 5\n\n" + FIXED
+    kill_all = kwargs.pop("kill_all", False)
+    buggy = "LIMIT = 3\n\ndef clamp(value, low, high):\n    if value < low:\n        return low\n    return value\n"
+    fixed = "LIMIT = 5\n\ndef clamp(value, low, high):\n    if value < low:\n        return low\n    return min(value, high)\n"
     task = _spec("inventory-median-even")
     monkeypatch.setattr(strength, "_workspace_texts", lambda *a: ([SourceChange("calc.py", buggy, fixed)], {}))
+    monkeypatch.setattr(strength, "_special_case", lambda *a: ("probe diff", 1, ""))
     events: list = []
     traced = threading.Event()
     first_batch = threading.Event()
 
-    def covering(grader, task, image, kept, paths, functions, workers):
+    def covering(grader, task, image, kept, paths, functions, workers, stopped):
         events.append(("trace", sorted(functions)))
         first_batch.wait(5)  # the untraced mutants are being graded meanwhile
         traced.set()
         return {name: ["t::chosen"] for name in functions}, "covering", 2
 
     def batch(grader, task, image, plan, workers=2, stop=None):
-        events.append(("batch", [(g.name, g.run.ids) for g in plan], traced.is_set()))
+        during = traced.is_set()
         first_batch.set()
-        results = {g.name: VerificationResult("t", g.name, 0.0, False) for g in plan}
-        return BatchOutcome(results=results, copies=len(plan))
+        results = {}
+        for g in plan:
+            killed = g.name != "special_case" and (kill_all or ":calc.py:1" in g.name)
+            results[g.name] = VerificationResult("t", g.name, 0.0 if killed else 1.0, not killed)
+            if stop is not None and stop(g.name, results[g.name]):
+                break
+        events.append(("batch", [(g.name, g.run.ids) for g in plan if g.name in results], during))
+        return BatchOutcome(results=results, copies=len(results))
 
     monkeypatch.setattr(strength, "_covering", covering)
     monkeypatch.setattr(strength, "grade_batch", batch)
     report = strength.measure_strength(
-        Grader(None, pool=object()), task, "img", file_diff("calc.py", buggy, fixed), early_stop=False
+        Grader(None, pool=object()), task, "img", file_diff("calc.py", buggy, fixed), **kwargs
     )
+    return events, report
+
+
+def test_mutants_outside_function_bodies_are_graded_while_the_trace_runs(monkeypatch):
+    """The trace only narrows the tests of mutants inside function bodies: the others (a module-level constant)
+    and the probes run every test, so they are graded while the reference is traced, and the traced mutants after
+    it on the tests it selected, the likely-equivalent ones last."""
+    events, report = _two_batch_strength(monkeypatch, early_stop=False)
     (_, functions), (_, untraced, during), (_, after, late) = events
     assert not during and late  # the first batch ran before the trace was back, the second after it
-    assert untraced and all(ids == () for _, ids in untraced)  # every test
-    assert any(":1" in name for name, _ in untraced)  # LIMIT = 5, at module level
-    assert sorted(name for name, _ in after if name in functions) == functions
-    assert all(ids == ("t::chosen",) for name, ids in after if name in functions)
-    equivalent = [name for name, _ in after if name not in functions]  # graded last, on every test
-    assert [name for name, _ in after][len(after) - len(equivalent):] == equivalent
-    assert report.test_selection == "covering" and report.killed == len(untraced) + len(after)
-    assert report.gradings == 2 + len(untraced) + len(after)
+    assert untraced[0] == ("special_case", ()) and all(ids == () for _, ids in untraced)  # every test
+    assert [n for n, _ in untraced[1:]] == [n for n in [f"mutant:{m}" for m in (
+        "delete_statement:calc.py:1", "boundary:calc.py:1", "boundary:calc.py:1#2")]]  # LIMIT = 5, module level
+    assert sorted(name for name, _ in after) == functions and all(ids == ("t::chosen",) for _, ids in after)
+    assert after[-1][0] == "mutant:swap_args:calc.py:6"  # min(high, value): likely equivalent, graded last
+    assert report.test_selection == "covering" and (report.killed, report.survived, report.equivalent) == (3, 9, 1)
+    assert report.gradings == 2 + len(untraced) + len(after) and report.overfittable is True  # the fake rewards it
+
+
+def test_one_early_stop_count_spans_both_batches_and_a_cancelled_strength_grades_only_the_probes(monkeypatch):
+    """The early stop counts the kills of both batches: 3 module-level kills before the trace, 3 after it reach
+    6 of 12, and nothing more is graded. A strength cancelled before it starts (its gate disagreed) grades the
+    probes only, and traces nothing."""
+    events, report = _two_batch_strength(monkeypatch, kill_all=True)
+    _trace, (_, first, _), (_, second, _) = events
+    assert len(first) == 4 and len(second) == 3  # the probe and 3 kills, then 3 kills: settled at 6 of 12
+    assert (report.killed, report.not_run, report.strength, report.strength_upper) == (6, 7, 0.5, 1.0)
+
+    events, report = _two_batch_strength(monkeypatch, cancelled=lambda: True)
+    assert [e[0] for e in events] == ["batch"] and [n for n, _ in events[0][1]] == ["special_case"]
+    assert report.killed == report.survived == 0 and report.not_run == 13

@@ -95,9 +95,10 @@ WHOLE_SUITE = TestRun("suite", fresh_interpreter=True)
 REVERSED_SUITE = TestRun("suite", "reverse", fresh_interpreter=True)
 GRADER_CHECKS = 2
 DERIVATION_ATTEMPTS = 3  # as the gate's: a lost node costs one; a second fault in a row is still not a verdict
-# The sandboxes one derivation acquires at most: three suite runs, the lone before-run, and
+# The sandboxes one derivation acquires at most: three suite runs, the lone before-run or a first check
+# alongside the reversed run (two grades; it is not counted when the final ids moved to other files), and
 # GRADER_CHECKS grader-way checks of two grades each (what a sandbox provider is told to expect).
-SANDBOXES_PER_DERIVATION = 3 + 1 + 2 * GRADER_CHECKS
+SANDBOXES_PER_DERIVATION = 3 + 2 + 2 * GRADER_CHECKS
 T = TypeVar("T")
 
 
@@ -367,7 +368,7 @@ def run_derivation(pool: Pool, candidate: Candidate, image: str, always_reverse:
         after.append(reversed_run)
         derivation = Derivation(before, after, files=files)
         final = settle(derivation, test_files, scope)
-        if _test_files(final.fail_to_pass + final.pass_to_pass) == _test_files(
+        if final.fail_to_pass and _test_files(final.fail_to_pass + final.pass_to_pass) == _test_files(
             forward_only.fail_to_pass + forward_only.pass_to_pass
         ):
             derivation.checks.append(check)

@@ -31,7 +31,7 @@ from functools import lru_cache
 from itertools import zip_longest
 from pathlib import Path
 
-from envforge.errors import PolicyOutcome
+from envforge.errors import InfraError, PolicyOutcome
 from envforge.hashing import digest_parts
 from envforge.observe import metrics as live
 from envforge.sandbox.container import Sandbox
@@ -309,6 +309,8 @@ def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = G
                 strength = measuring.submit(_strength, grader, task, image, ref_diff, config, timeout_s, disagreed)
         return not config.full_suite and judged
 
+    if report.disagreements:  # the full-suite gate grades everything even when the reference's commands failed
+        disagreed.set()
     try:
         outcome = grade_batch(grader, task, image, plan, workers=config.workers, stop=stop)
     except BaseException:
@@ -341,10 +343,15 @@ def validate_task(grader: Grader, task: Task, image: str, config: GateConfig = G
     report.sandbox_s += outcome.sandbox_s
     report.infra_retries += outcome.infra_retries
     if strength is not None:  # strength only matters for a verifier that is stable
-        measured: StrengthReport = strength.result()
-        report.gradings += measured.gradings
-        if not report.disagreements:
-            _judge_strength(measured, config, report)
+        try:
+            measured: StrengthReport = strength.result()
+        except InfraError:
+            if not report.disagreements:
+                raise
+        else:  # a strength measured for a verifier that disagreed is dropped, its gradings counted
+            report.gradings += measured.gradings
+            if not report.disagreements:
+                _judge_strength(measured, config, report)
     report.accepted = not report.disagreements
     report.wall_s = time.perf_counter() - started
     live.gate_judged(report.accepted, report.disagreements)

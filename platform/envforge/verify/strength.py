@@ -250,7 +250,14 @@ def _untraced(task: Task) -> str:
 
 
 def _covering(
-    grader: Grader, task: Task, image: str, kept: str, paths: list[str], functions: dict[str, set], workers: int
+    grader: Grader,
+    task: Task,
+    image: str,
+    kept: str,
+    paths: list[str],
+    functions: dict[str, set],
+    workers: int,
+    stopped: Callable[[], bool],
 ) -> tuple[dict[str, list[str] | None], str, int]:
     """({mutant: the ids its grading runs, None for all, [] for none}, "covering", gradings run), or
     ({mutant: None}, "files: why", gradings run) when the trace cannot select. `functions`: the functions
@@ -269,12 +276,16 @@ def _covering(
     # A smaller set of tests is another run: a test that passes only after another one ran would fail
     # under every mutant and count them all as killed. Each distinct set must pass with the reference.
     subsets = sorted({tuple(ids) for ids in selected.values() if ids})
+    if subsets and stopped():  # the score is decided, or the strength cancelled: no set is checked (nor used)
+        return {n: (None if ids else ids) for n, ids in selected.items()}, "covering", 1
     if subsets:
         plan = [Grading(f"subset:{i}", kept, replace(TARGETED, ids=ids)) for i, ids in enumerate(subsets)]
-        outcome = grade_batch(grader, task, image, plan, workers=workers)
+        outcome = grade_batch(grader, task, image, plan, workers=workers, stop=lambda *_: stopped())
         failing = {subsets[int(n.split(":")[1])] for n, r in outcome.results.items() if not r.resolved}
-        selected = {n: (None if ids and tuple(ids) in failing else ids) for n, ids in selected.items()}
-    return selected, "covering", 1 + len(subsets)
+        unchecked = {ids for i, ids in enumerate(subsets) if f"subset:{i}" not in outcome.results}
+        selected = {n: (None if ids and tuple(ids) in failing | unchecked else ids) for n, ids in selected.items()}
+        return selected, "covering", 1 + outcome.copies
+    return selected, "covering", 1
 
 
 class _Tally:
@@ -409,10 +420,13 @@ def measure_strength(
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="envforge-trace") as ex:
         tracing = None
-        if functions and not tally.stopped():
-            tracing = ex.submit(_covering, grader, task, image, kept, sorted(by_path), functions, workers)
+        decided_already = tally.stopped()  # cancelled, or a threshold every score meets: the probes only
+        if functions and not decided_already:
+            tracing = ex.submit(
+                _covering, grader, task, image, kept, sorted(by_path), functions, workers, tally.stopped
+            )
         try:
-            plan = probes + [grading(name, None) for name in early]
+            plan = probes + ([] if decided_already else [grading(name, None) for name in early])
             outcomes.append(grade_batch(grader, task, image, plan, workers=workers, stop=tally.decided))
             if tracing is not None:
                 selected, report.test_selection, extra = tracing.result()
