@@ -100,6 +100,7 @@ DERIVATION_ATTEMPTS = 3  # as the gate's: a lost node costs one; a second fault 
 # GRADER_CHECKS grader-way checks of two grades each (what a sandbox provider is told to expect).
 SANDBOXES_PER_DERIVATION = 3 + 2 + 2 * GRADER_CHECKS
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 @dataclass(frozen=True)
@@ -299,7 +300,7 @@ def _grade(
     return {"after": after, "before": before}
 
 
-def both(first: Callable[[], T], second: Callable[[], T]) -> tuple[T, T]:
+def both(first: Callable[[], T], second: Callable[[], U]) -> tuple[T, U]:
     """Two independent runs at once (each in its own sandbox, admitted like any other): a derivation's
     runs are sequential only where one needs the other's outcome."""
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="envforge-derive-run") as ex:

@@ -264,6 +264,7 @@ def _covering(
     each mutant changes (mutants changing code inside function bodies only). The reference is graded once
     with the changed files traced, and once on each distinct set of tests selected."""
     check = task.spec.verification.tests
+    assert check is not None  # _untraced: a pytest check
     everything: dict[str, list[str] | None] = {name: None for name in functions}
     doc, why = with_retries(lambda: grader.trace_calls(task, image, kept, paths))
     if doc is None:
