@@ -309,7 +309,8 @@ class _Tally:
     def abandon(self) -> None:
         self._abandoned = True
 
-    def abandoned(self, name: str = "", result: VerificationResult | None = None) -> bool:
+    def abandoned(self) -> bool:
+        """Whether no more gradings may start: the strength was cancelled, or another batch failed."""
         return self._abandoned or self._cancelled()
 
     def settled(self) -> bool:
