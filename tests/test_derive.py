@@ -207,3 +207,42 @@ def test_a_suite_killed_for_memory_is_envforges_fault_and_derived_again_at_the_c
     [task] = roomy.tasks
     assert task.spec.verification.tests.fail_to_pass == ["tests/test_big.py::test_window"]
     assert task.spec.environment.limits.memory_mb == 1536
+
+
+def test_a_helper_only_the_tests_import_is_held_back_with_them(tmp_path, settings, docker_client):
+    """A fix that adds a name to a helper on pytest's pythonpath and imports it in its tests: with the helper in
+    the source change every test of the file failed to collect before the fix (all FAIL_TO_PASS); held back
+    with the tests (sources/test_support.py), only the test the fix makes pass is."""
+    import csv
+
+    from tests.test_history_sources import CALC, TESTS, commit, git
+
+    repo = tmp_path / "calc"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    helper = "FORK = True\n"
+    commit(repo, "initial", {"calc.py": CALC, "pytest.ini": "[pytest]\npythonpath = helpers\n",
+                             "helpers/probes.py": helper, "tests/test_calc.py": "from probes import FORK\n" + TESTS}, 0)
+    fix = commit(repo, "Fix add", {
+        "calc.py": CALC.replace("a - b", "a + b"),
+        "helpers/probes.py": helper + "LINKS = True\n",
+        "tests/test_calc.py": "from probes import FORK, LINKS\n" + TESTS + "\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+    }, 1)
+    root = tmp_path / "tickets"
+    root.mkdir()
+    with open(root / "gh.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["number", "title", "body", "state", "labels", "closed_by_commit"])
+        w.writerow(["1", "add() subtracts its arguments", "add(2, 3) returns -1 where 5 is expected.", "closed", "",
+                    fix])
+    (root / "tickets.yaml").write_text(f"repository: {repo}\nproject: calc\nexports:\n"
+                                       "  - file: gh.csv\n    preset: github\n")
+    [candidate] = load_ticket_source(root / "tickets.yaml").candidates
+    assert candidate.change.support_files == ["helpers/probes.py"]
+    result = derive_tasks(settings, [candidate], client=docker_client)
+    [task] = result.tasks
+    tests = task.spec.verification.tests
+    assert tests.fail_to_pass == ["tests/test_calc.py::test_add"]
+    assert tests.pass_to_pass == ["tests/test_calc.py::test_mul"]
+    assert task.spec.metadata["test_support_files"] == ["helpers/probes.py"]
+    assert "LINKS" in task.test_patch and "LINKS" not in (task.reference_patch or "")

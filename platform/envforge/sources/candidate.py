@@ -160,6 +160,8 @@ class Candidate:
                 **(extra_metadata or {}),
                 "source_files": self.change.source_files,
                 "test_files": self.change.test_files,
+                # test helpers outside the test folders, held back with the tests (sources/test_support.py)
+                **({"test_support_files": self.change.support_files} if self.change.support_files else {}),
             },
         }
         try:

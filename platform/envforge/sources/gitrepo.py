@@ -16,7 +16,7 @@ import hashlib
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import Field, ValidationError
@@ -24,6 +24,7 @@ from pydantic import Field, ValidationError
 from envforge.errors import SpecError
 from envforge.gitstore import GIT_ENV, git
 from envforge.sources.fields import StrictModel
+from envforge.sources.test_support import test_support_files
 from envforge.verify.protect import TEST_GLOBS, matches, split_diff
 
 REPO_CACHE = Path(tempfile.gettempdir()) / "envforge-repos"
@@ -215,24 +216,31 @@ class SplitChange:
     test_patch: str
     source_files: list[str]
     test_files: list[str]
+    support_files: list[str] = field(default_factory=list)  # test helpers outside the test folders (test_support.py)
 
 
 def split_change(repo: Path, old: str, new: str) -> SplitChange:
     """`git diff old new`, split per file into the source change and the test change.
 
     Test files are the conventional test locations (tests/, test_*.py, *_test.py) and
-    conftest.py; test *configuration* (pytest.ini, pyproject.toml ...) stays in the source
-    change, since a fix that needs a config change needs the policy to make it.
+    conftest.py, and the tests' own helpers elsewhere that only they import (test_support.py); test
+    *configuration* (pytest.ini, pyproject.toml ...) stays in the source change, since a fix that
+    needs a config change needs the policy to make it.
     """
     proc = git(repo, "diff", "--binary", "--full-index", "--no-renames", old, new)
     if proc.returncode != 0:
         raise ValueError(f"git diff {old[:12]} {new[:12]}: {_stderr(proc)}")
+    sections = split_diff(proc.stdout.decode(errors="surrogateescape"))
+    by_path = [s for s in sections if not all(matches(p, TEST_CHANGE_GLOBS) for p in s.paths)]
+    support = test_support_files(repo, old, new, sorted({p for s in by_path for p in s.paths}), TEST_CHANGE_GLOBS)
     source, tests, source_files, test_files = [], [], [], []
-    for section in split_diff(proc.stdout.decode(errors="surrogateescape")):
-        is_test = all(matches(p, TEST_CHANGE_GLOBS) for p in section.paths)
+    for section in sections:
+        is_test = all(matches(p, TEST_CHANGE_GLOBS) or p in support for p in section.paths)
         (tests if is_test else source).append(section.text)
         (test_files if is_test else source_files).extend(section.paths)
-    return SplitChange("".join(source), "".join(tests), sorted(set(source_files)), sorted(set(test_files)))
+    return SplitChange(
+        "".join(source), "".join(tests), sorted(set(source_files)), sorted(set(test_files)), list(support)
+    )
 
 
 __all__ = [
