@@ -111,3 +111,30 @@ def test_module_names_are_the_dotted_suffixes_of_a_path():
     assert module_names("tasks/coverage_pragmas.py") == {"tasks.coverage_pragmas", "coverage_pragmas"}
     assert module_names("a/b/__init__.py") == {"a.b", "b"}
     assert module_names("my-tools/x.py") == {"x"}
+
+
+def test_a_history_candidate_and_its_dry_run_say_which_helpers_are_held_back(tmp_path, allow_tmp_sources):
+    from envforge.quality.source_scan import scan_rows
+    from envforge.sources import scan_sources
+    from envforge.sources.history import load_history_source
+
+    repo = _repo(tmp_path)
+    commit(
+        repo,
+        "size: count what an iterator yields",
+        {
+            "src/pkg/core.py": CORE.replace("len(items)", "len(list(items))"),
+            "helpers/probes.py": PROBES + "\n\ndef has_links():\n    return True\n",
+            "tests/test_core.py": TESTS + "from probes import has_links\n",
+        },
+        1,
+    )
+    source = tmp_path / "history"
+    source.mkdir()
+    (source / "history.yaml").write_text(f"repository: {repo}\nproject: pkg\nrange: {{last: 1}}\n")
+    [ref] = scan_sources([source]).refs
+    loaded = load_history_source(ref.path)
+    [candidate] = loaded.candidates
+    assert candidate.provisional_task().spec.metadata["test_support_files"] == ["helpers/probes.py"]
+    [row] = [r for r in scan_rows([(ref, loaded)]) if r["becomes"] == "candidate"]
+    assert row["reason"].endswith("; test helpers held back with the tests: helpers/probes.py")

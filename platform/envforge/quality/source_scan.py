@@ -64,13 +64,15 @@ def scan_rows(loaded: Sequence[tuple[SourceRef, LoadResult]], data_dir: Path | N
         for cand in res.candidates:
             provisional = cand.provisional_task()
             verdict, findings = _statement(provisional, reader)
+            helpers = cand.change.support_files
             rows.append(
                 {
                     "source": source,
                     "kind": ref.kind,
                     "record": cand.origin,
                     "becomes": "candidate",
-                    "reason": "tests derived at ingest (FAIL_TO_PASS by running the suite before and after)",
+                    "reason": "tests derived at ingest (FAIL_TO_PASS by running the suite before and after)"
+                    + (f"; test helpers held back with the tests: {', '.join(helpers)}" if helpers else ""),
                     "statement": verdict,
                     "findings": findings,
                     "environment": environment_from(provisional),
