@@ -13,7 +13,7 @@ from pathlib import Path
 from envforge.gitstore import git
 
 # Files at a repository's root that are tooling, not the project's modules.
-ROOT_TOOLING = frozenset({"setup", "conftest", "noxfile", "fabfile", "dodo", "manage", "versioneer"})
+_TOOLING = frozenset({"setup", "conftest", "noxfile", "fabfile", "dodo", "manage", "versioneer"})
 
 
 def import_names(paths: list[str], roots: tuple[str, ...] = ("",)) -> list[str]:
@@ -28,7 +28,7 @@ def import_names(paths: list[str], roots: tuple[str, ...] = ("",)) -> list[str]:
             parts = path[len(prefix) :].split("/")
             if len(parts) == 1 and parts[0].endswith(".py"):
                 name = parts[0][: -len(".py")]
-                if not (root == "" and name in ROOT_TOOLING):
+                if not (root == "" and name in _TOOLING):
                     names.add(name)
             elif len(parts) == 2 and parts[1] == "__init__.py":
                 names.add(parts[0])

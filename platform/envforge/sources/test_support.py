@@ -20,16 +20,14 @@ subfolder looks like a helper, and without a code change there is no task to der
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Callable, Iterable
 
 from envforge.gitstore import git
-from envforge.sources.import_roots import ROOT_TOOLING, import_names
 from envforge.verify.protect import matches
 
 __all__ = ["module_names", "test_support_files"]
-
-_ROOTS = ("", "src")
 
 
 def module_names(path: str) -> set[str]:
@@ -70,11 +68,26 @@ def _imported_by(candidate: str, names: set[str], paths: set[str]) -> bool:
     return bool(module_names(candidate) & names) or stem in paths
 
 
-def _tree(repo: Path, commit: str) -> list[str] | None:
-    listing = git(repo, "ls-tree", "-r", "--name-only", "-z", commit)
-    if listing.returncode != 0:
-        return None
-    return [p for p in listing.stdout.decode("utf-8", "replace").split("\0") if p]
+def _existing(repo: Path, commit: str, paths: Iterable[str]) -> set[str]:
+    """Which of the paths are files in the tree at `commit` (one `git ls-tree` over just those paths, not the
+    whole tree: a history source asks this of every commit that changes a nested Python file)."""
+    wanted = sorted(set(paths))
+    if not wanted:
+        return set()
+    proc = git(repo, "--literal-pathspecs", "ls-tree", "--name-only", "-z", commit, "--", *wanted)
+    if proc.returncode != 0:
+        return set()
+    return {p for p in proc.stdout.decode("utf-8", "replace").split("\0") if p} & set(wanted)
+
+
+def _markers(path: str) -> list[str]:
+    """The `__init__.py` files that, present, make a nested file one of the project's modules (a regular
+    package at the root or under src/, as import_roots.py reads a layout) or a member of a package."""
+    parts = path.split("/")
+    markers = [f"{parts[0]}/__init__.py", "/".join(parts[:-1] + ["__init__.py"])]
+    if parts[0] == "src" and len(parts) > 2:
+        markers.append(f"src/{parts[1]}/__init__.py")
+    return markers
 
 
 def _read(repo: Path, commit: str, path: str) -> str:
@@ -95,24 +108,26 @@ def test_support_files(
 ) -> list[str]:
     """The files of `source_files` (the source part of the change from `before` to `commit`) that are the
     tests' helpers at `commit` (see the module's docstring), sorted; [] when none is, or when no Python file
-    would be left to ask for. The project's modules and packages are those of either tree (a commit that
-    deletes a package's `__init__.py` leaves its modules the project's)."""
-    changed = [p for p in source_files if p.endswith(".py")]
-    if not changed:
+    would be left to ask for. A package is one in either tree (a commit that deletes a package's
+    `__init__.py` leaves its modules the project's)."""
+    # A file at the root or directly under src/ is one of the project's modules, or root tooling (setup.py).
+    nested = [p for p in source_files if p.endswith(".py") and "/" in p and not re.fullmatch(r"src/[^/]+", p)]
+    if not nested:
         return []
-    trees = [_tree(repo, before), _tree(repo, commit)]
-    if None in trees:
-        return []
-    after = set(trees[1] or ())
-    both = sorted(set(trees[0] or ()) | after)
-    own = set(import_names(both, _ROOTS))
-    packages = {p.rsplit("/", 1)[0] for p in both if p.endswith("/__init__.py")}
+    marked: dict[str, bool] = {}
 
     def loose(path: str) -> bool:
-        return path.endswith(".py") and not _is_own(path, own) and path.rsplit("/", 1)[0] not in packages
+        if not path.endswith(".py") or "/" not in path or re.fullmatch(r"src/[^/]+", path):
+            return False
+        unknown = [m for m in _markers(path) if m not in marked]
+        if unknown:
+            present = _existing(repo, before, unknown) | _existing(repo, commit, unknown)
+            marked.update({m: m in present for m in unknown})
+        return not any(marked[m] for m in _markers(path))
 
+    after = _existing(repo, commit, nested)
     helpers = _TestHelpers(repo, commit, test_globs, loose)
-    support = sorted(p for p in changed if p in after and loose(p) and helpers.is_helper(p))
+    support = sorted(p for p in nested if p in after and loose(p) and helpers.is_helper(p))
     if not any(p.endswith(".py") and p not in support for p in source_files):
         return []  # no code change left to ask for
     return support
@@ -156,16 +171,3 @@ class _TestHelpers:
             if _imported_by(path, *self._imports[other]):
                 found.append(other)
         return found
-
-
-def _is_own(path: str, own: set[str]) -> bool:
-    """Whether a file belongs to the project's own modules, or is root tooling (setup.py, noxfile.py ...)."""
-    for root in _ROOTS:
-        prefix = f"{root}/" if root else ""
-        if not path.startswith(prefix):
-            continue
-        parts = path[len(prefix) :].split("/")
-        top = parts[0][: -len(".py")] if len(parts) == 1 else parts[0]
-        if top in own or (root == "" and len(parts) == 1 and top in ROOT_TOOLING):
-            return True
-    return False
