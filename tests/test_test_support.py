@@ -45,20 +45,24 @@ def _repo(tmp_path: Path) -> Path:
     return repo
 
 
+def _commit_fix(repo: Path, message: str, test_imports: str = "", more: dict[str, str] | None = None) -> str:
+    """A fix of pkg.core whose tests use a probe it adds to helpers/probes.py (and `more` files changed)."""
+    files = {
+        "src/pkg/core.py": CORE.replace("len(items)", "len(list(items))"),
+        "helpers/probes.py": PROBES + "\n\ndef has_links():\n    return True\n",
+        "tests/test_core.py": TESTS + test_imports + "from probes import has_links\n",
+    }
+    return commit(repo, message, {**files, **(more or {})}, 1)
+
+
 def test_a_changed_helper_only_the_tests_import_goes_with_the_test_change(tmp_path):
     repo = _repo(tmp_path)
     before = git(repo, "rev-parse", "HEAD")
-    after = commit(
+    after = _commit_fix(
         repo,
         "size: count None too; tests use a new probe",
-        {
-            "src/pkg/core.py": CORE.replace("len(items)", "len(list(items))"),
-            "helpers/probes.py": PROBES + "\n\ndef has_links():\n    return True\n",
-            "tools/gen.py": "VERSION = 2\n",
-            "lib/other/leaf.py": "X = 2\n",
-            "tests/test_core.py": TESTS + "from gen import VERSION\nfrom other.leaf import X\nfrom probes import has_links\n",
-        },
-        1,
+        "from gen import VERSION\nfrom other.leaf import X\n",
+        {"tools/gen.py": "VERSION = 2\n", "lib/other/leaf.py": "X = 2\n"},
     )
     split = split_change(repo, before, after)
     # probes.py is imported by a test and by marks.py (unchanged), itself imported only by tests.
@@ -119,16 +123,7 @@ def test_a_history_candidate_and_its_dry_run_say_which_helpers_are_held_back(tmp
     from envforge.sources.history import load_history_source
 
     repo = _repo(tmp_path)
-    commit(
-        repo,
-        "size: count what an iterator yields",
-        {
-            "src/pkg/core.py": CORE.replace("len(items)", "len(list(items))"),
-            "helpers/probes.py": PROBES + "\n\ndef has_links():\n    return True\n",
-            "tests/test_core.py": TESTS + "from probes import has_links\n",
-        },
-        1,
-    )
+    _commit_fix(repo, "size: count what an iterator yields")
     source = tmp_path / "history"
     source.mkdir()
     (source / "history.yaml").write_text(f"repository: {repo}\nproject: pkg\nrange: {{last: 1}}\n")
