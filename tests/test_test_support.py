@@ -19,9 +19,9 @@ TESTS = (
 )
 
 
-def _repo(tmp_path: Path) -> Path:
-    """src/pkg (the project), helpers/ (loose modules on the tests' path), tools/ (used by a script
-    and the tests), lib/other/ (a package outside the known layouts), tests/."""
+def _repo(tmp_path: Path) -> tuple[Path, str]:
+    """(the repository, its first commit): src/pkg (the project), helpers/ (loose modules on the tests'
+    path), tools/ (used by a script and the tests), lib/other/ (a package outside the known layouts), tests/."""
     repo = tmp_path / "repo"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
@@ -42,7 +42,7 @@ def _repo(tmp_path: Path) -> Path:
         },
         0,
     )
-    return repo
+    return repo, git(repo, "rev-parse", "HEAD")
 
 
 def _commit_fix(repo: Path, message: str, test_imports: str = "", more: dict[str, str] | None = None) -> str:
@@ -56,8 +56,7 @@ def _commit_fix(repo: Path, message: str, test_imports: str = "", more: dict[str
 
 
 def test_a_changed_helper_only_the_tests_import_goes_with_the_test_change(tmp_path):
-    repo = _repo(tmp_path)
-    before = git(repo, "rev-parse", "HEAD")
+    repo, before = _repo(tmp_path)
     after = _commit_fix(
         repo,
         "size: count None too; tests use a new probe",
@@ -75,8 +74,7 @@ def test_a_changed_helper_only_the_tests_import_goes_with_the_test_change(tmp_pa
 
 
 def test_nothing_moves_when_no_code_change_would_be_left(tmp_path):
-    repo = _repo(tmp_path)
-    before = git(repo, "rev-parse", "HEAD")
+    repo, before = _repo(tmp_path)
     after = commit(
         repo,
         "probes: detect links",
@@ -93,8 +91,7 @@ def test_nothing_moves_when_no_code_change_would_be_left(tmp_path):
 
 
 def test_relative_imports_are_followed_and_a_file_that_does_not_parse_imports_nothing(tmp_path):
-    repo = _repo(tmp_path)
-    before = git(repo, "rev-parse", "HEAD")
+    repo, before = _repo(tmp_path)
     after = commit(
         repo,
         "size: count None too",
@@ -122,7 +119,7 @@ def test_a_history_candidate_and_its_dry_run_say_which_helpers_are_held_back(tmp
     from envforge.sources import scan_sources
     from envforge.sources.history import load_history_source
 
-    repo = _repo(tmp_path)
+    repo, _ = _repo(tmp_path)
     _commit_fix(repo, "size: count what an iterator yields")
     source = tmp_path / "history"
     source.mkdir()

@@ -36,6 +36,12 @@ def git(
     )
 
 
+def file_text(repo: Path, commit: str, path: str) -> str | None:
+    """A file's text in the tree at `commit` (undecodable bytes replaced), None when it is not there."""
+    proc = git(repo, "show", f"{commit}:{path}")
+    return proc.stdout.decode(errors="replace") if proc.returncode == 0 else None
+
+
 def store_dir(data_dir: Path) -> Path:
     return data_dir / "repos" / "store.git"
 

@@ -231,8 +231,8 @@ def split_change(repo: Path, old: str, new: str) -> SplitChange:
     if proc.returncode != 0:
         raise ValueError(f"git diff {old[:12]} {new[:12]}: {_stderr(proc)}")
     sections = split_diff(proc.stdout.decode(errors="surrogateescape"))
-    by_path = [s for s in sections if not all(matches(p, TEST_CHANGE_GLOBS) for p in s.paths)]
-    support = test_support_files(repo, old, new, sorted({p for s in by_path for p in s.paths}), TEST_CHANGE_GLOBS)
+    by_path = {p for s in sections for p in s.paths if not matches(p, TEST_CHANGE_GLOBS)}  # source, by path alone
+    support = test_support_files(repo, old, new, sorted(by_path), TEST_CHANGE_GLOBS)
     source, tests, source_files, test_files = [], [], [], []
     for section in sections:
         is_test = all(matches(p, TEST_CHANGE_GLOBS) or p in support for p in section.paths)

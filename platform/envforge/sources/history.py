@@ -40,6 +40,7 @@ from typing import Any, Literal, cast
 from pydantic import Field, StrictStr, field_validator
 
 from envforge.errors import Problem, SpecError
+from envforge.gitstore import file_text
 from envforge.sources import guard
 from envforge.sources.candidate import (
     Candidate,
@@ -53,7 +54,7 @@ from envforge.sources.candidate import (
 from envforge.sources.change_shape import behaviour_neutral, only_removes_tests
 from envforge.sources.commits import Commit, log_commits, merge_statement, merged_commits, pull_request_number
 from envforge.sources.fields import Ref, StrictModel
-from envforge.sources.gitrepo import SplitChange, git, resolve_commit, split_change
+from envforge.sources.gitrepo import SplitChange, resolve_commit, split_change
 from envforge.sources.policy import SourcePolicy
 from envforge.sources.records import blank, get_path, iter_records
 from envforge.sources.result import LoadResult
@@ -402,8 +403,7 @@ def file_reader(git_dir: Path, old: str, new: str) -> Callable[[str, str], str |
     """`read(side, path)` over two commits of a repository: the file's text, None when absent."""
 
     def read(side: str, path: str) -> str | None:
-        proc = git(git_dir, "show", f"{old if side == 'old' else new}:{path}")
-        return proc.stdout.decode(errors="replace") if proc.returncode == 0 else None
+        return file_text(git_dir, old if side == "old" else new, path)
 
     return read
 

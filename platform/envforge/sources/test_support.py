@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Callable, Iterable
 
-from envforge.gitstore import git
+from envforge.gitstore import file_text, git
 from envforge.verify.protect import matches
 
 __all__ = ["module_names", "test_support_files"]
@@ -80,6 +80,12 @@ def _existing(repo: Path, commit: str, paths: Iterable[str]) -> set[str]:
     return {p for p in proc.stdout.decode("utf-8", "replace").split("\0") if p} & set(wanted)
 
 
+def _nested_python(path: str) -> bool:
+    """A Python file below the root and not directly under src/ (files there are the project's modules, or
+    root tooling such as setup.py)."""
+    return path.endswith(".py") and "/" in path and not re.fullmatch(r"src/[^/]+", path)
+
+
 def _markers(path: str) -> list[str]:
     """The `__init__.py` files that, present, make a nested file one of the project's modules (a regular
     package at the root or under src/, as import_roots.py reads a layout) or a member of a package."""
@@ -88,11 +94,6 @@ def _markers(path: str) -> list[str]:
     if parts[0] == "src" and len(parts) > 2:
         markers.append(f"src/{parts[1]}/__init__.py")
     return markers
-
-
-def _read(repo: Path, commit: str, path: str) -> str:
-    proc = git(repo, "show", f"{commit}:{path}")
-    return proc.stdout.decode(errors="replace") if proc.returncode == 0 else ""
 
 
 def _mentioning(repo: Path, commit: str, words: Iterable[str]) -> list[str]:
@@ -110,14 +111,13 @@ def test_support_files(
     tests' helpers at `commit` (see the module's docstring), sorted; [] when none is, or when no Python file
     would be left to ask for. A package is one in either tree (a commit that deletes a package's
     `__init__.py` leaves its modules the project's)."""
-    # A file at the root or directly under src/ is one of the project's modules, or root tooling (setup.py).
-    nested = [p for p in source_files if p.endswith(".py") and "/" in p and not re.fullmatch(r"src/[^/]+", p)]
+    nested = [p for p in source_files if _nested_python(p)]
     if not nested:
         return []
     marked: dict[str, bool] = {}
 
     def loose(path: str) -> bool:
-        if not path.endswith(".py") or "/" not in path or re.fullmatch(r"src/[^/]+", path):
+        if not _nested_python(path):
             return False
         unknown = [m for m in _markers(path) if m not in marked]
         if unknown:
@@ -147,17 +147,9 @@ class _TestHelpers:
         if path in visiting:  # an import cycle among candidates: not shown to be the tests' alone
             return False
         importers = self._importers(path)
-        by_tests = False
-        answer = True
-        for importer in importers:
-            if matches(importer, self._test_globs):
-                by_tests = True
-            elif self._loose(importer) and self.is_helper(importer, visiting | {path}):
-                by_tests = True
-            else:
-                answer = False
-                break
-        self._known[path] = answer and by_tests
+        self._known[path] = bool(importers) and all(
+            matches(i, self._test_globs) or (self._loose(i) and self.is_helper(i, visiting | {path})) for i in importers
+        )
         return self._known[path]
 
     def _importers(self, path: str) -> list[str]:
@@ -167,7 +159,7 @@ class _TestHelpers:
             if other == path:
                 continue
             if other not in self._imports:
-                self._imports[other] = _imports(other, _read(self._repo, self._commit, other))
+                self._imports[other] = _imports(other, file_text(self._repo, self._commit, other) or "")
             if _imported_by(path, *self._imports[other]):
                 found.append(other)
         return found
